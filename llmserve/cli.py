@@ -1,0 +1,230 @@
+"""`llmserve`: start the services (alone or as a local cluster) and talk to them.
+
+    llmserve up [--prompt TEXT]       router + scheduler + worker on localhost
+    llmserve router|scheduler|worker  one service (docker-compose, Kubernetes)
+    llmserve generate "prompt"        stream an answer from a running cluster
+
+Every flag can also be set with an environment variable LLMSERVE_<FLAG> (e.g.
+LLMSERVE_PORT=6000); a flag on the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+logger = logging.getLogger("llmserve")
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB' -> 2147483648, '512MB' -> 512000000, '1000' -> 1000."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 2GiB, 512MiB, 1000000)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+# --- flags ------------------------------------------------------------------------
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default",
+                   help="local HF model directory; 'default' = the embedded SmolLM2-135M-Instruct")
+    p.add_argument("--served-model-name", default=None, help="name clients use (default: the directory's name)")
+
+
+def _add_scheduler_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one step")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512,
+                   help="most tokens computed in one step (long prompts are chunked to fit)")
+    p.add_argument("--no-chunked-prefill", action="store_true", help="prompts must fit one step whole")
+
+
+def _add_worker_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    p.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
+                   help="bytes for the KV cache, e.g. 2GiB (default: 10%% of available RAM)")
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV block count (overrides the budget)")
+    p.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + completion tokens")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmserve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start router, scheduler and worker on localhost")
+    _add_model_flags(up)
+    _add_scheduler_flags(up)
+    _add_worker_flags(up)
+    up.add_argument("--port", type=int, default=50051, help="the router's (public) port")
+    up.add_argument("--scheduler-port", type=int, default=50052)
+    up.add_argument("--worker-port", type=int, default=50053)
+    up.add_argument("--prompt", default=None, help="answer this prompt (as a chat message), then stop")
+    up.add_argument("--max-tokens", type=int, default=128, help="with --prompt")
+    up.add_argument("--startup-timeout", type=float, default=600.0)
+
+    router = sub.add_parser("router", help="the public gRPC API")
+    _add_model_flags(router)
+    router.add_argument("--host", default="0.0.0.0")
+    router.add_argument("--port", type=int, default=50051)
+    router.add_argument("--scheduler", default="localhost:50052", help="scheduler address")
+    router.add_argument("--connect-timeout", type=float, default=600.0)
+
+    scheduler = sub.add_parser("scheduler", help="request queues, KV block tables, engine loop")
+    _add_scheduler_flags(scheduler)
+    scheduler.add_argument("--host", default="0.0.0.0")
+    scheduler.add_argument("--port", type=int, default=50052)
+
+    worker = sub.add_parser("worker", help="model shard + KV cache; executes step plans")
+    _add_model_flags(worker)
+    _add_worker_flags(worker)
+    worker.add_argument("--host", default="0.0.0.0")
+    worker.add_argument("--port", type=int, default=50053, help="0 picks a free port")
+    worker.add_argument("--advertise-host", default="localhost", help="host the scheduler dials back")
+    worker.add_argument("--scheduler", default="localhost:50052", help="scheduler address to register with")
+
+    gen = sub.add_parser("generate", help="stream an answer from a running cluster")
+    gen.add_argument("prompt")
+    gen.add_argument("--target", default="localhost:50051", help="router address")
+    gen.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    gen.add_argument("--max-tokens", type=int, default=None)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[])
+    gen.add_argument("--ignore-eos", action="store_true")
+    return parser
+
+
+def apply_env_defaults(parser: argparse.ArgumentParser) -> None:
+    """LLMSERVE_<DEST> environment variables become the defaults of every subcommand's flags."""
+    actions = list(parser._actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                actions += subparser._actions
+    for action in actions:
+        if not action.option_strings or action.dest in ("help",):
+            continue
+        value = os.environ.get(f"LLMSERVE_{action.dest.upper()}")
+        if value is None:
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            action.default = value.lower() in ("1", "true", "yes", "on")
+        elif isinstance(action, argparse._AppendAction):
+            action.default = [v for v in value.split(",") if v]
+        else:
+            action.default = action.type(value) if action.type else value
+
+
+# --- running services ----------------------------------------------------------------
+
+
+def _model(args) -> tuple[Path, str]:
+    from llmserve.model_store import resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model)
+    return model_dir, args.served_model_name or model_dir.name
+
+
+def _run_service(serve, config) -> int:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, stop)
+
+    logger.info("config: %s", config)
+    asyncio.run(main())
+    return 0
+
+
+def cmd_router(args) -> int:
+    from llmserve.router.service import RouterConfig, serve
+
+    model_dir, name = _model(args)
+    return _run_service(serve, RouterConfig(
+        model_dir=model_dir, model_name=name, scheduler_address=args.scheduler,
+        host=args.host, port=args.port, connect_timeout_s=args.connect_timeout,
+    ))
+
+
+def cmd_scheduler(args) -> int:
+    from llmserve.scheduler.service import SchedulerServiceConfig, serve
+
+    return _run_service(serve, SchedulerServiceConfig(
+        host=args.host, port=args.port, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+    ))
+
+
+def cmd_worker(args) -> int:
+    from llmserve.worker.service import WorkerConfig, serve
+
+    model_dir, name = _model(args)
+    return _run_service(serve, WorkerConfig(
+        model_dir=model_dir, model_name=name, scheduler_address=args.scheduler,
+        host=args.host, port=args.port, advertise_host=args.advertise_host, dtype=args.dtype,
+        block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory,
+        num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
+    ))
+
+
+def cmd_up(args) -> int:
+    from llmserve.launcher import run_local_cluster
+
+    return run_local_cluster(args)
+
+
+def cmd_generate(args) -> int:
+    from llmserve.client import LLMServeClient
+
+    async def main() -> int:
+        async with LLMServeClient(args.target) as client:
+            kwargs = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+            if args.chat:
+                stream = client.generate(messages=[{"role": "user", "content": args.prompt}], **kwargs)
+            else:
+                stream = client.generate(args.prompt, **kwargs)
+            async for delta in stream:
+                print(delta.text, end="", flush=True)
+            print()
+        return 0
+
+    return asyncio.run(main())
+
+
+COMMANDS = {"up": cmd_up, "router": cmd_router, "scheduler": cmd_scheduler,
+            "worker": cmd_worker, "generate": cmd_generate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    apply_env_defaults(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s [{args.command}] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return COMMANDS[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

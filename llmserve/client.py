@@ -1,0 +1,267 @@
+"""A small asyncio client for the public llmserve API (llmserve.v1.Generation).
+
+    async with LLMServeClient("localhost:50051") as client:
+        async for delta in client.generate("Hi", max_tokens=32):
+            print(delta.text, end="", flush=True)
+        text = await client.complete(messages=[("user", "What is 2+2?")])
+
+RPC failures surface as ``grpc.aio.AioRpcError`` (``.code()`` keeps the status).
+Leaving a ``generate`` loop early (``break``, task cancel) cancels the call, and the
+server aborts the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from llmserve.outputs import TokenLogprobs
+from llmserve.v1 import generation_pb2 as pb
+from llmserve.v1 import generation_pb2_grpc as pb_grpc
+
+# (role, content) pairs or {"role": ..., "content": ...} mappings.
+Messages = Sequence[tuple[str, str]] | Sequence[Mapping[str, Any]]
+
+_FINISH_REASONS = {
+    pb.FINISH_REASON_UNSET: None,
+    pb.STOP: "stop",
+    pb.LENGTH: "length",
+    pb.ABORT: "abort",
+    pb.ERROR: "error",
+}
+
+
+class GenerationError(RuntimeError):
+    """A sample finished with finish_reason "error" (the server's message attached)."""
+
+
+@dataclass
+class GenerationDelta:
+    """One streamed step of one sample."""
+
+    request_id: str
+    index: int  # Which of the n samples.
+    text: str  # New text since this sample's previous delta.
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop", "length", "abort", "error"; None while running.
+    usage: dict[str, int] | None = None  # On the request's last delta.
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    stop_reason: str = ""  # The stop string or token that ended the sample.
+    error: str = ""
+
+    @classmethod
+    def from_pb(cls, msg: pb.GenerateResponse) -> "GenerationDelta":
+        usage = None
+        if msg.HasField("usage"):
+            usage = {
+                "prompt_tokens": msg.usage.prompt_tokens,
+                "completion_tokens": msg.usage.completion_tokens,
+                "cached_tokens": msg.usage.cached_tokens,
+            }
+        return cls(
+            request_id=msg.request_id,
+            index=msg.index,
+            text=msg.text,
+            token_ids=list(msg.token_ids),
+            finish_reason=_FINISH_REASONS.get(msg.finish_reason, "error"),
+            usage=usage,
+            logprobs=[
+                TokenLogprobs(
+                    token_id=lp.token_id,
+                    logprob=lp.logprob,
+                    top_token_ids=tuple(lp.top_token_ids),
+                    top_logprobs=tuple(lp.top_logprobs),
+                )
+                for lp in msg.logprobs
+            ],
+            stop_reason=msg.stop_reason,
+            error=msg.error,
+        )
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    token_ids: list[int]
+    count: int
+    prompt: str  # For chat messages: the rendered chat template.
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int
+    dtype: str
+    block_size: int
+    num_kv_blocks: int
+    tensor_parallel_size: int
+
+    @classmethod
+    def from_pb(cls, msg: pb.ModelInfo) -> "ModelInfo":
+        return cls(
+            model=msg.model,
+            max_model_len=msg.max_model_len,
+            vocab_size=msg.vocab_size,
+            eos_token_ids=tuple(msg.eos_token_ids),
+            bos_token_id=msg.bos_token_id,
+            dtype=msg.dtype,
+            block_size=msg.block_size,
+            num_kv_blocks=msg.num_kv_blocks,
+            tensor_parallel_size=msg.tensor_parallel_size,
+        )
+
+
+def chat_messages_pb(messages: Messages) -> pb.ChatMessages:
+    out = pb.ChatMessages()
+    for message in messages:
+        if isinstance(message, Mapping):
+            role, content = message["role"], message["content"]
+        else:
+            role, content = message
+        out.messages.add(role=role, content=content)
+    return out
+
+
+def build_generate_request(
+    prompt: str | None = None,
+    *,
+    messages: Messages | None = None,
+    token_ids: Sequence[int] | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: Sequence[str] | str = (),
+    stop_token_ids: Sequence[int] = (),
+    ignore_eos: bool = False,
+    n: int | None = None,
+    logprobs: int | None = None,
+    request_id: str = "",
+    model: str = "",
+) -> pb.GenerateRequest:
+    """The GenerateRequest for these arguments; exactly one input must be given."""
+    given = [x is not None for x in (prompt, messages, token_ids)]
+    if sum(given) != 1:
+        raise ValueError("pass exactly one of prompt, messages or token_ids")
+    if isinstance(stop, str):
+        stop = (stop,)
+    params = pb.SamplingParams(
+        top_k=top_k, stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos
+    )
+    # Optional fields: leave unset (server default) unless given.
+    for name, value in (("max_tokens", max_tokens), ("temperature", temperature),
+                        ("top_p", top_p), ("seed", seed), ("n", n), ("logprobs", logprobs)):
+        if value is not None:
+            setattr(params, name, value)
+    request = pb.GenerateRequest(request_id=request_id, model=model, params=params)
+    if prompt is not None:
+        request.text = prompt
+    elif messages is not None:
+        request.messages.CopyFrom(chat_messages_pb(messages))
+    else:
+        request.token_ids.ids.extend(token_ids)
+    return request
+
+
+class LLMServeClient:
+    """Async client for one llmserve router. Use as ``async with``, or call close()."""
+
+    def __init__(self, target: str = "localhost:50051", *,
+                 channel: grpc.aio.Channel | None = None, timeout: float | None = None) -> None:
+        self.target = target
+        self._owns_channel = channel is None
+        self._channel = channel if channel is not None else grpc.aio.insecure_channel(target)
+        self._stub = pb_grpc.GenerationStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self.timeout = timeout  # Deadline of unary calls, in seconds (None: none).
+
+    async def __aenter__(self) -> "LLMServeClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_channel:
+            await self._channel.close()
+
+    async def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Messages | None = None,
+        token_ids: Sequence[int] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop: Sequence[str] | str = (),
+        stop_token_ids: Sequence[int] = (),
+        ignore_eos: bool = False,
+        n: int | None = None,
+        logprobs: int | None = None,
+        request_id: str = "",
+        model: str = "",
+    ) -> AsyncIterator[GenerationDelta]:
+        """Stream the deltas of all samples; ``None`` arguments take the server default."""
+        request = build_generate_request(
+            prompt, messages=messages, token_ids=token_ids, max_tokens=max_tokens,
+            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
+            stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, n=n, logprobs=logprobs,
+            request_id=request_id, model=model,
+        )
+        call = self._stub.Generate(request)
+        try:
+            async for msg in call:
+                yield GenerationDelta.from_pb(msg)
+        finally:
+            # NOTE: a no-op when the stream ended; otherwise (break, cancellation,
+            # an exception in the caller) it tells the server to abort the request.
+            call.cancel()
+
+    async def complete(self, prompt: str | None = None, **kwargs: Any) -> str:
+        """The whole text of sample 0 (arguments as for ``generate``).
+
+        Raises GenerationError if the sample failed.
+        """
+        parts: list[str] = []
+        async for delta in self.generate(prompt, **kwargs):
+            if delta.index != 0:
+                continue
+            parts.append(delta.text)
+            if delta.finish_reason == "error":
+                raise GenerationError(delta.error or "generation failed")
+        return "".join(parts)
+
+    async def tokenize(self, text: str | None = None, *, messages: Messages | None = None,
+                       add_special_tokens: bool | None = None, model: str = "") -> TokenizeResult:
+        if (text is None) == (messages is None):
+            raise ValueError("pass exactly one of text or messages")
+        request = pb.TokenizeRequest(model=model)
+        if text is not None:
+            request.text = text
+        else:
+            request.messages.CopyFrom(chat_messages_pb(messages))
+        if add_special_tokens is not None:
+            request.add_special_tokens = add_special_tokens
+        reply = await self._stub.Tokenize(request, timeout=self.timeout)
+        return TokenizeResult(token_ids=list(reply.token_ids), count=reply.count, prompt=reply.prompt)
+
+    async def model_info(self, model: str = "") -> ModelInfo:
+        reply = await self._stub.GetModelInfo(pb.GetModelInfoRequest(model=model), timeout=self.timeout)
+        return ModelInfo.from_pb(reply)
+
+    async def health(self, service: str = "") -> str:
+        """The grpc.health.v1 status: "SERVING", "NOT_SERVING", "UNKNOWN", ..."""
+        reply = await self._health.Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=self.timeout
+        )
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

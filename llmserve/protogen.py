@@ -1,0 +1,66 @@
+"""Regenerates the Python protobuf/gRPC modules from protos/ (run after editing a .proto).
+
+    python -m llmserve.protogen          # writes llmserve/v1 and llmserve/internal/v1
+    python -m llmserve.protogen --check  # exits 1 when the committed files are stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PROTO_ROOT = REPO / "protos"
+
+
+def proto_files() -> list[Path]:
+    return sorted(PROTO_ROOT.rglob("*.proto"))
+
+
+def generate(out_dir: Path) -> list[Path]:
+    from grpc_tools import protoc
+    import grpc_tools
+
+    include = Path(grpc_tools.__file__).parent / "_proto"
+    files = [str(p.relative_to(PROTO_ROOT)) for p in proto_files()]
+    args = [
+        "protoc",
+        f"-I{PROTO_ROOT}",
+        f"-I{include}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        *files,
+    ]
+    if protoc.main(args) != 0:
+        raise RuntimeError("protoc failed")
+    return sorted(out_dir.rglob("*_pb2*.py*"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        generated = generate(Path(tmp))
+        stale = []
+        for path in generated:
+            rel = path.relative_to(tmp)
+            target = REPO / rel
+            if args.check:
+                if not target.exists() or not filecmp.cmp(path, target, shallow=False):
+                    stale.append(str(rel))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(path.read_bytes())
+        if stale:
+            print("stale generated files (run python -m llmserve.protogen):", *stale, sep="\n  ")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""Sampling settings as the engine sees them (the router resolves defaults first)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 means greedy.
+    top_p: float = 1.0  # 1 means off.
+    top_k: int = 0  # <= 0 means off.
+    seed: int | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: no logprobs; 0: sampled token only; k: top k too.
+    stop_token_ids: tuple[int, ...] = ()
+    # Stop strings never leave the router; the engine stops on token ids only.
+    stop: tuple[str, ...] = field(default=())
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

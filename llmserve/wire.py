@@ -1,0 +1,236 @@
+"""Conversions between the internal protobuf messages and plain dataclasses.
+
+Protobuf stays at the edge: services call these at the gRPC boundary, and nothing
+behind it (scheduling, model code) sees a generated *_pb2 type.
+"""
+
+from __future__ import annotations
+
+from llmserve.internal.v1 import scheduler_pb2, worker_pb2
+from llmserve.outputs import FinishReason, RequestOutput, TokenLogprobs
+from llmserve.plan import (
+    CachedRequestData,
+    NewRequestData,
+    SampledToken,
+    StepPlan,
+    StepResult,
+    WorkerSamplingParams,
+)
+from llmserve.sampling import SamplingParams
+from llmserve.v1 import generation_pb2
+from llmserve.worker_info import WorkerInfo
+
+
+def _optional(msg, name: str):
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+# --- logprobs -------------------------------------------------------------------
+
+
+def logprobs_to_pb(lp: TokenLogprobs) -> generation_pb2.TokenLogprobs:
+    return generation_pb2.TokenLogprobs(
+        token_id=lp.token_id,
+        logprob=lp.logprob,
+        top_token_ids=lp.top_token_ids,
+        top_logprobs=lp.top_logprobs,
+    )
+
+
+def logprobs_from_pb(msg: generation_pb2.TokenLogprobs) -> TokenLogprobs:
+    return TokenLogprobs(
+        token_id=msg.token_id,
+        logprob=msg.logprob,
+        top_token_ids=tuple(msg.top_token_ids),
+        top_logprobs=tuple(msg.top_logprobs),
+    )
+
+
+# --- router <-> scheduler -------------------------------------------------------
+
+
+def sampling_to_pb(p: SamplingParams) -> scheduler_pb2.SamplingOptions:
+    return scheduler_pb2.SamplingOptions(
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        seed=p.seed,
+        ignore_eos=p.ignore_eos,
+        logprobs=p.logprobs,
+        stop_token_ids=p.stop_token_ids,
+    )
+
+
+def sampling_from_pb(msg: scheduler_pb2.SamplingOptions) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=msg.max_tokens,
+        temperature=msg.temperature,
+        top_p=msg.top_p,
+        top_k=msg.top_k,
+        seed=_optional(msg, "seed"),
+        ignore_eos=msg.ignore_eos,
+        logprobs=_optional(msg, "logprobs"),
+        stop_token_ids=tuple(msg.stop_token_ids),
+    )
+
+
+def request_output_to_pb(out: RequestOutput) -> scheduler_pb2.RequestOutput:
+    return scheduler_pb2.RequestOutput(
+        request_id=out.request_id,
+        new_token_ids=out.new_token_ids,
+        logprobs=[logprobs_to_pb(lp) for lp in out.logprobs],
+        finish_reason=int(out.finish_reason),
+        num_cached_tokens=out.num_cached_tokens,
+        error=out.error,
+        stop_token_id=out.stop_token_id,
+    )
+
+
+def request_output_from_pb(msg: scheduler_pb2.RequestOutput) -> RequestOutput:
+    return RequestOutput(
+        request_id=msg.request_id,
+        new_token_ids=list(msg.new_token_ids),
+        logprobs=[logprobs_from_pb(lp) for lp in msg.logprobs],
+        finish_reason=FinishReason(msg.finish_reason),
+        num_cached_tokens=msg.num_cached_tokens,
+        error=msg.error,
+        stop_token_id=msg.stop_token_id,
+    )
+
+
+# --- scheduler <-> worker -------------------------------------------------------
+
+
+def worker_info_to_pb(info: WorkerInfo) -> worker_pb2.WorkerInfo:
+    return worker_pb2.WorkerInfo(
+        model=info.model,
+        model_path=info.model_path,
+        num_kv_blocks=info.num_kv_blocks,
+        block_size=info.block_size,
+        dtype=info.dtype,
+        max_model_len=info.max_model_len,
+        vocab_size=info.vocab_size,
+        eos_token_ids=info.eos_token_ids,
+        tensor_parallel_size=info.tensor_parallel_size,
+        bos_token_id=info.bos_token_id,
+    )
+
+
+def worker_info_from_pb(msg: worker_pb2.WorkerInfo) -> WorkerInfo:
+    return WorkerInfo(
+        model=msg.model,
+        model_path=msg.model_path,
+        num_kv_blocks=msg.num_kv_blocks,
+        block_size=msg.block_size,
+        dtype=msg.dtype,
+        max_model_len=msg.max_model_len,
+        vocab_size=msg.vocab_size,
+        eos_token_ids=tuple(msg.eos_token_ids),
+        tensor_parallel_size=msg.tensor_parallel_size,
+        bos_token_id=msg.bos_token_id,
+    )
+
+
+def _worker_sampling_to_pb(p: WorkerSamplingParams) -> worker_pb2.WorkerSampling:
+    return worker_pb2.WorkerSampling(
+        temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed, logprobs=p.logprobs
+    )
+
+
+def _worker_sampling_from_pb(msg: worker_pb2.WorkerSampling) -> WorkerSamplingParams:
+    return WorkerSamplingParams(
+        temperature=msg.temperature,
+        top_p=msg.top_p,
+        top_k=msg.top_k,
+        seed=_optional(msg, "seed"),
+        logprobs=_optional(msg, "logprobs"),
+    )
+
+
+def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
+    return worker_pb2.StepPlan(
+        step_id=plan.step_id,
+        new_requests=[
+            worker_pb2.NewRequest(
+                request_id=r.request_id,
+                token_ids=r.token_ids,
+                num_prompt_tokens=r.num_prompt_tokens,
+                sampling=_worker_sampling_to_pb(r.sampling),
+                block_ids=r.block_ids,
+                num_computed_tokens=r.num_computed_tokens,
+                num_scheduled_tokens=r.num_scheduled_tokens,
+            )
+            for r in plan.new_requests
+        ],
+        cached_requests=[
+            worker_pb2.CachedRequest(
+                request_id=r.request_id,
+                new_block_ids=r.new_block_ids,
+                num_computed_tokens=r.num_computed_tokens,
+                num_scheduled_tokens=r.num_scheduled_tokens,
+            )
+            for r in plan.cached_requests
+        ],
+        finished_request_ids=plan.finished_request_ids,
+    )
+
+
+def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
+    return StepPlan(
+        step_id=msg.step_id,
+        new_requests=[
+            NewRequestData(
+                request_id=r.request_id,
+                token_ids=list(r.token_ids),
+                num_prompt_tokens=r.num_prompt_tokens,
+                sampling=_worker_sampling_from_pb(r.sampling),
+                block_ids=list(r.block_ids),
+                num_computed_tokens=r.num_computed_tokens,
+                num_scheduled_tokens=r.num_scheduled_tokens,
+            )
+            for r in msg.new_requests
+        ],
+        cached_requests=[
+            CachedRequestData(
+                request_id=r.request_id,
+                new_block_ids=list(r.new_block_ids),
+                num_computed_tokens=r.num_computed_tokens,
+                num_scheduled_tokens=r.num_scheduled_tokens,
+            )
+            for r in msg.cached_requests
+        ],
+        finished_request_ids=list(msg.finished_request_ids),
+    )
+
+
+def step_result_to_pb(result: StepResult) -> worker_pb2.StepResult:
+    return worker_pb2.StepResult(
+        step_id=result.step_id,
+        sampled=[
+            worker_pb2.SampledToken(
+                request_id=s.request_id,
+                token_id=s.token_id,
+                logprobs=logprobs_to_pb(s.logprobs) if s.logprobs is not None else None,
+            )
+            for s in result.sampled
+        ],
+        error=result.error,
+        execute_seconds=result.execute_seconds,
+    )
+
+
+def step_result_from_pb(msg: worker_pb2.StepResult) -> StepResult:
+    return StepResult(
+        step_id=msg.step_id,
+        sampled=[
+            SampledToken(
+                request_id=s.request_id,
+                token_id=s.token_id,
+                logprobs=logprobs_from_pb(s.logprobs) if s.HasField("logprobs") else None,
+            )
+            for s in msg.sampled
+        ],
+        error=msg.error,
+        execute_seconds=msg.execute_seconds,
+    )

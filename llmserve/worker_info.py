@@ -1,0 +1,19 @@
+"""What a worker serves, reported when it registers with the scheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    model: str
+    model_path: str
+    num_kv_blocks: int
+    block_size: int
+    dtype: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...] = field(default=())
+    tensor_parallel_size: int = 1
+    bos_token_id: int = -1

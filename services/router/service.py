@@ -1,0 +1,273 @@
+"""The router: the public `llmserve.v1.Generation` API.
+
+    client ──Generate──▶ validate ─▶ tokenize ─▶ SchedulerLink.add ─┐
+    client ◀─deltas──── stop strings ◀─ detokenize ◀─ outputs queue ◀┘
+
+It owns everything textual (tokenizer, chat template, detokenization, stop strings);
+the scheduler and workers see token ids only. A cancelled or disconnected client
+aborts its request in the scheduler, so its KV blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_reflection.v1alpha import reflection
+
+from llmserve import wire
+from llmserve.grpc_server import ServiceServer
+from llmserve.outputs import FinishReason
+from llmserve.router.detokenizer import IncrementalDetokenizer
+from llmserve.router.sample_stream import SampleStream
+from llmserve.router.scheduler_link import SchedulerLink, SchedulerUnavailable
+from llmserve.router.stop_strings import StopStringMatcher
+from llmserve.router.tokenizer import PromptTokenizer
+from llmserve.router.validation import (
+    RequestError,
+    ServedModel,
+    check_model_name,
+    check_sampling_fields,
+    check_token_ids,
+    invalid,
+    resolve_sampling,
+)
+from llmserve.sampling import SamplingParams
+from llmserve.v1 import generation_pb2, generation_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "llmserve.v1.Generation"
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    model_dir: Path
+    model_name: str
+    scheduler_address: str = "localhost:50052"
+    host: str = "0.0.0.0"
+    port: int = 50051
+    connect_timeout_s: float = 300.0
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+    def __init__(self, tokenizer: PromptTokenizer, link: SchedulerLink):
+        self.tokenizer = tokenizer
+        self.link = link
+        # Known once the scheduler has a worker; until then every call is UNAVAILABLE.
+        self.served: ServedModel | None = None
+        self.model_info: generation_pb2.ModelInfo | None = None
+        self._active: set[str] = set()
+
+    def set_ready(self, served: ServedModel, model_info: generation_pb2.ModelInfo) -> None:
+        self.served, self.model_info = served, model_info
+
+    async def _require_ready(self, context) -> None:
+        if self.served is None or not self.link.connected.is_set():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the router is not connected to a ready scheduler")
+
+    # --- Generate ------------------------------------------------------------
+
+    async def Generate(self, request, context):
+        await self._require_ready(context)
+        try:
+            request_id, prompt_ids, sampling, n = await self._prepare(request)
+        except RequestError as err:
+            await context.abort(err.code, err.message)
+        sub_ids = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
+        self._active.add(request_id)
+        merged: asyncio.Queue = asyncio.Queue()
+        forwarders, streams, unfinished = [], {}, set(sub_ids)
+        try:
+            for index, sub_id in enumerate(sub_ids):
+                queue = await self.link.add(sub_id, prompt_ids, self._sample_params(sampling, index, n))
+                forwarders.append(asyncio.create_task(_forward(queue, merged, sub_id)))
+                streams[sub_id] = SampleStream(
+                    index=index,
+                    detokenizer=IncrementalDetokenizer(self.tokenizer),
+                    stop_matcher=StopStringMatcher(sampling.stop),
+                )
+            while unfinished:
+                sub_id, out = await merged.get()
+                stream = streams[sub_id]
+                if stream.finished:
+                    continue
+                delta = stream.process(out, self._token_text)
+                if delta.finish_reason != FinishReason.NONE:
+                    unfinished.discard(sub_id)
+                    self.link.release(sub_id)
+                    if out.finish_reason == FinishReason.NONE:  # A stop string: the engine runs on.
+                        await self.link.abort([sub_id])
+                response = self._response(request_id, delta)
+                if not unfinished:
+                    response.usage.CopyFrom(self._usage(len(prompt_ids), streams.values()))
+                yield response
+                if delta.finish_reason == FinishReason.ERROR:
+                    await self._fail(context, delta.error)
+        finally:
+            # Client cancelled or disconnected (CancelledError lands here), or done.
+            for task in forwarders:
+                task.cancel()
+            if unfinished:
+                await self.link.abort(sorted(unfinished))
+            self._active.discard(request_id)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    async def _fail(self, context, error: str) -> None:
+        code = grpc.StatusCode.UNAVAILABLE if "unavailable" in error or "worker lost" in error \
+            else grpc.StatusCode.INTERNAL
+        await context.abort(code, error or "generation failed")
+
+    async def _prepare(self, request) -> tuple[str, list[int], SamplingParams, int]:
+        check_model_name(request.model, self.served)
+        n, _ = check_sampling_fields(request.params)
+        request_id = request.request_id or uuid.uuid4().hex
+        if request_id in self._active:
+            raise RequestError(grpc.StatusCode.ALREADY_EXISTS, f"request id {request_id!r} is already running")
+        prompt_ids = await self._prompt_ids(request)
+        sampling = resolve_sampling(request.params, len(prompt_ids), self.served)
+        return request_id, prompt_ids, sampling, n
+
+    async def _prompt_ids(self, request) -> list[int]:
+        kind = request.WhichOneof("input")
+        if kind is None:
+            raise invalid("the request has no input: set one of text, token_ids or messages")
+        if kind == "text":
+            if not request.text:
+                raise invalid("the prompt text is empty")
+            return await asyncio.to_thread(self.tokenizer.encode_text, request.text)
+        if kind == "token_ids":
+            ids = list(request.token_ids.ids)
+            if not ids:
+                raise invalid("token_ids is empty")
+            check_token_ids(ids, self.served)
+            return ids
+        return (await self._render_chat(request.messages))[1]
+
+    async def _render_chat(self, messages_pb) -> tuple[str, list[int]]:
+        messages = [(m.role, m.content) for m in messages_pb.messages]
+        if not messages:
+            raise invalid("messages is empty")
+        try:
+            return await asyncio.to_thread(self.tokenizer.encode_chat, messages)
+        except ValueError as err:
+            raise invalid(str(err)) from err
+        except Exception as err:  # Jinja errors from the template (e.g. an unknown role).
+            raise invalid(f"the chat template rejected the messages: {err}") from err
+
+    @staticmethod
+    def _sample_params(sampling: SamplingParams, index: int, n: int) -> SamplingParams:
+        if n == 1 or sampling.seed is None:
+            return sampling
+        # Distinct but reproducible samples: each index gets its own derived seed.
+        from dataclasses import replace
+
+        return replace(sampling, seed=sampling.seed + index)
+
+    @staticmethod
+    def _response(request_id: str, delta) -> generation_pb2.GenerateResponse:
+        return generation_pb2.GenerateResponse(
+            request_id=request_id,
+            index=delta.index,
+            text=delta.text,
+            token_ids=delta.token_ids,
+            logprobs=[wire.logprobs_to_pb(lp) for lp in delta.logprobs],
+            finish_reason=int(delta.finish_reason),
+            stop_reason=delta.stop_reason,
+            error=delta.error,
+        )
+
+    @staticmethod
+    def _usage(prompt_tokens: int, streams) -> generation_pb2.Usage:
+        streams = list(streams)
+        return generation_pb2.Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=sum(s.num_tokens for s in streams),
+            cached_tokens=max((s.num_cached_tokens for s in streams), default=0),
+        )
+
+    # --- Tokenize / GetModelInfo ---------------------------------------------
+
+    async def Tokenize(self, request, context):
+        await self._require_ready(context)
+        try:
+            check_model_name(request.model, self.served)
+            kind = request.WhichOneof("input")
+            if kind == "text":
+                add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+                ids = await asyncio.to_thread(self.tokenizer.encode_text, request.text, add_special)
+                prompt = request.text
+            elif kind == "messages":
+                prompt, ids = await self._render_chat(request.messages)
+            else:
+                raise invalid("the request has no input: set text or messages")
+        except RequestError as err:
+            await context.abort(err.code, err.message)
+        return generation_pb2.TokenizeResponse(token_ids=ids, count=len(ids), prompt=prompt)
+
+    async def GetModelInfo(self, request, context):
+        await self._require_ready(context)
+        try:
+            check_model_name(request.model, self.served)
+        except RequestError as err:
+            await context.abort(err.code, err.message)
+        return self.model_info
+
+
+def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer) -> generation_pb2.ModelInfo:
+    return generation_pb2.ModelInfo(
+        model=served.name,
+        max_model_len=served.max_model_len,
+        vocab_size=served.vocab_size,
+        eos_token_ids=sorted(set(worker.eos_token_ids) | set(tokenizer.eos_token_ids)),
+        dtype=worker.dtype,
+        block_size=worker.block_size,
+        num_kv_blocks=num_kv_blocks,
+        tensor_parallel_size=worker.tensor_parallel_size,
+        bos_token_id=worker.bos_token_id,
+    )
+
+
+async def _forward(queue: asyncio.Queue, merged: asyncio.Queue, sub_id: str) -> None:
+    while True:
+        merged.put_nowait((sub_id, await queue.get()))
+
+
+async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
+    tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, config.model_dir)
+    server = ServiceServer(SERVICE_NAME, config.host, config.port)
+    link = SchedulerLink(config.scheduler_address)
+    # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
+    servicer = GenerationServicer(tokenizer, link)
+    generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server.server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server.server
+    )
+    await server.start()
+    try:
+        worker, num_kv_blocks = await link.wait_serving_info(config.connect_timeout_s)
+        # The KV cache must hold at least one whole sequence, or a request could never run.
+        max_model_len = min(worker.max_model_len, num_kv_blocks * worker.block_size)
+        if max_model_len < worker.max_model_len:
+            logger.warning(
+                "max_model_len lowered from %d to %d: the KV cache holds only %d tokens",
+                worker.max_model_len, max_model_len, num_kv_blocks * worker.block_size,
+            )
+        served = ServedModel(name=config.model_name, max_model_len=max_model_len, vocab_size=worker.vocab_size)
+        await link.connect()
+        servicer.set_ready(served, _model_info(served, worker, num_kv_blocks, tokenizer))
+        await server.set_serving(True)
+        logger.info("router serving %s on port %d", served.name, server.port)
+        await stop_event.wait()
+    except SchedulerUnavailable as err:
+        logger.error("%s", err)
+        raise
+    finally:
+        await server.stop(grace=2.0)
+        await link.close()

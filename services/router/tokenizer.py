@@ -1,0 +1,150 @@
+"""The router's view of the model's tokenizer: text and chat in, token ids out.
+
+Wraps an HF ``AutoTokenizer`` loaded from a local model directory (never the network)
+and adds what the tokenizer alone does not know: the model's config vocab size and the
+eos ids from ``config.json`` / ``generation_config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# A chat: ``[("user", "Hi")]`` or ``[{"role": "user", "content": "Hi"}]``.
+Messages = Sequence[tuple[str, str]] | Sequence[Mapping[str, Any]]
+
+
+def normalize_messages(messages: Messages) -> list[dict[str, Any]]:
+    """Turn (role, content) pairs or role/content mappings into the dicts templates expect."""
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        if isinstance(message, Mapping):
+            if "role" not in message or "content" not in message:
+                raise ValueError(f"message {i} needs 'role' and 'content'")
+            out.append(dict(message))
+        elif isinstance(message, (tuple, list)) and len(message) == 2:
+            role, content = message
+            out.append({"role": str(role), "content": str(content)})
+        else:
+            raise ValueError(f"message {i} is neither (role, content) nor a mapping")
+    if not out:
+        raise ValueError("a chat needs at least one message")
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
+
+
+def _as_id_list(value: Any) -> list[int]:
+    """``eos_token_id`` may be absent, an int or a list of ints."""
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value if v is not None]
+
+
+def special_token_ids(tokenizer: Any) -> frozenset[int]:
+    """Ids that ``decode(skip_special_tokens=True)`` drops.
+
+    NOTE: in transformers 5 ``all_special_ids`` lists only the named special tokens
+    (bos/eos/unk/pad); SmolLM2's other added special tokens (<repo_name>, ...) are
+    found through ``added_tokens_decoder``.
+    """
+    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", ()) or ()}
+    for token_id, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(token, "special", False):
+            ids.add(int(token_id))
+    return frozenset(ids)
+
+
+class PromptTokenizer:
+    """Encodes prompts and chats for one model; decodes ids back to text."""
+
+    def __init__(self, tokenizer: Any, *, name: str, config: Mapping[str, Any] | None = None,
+                 generation_config: Mapping[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.name = name
+        config = dict(config or {})
+        generation_config = dict(generation_config or {})
+        # NOTE: config.json's vocab_size is the embedding/logits width, the bound every
+        # token id must respect; len(tokenizer) counts base vocab + added tokens and may
+        # be smaller (padded embeddings) or, for broken checkpoints, larger.
+        self.tokenizer_vocab_size: int = len(tokenizer)
+        self.model_vocab_size: int = int(config.get("vocab_size") or self.tokenizer_vocab_size)
+        eos: set[int] = set(_as_id_list(getattr(tokenizer, "eos_token_id", None)))
+        eos.update(_as_id_list(config.get("eos_token_id")))
+        eos.update(_as_id_list(generation_config.get("eos_token_id")))
+        self.eos_token_ids: tuple[int, ...] = tuple(sorted(eos))
+        bos = getattr(tokenizer, "bos_token_id", None)
+        if bos is None:
+            bos = generation_config.get("bos_token_id", config.get("bos_token_id"))
+        self.bos_token_id: int | None = None if bos is None else int(bos)
+        self.special_token_ids: frozenset[int] = special_token_ids(tokenizer)
+
+    @classmethod
+    def from_model_dir(cls, path: str | os.PathLike[str]) -> "PromptTokenizer":
+        """Load the tokenizer and the config files of an HF model directory, offline."""
+        from transformers import AutoTokenizer
+
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path} is not a model directory")
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return cls(
+            tokenizer,
+            name=path.name,
+            config=_read_json(path / "config.json"),
+            generation_config=_read_json(path / "generation_config.json"),
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are valid below this (the model's logits width, from config.json)."""
+        return self.model_vocab_size
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return self._check_ids(list(ids))
+
+    def render_chat(self, messages: Messages) -> str:
+        """The prompt text of a chat, with the assistant's generation prompt appended."""
+        if not self.has_chat_template:
+            raise ValueError(f"model {self.name} has no chat template")
+        return self.tokenizer.apply_chat_template(
+            normalize_messages(messages), tokenize=False, add_generation_prompt=True
+        )
+
+    def encode_chat(self, messages: Messages) -> tuple[str, list[int]]:
+        """(rendered prompt, its ids).
+
+        NOTE: chat templates write their own special tokens (SmolLM2's emits
+        ``<|im_start|>`` itself), so the rendered text is encoded without adding
+        special tokens again, as ``apply_chat_template(tokenize=True)`` does.
+        """
+        prompt = self.render_chat(messages)
+        return prompt, self.encode_text(prompt, add_special_tokens=False)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def _check_ids(self, ids: list[int]) -> list[int]:
+        bad = [i for i in ids if not 0 <= i < self.model_vocab_size]
+        if bad:
+            raise ValueError(
+                f"model {self.name}: tokenizer produced ids {bad[:5]} outside the model "
+                f"vocabulary of {self.model_vocab_size}"
+            )
+        return ids

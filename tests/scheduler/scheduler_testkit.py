@@ -1,0 +1,139 @@
+"""A fake worker and a driver loop for the scheduler tests.
+
+The fake worker keeps its own copy of each request the way a real one does (token list,
+block table, num_computed_tokens), checks every plan against that copy, and samples one
+token for each request whose known tokens are all computed after the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmserve.outputs import FinishReason, RequestOutput, TokenLogprobs
+from llmserve.plan import SampledToken, StepPlan, StepResult
+from llmserve.sampling import SamplingParams
+from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
+
+NO_EOS = (10_000,)  # An eos id the fake workers never produce.
+
+
+@dataclass
+class WorkerRequest:
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    block_ids: list[int]
+    num_computed_tokens: int
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+
+TokenFn = Callable[[WorkerRequest, int], int]  # (request, step_id) -> token
+
+
+def hash_token(request: WorkerRequest, step_id: int) -> int:
+    """Depends only on the token list, so any schedule gives the same outputs."""
+    return (sum(request.token_ids) * 31 + len(request.token_ids)) % 97
+
+
+def sequence_tokens(sequences: dict[str, list[int]]) -> TokenFn:
+    """The n-th output of request r is sequences[r][n]."""
+    return lambda request, step_id: sequences[request.request_id][len(request.output_token_ids)]
+
+
+@dataclass
+class FakeWorker:
+    block_size: int
+    token_fn: TokenFn = hash_token
+    logprobs: bool = False
+    requests: dict[str, WorkerRequest] = field(default_factory=dict)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        for request_id in plan.finished_request_ids:
+            self.requests.pop(request_id, None)
+        sampled = []
+        for new in plan.new_requests:
+            assert new.request_id not in self.requests
+            state = WorkerRequest(
+                new.request_id,
+                list(new.token_ids),
+                new.num_prompt_tokens,
+                list(new.block_ids),
+                new.num_computed_tokens,
+            )
+            self.requests[new.request_id] = state
+            sampled += self._run(state, new.num_scheduled_tokens, plan.step_id)
+        for cached in plan.cached_requests:
+            state = self.requests[cached.request_id]
+            assert state.num_computed_tokens == cached.num_computed_tokens
+            state.block_ids += cached.new_block_ids
+            sampled += self._run(state, cached.num_scheduled_tokens, plan.step_id)
+        return StepResult(step_id=plan.step_id, sampled=sampled)
+
+    def _run(self, state: WorkerRequest, num_tokens: int, step_id: int) -> list[SampledToken]:
+        assert num_tokens > 0
+        state.num_computed_tokens += num_tokens
+        assert state.num_computed_tokens <= len(state.token_ids)
+        assert len(state.block_ids) == -(-state.num_computed_tokens // self.block_size)
+        if state.num_computed_tokens < len(state.token_ids):
+            return []  # Mid-prompt chunk: nothing to sample.
+        token = self.token_fn(state, step_id)
+        state.token_ids.append(token)
+        logprobs = TokenLogprobs(token, -0.5) if self.logprobs else None
+        return [SampledToken(state.request_id, token, logprobs)]
+
+
+@dataclass
+class Run:
+    """What a driver loop saw: every plan and each request's tokens and end."""
+
+    plans: list[StepPlan] = field(default_factory=list)
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    finish: dict[str, FinishReason] = field(default_factory=dict)
+    outputs: list[RequestOutput] = field(default_factory=list)
+
+    def record(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            assert out.request_id not in self.finish, f"output after finish: {out}"
+            self.tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished:
+                self.finish[out.request_id] = out.finish_reason
+        self.outputs += outputs
+
+
+def make_scheduler(num_blocks: int = 64, eos=NO_EOS, **config) -> Scheduler:
+    config.setdefault("block_size", 4)
+    config.setdefault("max_model_len", 64)
+    return Scheduler(SchedulerConfig(**config), num_blocks, eos)
+
+
+def params(max_tokens: int = 16, **kwargs) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, **kwargs)
+
+
+def step(scheduler: Scheduler, worker: FakeWorker, run: Run) -> StepPlan:
+    plan = scheduler.schedule()
+    result = worker.execute(plan) if not plan.is_empty else StepResult(plan.step_id)
+    run.plans.append(plan)
+    run.record(scheduler.update_from_output(plan, result))
+    return plan
+
+
+def run_until_done(
+    scheduler: Scheduler,
+    worker: FakeWorker,
+    run: Run | None = None,
+    max_steps: int = 10_000,
+    check: Callable[[Scheduler], None] | None = None,
+) -> Run:
+    run = run or Run()
+    for _ in range(max_steps):
+        if not scheduler.has_unfinished_requests():
+            return run
+        step(scheduler, worker, run)
+        if check:
+            check(scheduler)
+    raise AssertionError(f"not done after {max_steps} steps")

@@ -1,0 +1,56 @@
+from llmserve.sampling import SamplingParams
+from llmserve.scheduler.kv_cache_manager import KVCacheManager
+from llmserve.scheduler.request import Request
+
+
+def make_request(request_id: str, num_prompt_tokens: int) -> Request:
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=list(range(num_prompt_tokens)),
+        sampling=SamplingParams(),
+        eos_token_ids=frozenset(),
+        arrival_order=0,
+    )
+
+
+def test_new_blocks_as_tokens_cross_block_boundaries():
+    kv = KVCacheManager(num_blocks=5, block_size=4)
+    r = make_request("a", 6)
+    assert kv.allocate_slots(r, 6) == [0, 1]  # Tokens 0-3 -> block 0, 4-5 -> block 1.
+    r.num_computed_tokens = 6
+    assert kv.allocate_slots(r, 1) == []  # Token 6 fits block 1.
+    r.num_computed_tokens = 7
+    assert kv.allocate_slots(r, 1) == []  # Token 7 fills block 1.
+    r.num_computed_tokens = 8
+    assert kv.allocate_slots(r, 1) == [2]  # Token 8 starts block 2.
+    r.num_computed_tokens = 9
+    assert kv.allocate_slots(r, 4) == [3]  # Tokens 9-12 -> blocks 2 and 3.
+    assert kv.get_block_ids("a") == [0, 1, 2, 3]
+    assert kv.num_free_blocks == 1
+    assert kv.usage == 0.8
+
+
+def test_exhaustion_returns_none_and_allocates_nothing():
+    kv = KVCacheManager(num_blocks=5, block_size=4)
+    a, b = make_request("a", 12), make_request("b", 9)
+    assert kv.allocate_slots(a, 12) == [0, 1, 2]
+    assert kv.allocate_slots(b, 9) is None  # Needs 3 blocks, 2 free.
+    assert kv.get_block_ids("b") == []
+    assert kv.num_free_blocks == 2
+    kv.free(a)  # Tail first.
+    assert kv.pool.free_block_ids() == [3, 4, 2, 1, 0]
+    assert kv.allocate_slots(b, 9) == [3, 4, 2]
+    assert kv.get_block_ids("b") == [3, 4, 2]
+
+
+def test_free_is_idempotent_and_returns_a_copy():
+    kv = KVCacheManager(num_blocks=2, block_size=4)
+    a = make_request("a", 3)
+    kv.allocate_slots(a, 3)
+    table = kv.get_block_ids("a")
+    table.append(99)
+    assert kv.get_block_ids("a") == [0]
+    kv.free(a)
+    kv.free(a)
+    assert kv.num_free_blocks == 2
+    assert kv.usage == 0.0

@@ -1,0 +1,372 @@
+import math
+
+import pytest
+from scheduler_testkit import (
+    FakeWorker,
+    Run,
+    WorkerRequest,
+    hash_token,
+    make_scheduler,
+    params,
+    run_until_done,
+    sequence_tokens,
+    step,
+)
+
+from llmserve.outputs import FinishReason, TokenLogprobs
+from llmserve.plan import CachedRequestData, NewRequestData, SampledToken, StepResult
+from llmserve.scheduler.scheduler import SchedulerConfig
+
+STOP, LENGTH, ABORT, ERROR = (
+    FinishReason.STOP,
+    FinishReason.LENGTH,
+    FinishReason.ABORT,
+    FinishReason.ERROR,
+)
+
+
+def scheduled(plan) -> dict[str, int]:
+    """request id -> tokens scheduled, new requests and cached ones alike."""
+    return {r.request_id: r.num_scheduled_tokens for r in plan.new_requests + plan.cached_requests}
+
+
+# ---- continuous batching ----
+
+
+def test_request_added_midway_joins_next_step():
+    sched = make_scheduler()
+    worker = FakeWorker(4, logprobs=True)
+    run = Run()
+    sched.add_request("a", [1, 2, 3, 4, 5], params(max_tokens=3))
+    p0 = step(sched, worker, run)
+    assert p0.step_id == 0
+    assert p0.new_requests == [
+        NewRequestData("a", [1, 2, 3, 4, 5], 5, p0.new_requests[0].sampling, [0, 1], 0, 5)
+    ]
+    assert p0.cached_requests == [] and p0.finished_request_ids == []
+    a0 = run.tokens["a"][0]
+    assert run.outputs[0].logprobs == [TokenLogprobs(a0, -0.5)]
+
+    sched.add_request("b", [6, 7, 8], params(max_tokens=2))
+    p1 = step(sched, worker, run)
+    assert p1.cached_requests == [CachedRequestData("a", [], 5, 1)]
+    assert [(r.request_id, r.token_ids, r.block_ids, r.num_scheduled_tokens)
+            for r in p1.new_requests] == [("b", [6, 7, 8], [2], 3)]
+
+    p2 = step(sched, worker, run)
+    assert p2.new_requests == []
+    assert p2.cached_requests == [CachedRequestData("a", [], 6, 1), CachedRequestData("b", [], 3, 1)]
+    assert run.finish == {"a": LENGTH, "b": LENGTH}
+    assert len(run.tokens["a"]) == 3 and len(run.tokens["b"]) == 2
+    assert sched.stats().num_free_blocks == 64  # Freed as soon as they finished.
+
+    assert not sched.has_unfinished_requests()
+    p3 = sched.schedule()
+    assert p3.is_empty and p3.finished_request_ids == ["a", "b"]
+
+
+def test_worker_sampling_params_follow_request():
+    sched = make_scheduler()
+    sched.add_request("a", [1], params(temperature=0.0, top_p=0.5, top_k=3, seed=7, logprobs=2))
+    sampling = sched.schedule().new_requests[0].sampling
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed, sampling.logprobs) == (
+        0.0, 0.5, 3, 7, 2
+    )
+
+
+def test_max_num_seqs():
+    sched = make_scheduler(max_num_seqs=2)
+    worker, run = FakeWorker(4), Run()
+    for rid in ("r0", "r1", "r2"):
+        sched.add_request(rid, [1, 2], params(max_tokens=3))
+    p0 = step(sched, worker, run)
+    assert [r.request_id for r in p0.new_requests] == ["r0", "r1"]
+    stats = sched.stats()
+    assert (stats.num_running, stats.num_waiting) == (2, 1)
+    assert scheduled(step(sched, worker, run)) == {"r0": 1, "r1": 1}
+    assert scheduled(step(sched, worker, run)) == {"r0": 1, "r1": 1}
+    p3 = step(sched, worker, run)  # r0 and r1 finished last step.
+    assert p3.finished_request_ids == ["r0", "r1"]
+    assert [r.request_id for r in p3.new_requests] == ["r2"]
+
+
+def test_chunked_prefill_splits_long_prompt_after_decodes():
+    sched = make_scheduler(max_num_batched_tokens=8)
+    worker, run = FakeWorker(4), Run()
+    sched.add_request("a", [1, 2, 3], params(max_tokens=10))
+    step(sched, worker, run)
+    sched.add_request("b", list(range(20)), params(max_tokens=2))
+    p1 = step(sched, worker, run)
+    assert p1.cached_requests == [CachedRequestData("a", [], 3, 1)]
+    b = p1.new_requests[0]
+    assert (b.request_id, b.block_ids, b.num_computed_tokens, b.num_scheduled_tokens) == ("b", [1, 2], 0, 7)
+    assert "b" not in run.tokens  # Mid-prompt: nothing sampled.
+    p2 = step(sched, worker, run)
+    assert p2.cached_requests == [CachedRequestData("a", [3], 4, 1), CachedRequestData("b", [4, 5], 7, 7)]
+    p3 = step(sched, worker, run)
+    assert p3.cached_requests == [CachedRequestData("a", [], 5, 1), CachedRequestData("b", [6], 14, 6)]
+    assert len(run.tokens["b"]) == 1  # Prompt done: first token.
+    assert all(p.total_scheduled_tokens <= 8 for p in run.plans)
+    run_until_done(sched, worker, run)
+    assert run.finish == {"a": LENGTH, "b": LENGTH}
+
+
+def test_without_chunking_a_prompt_waits_for_the_whole_budget():
+    sched = make_scheduler(max_model_len=20, max_num_batched_tokens=20, enable_chunked_prefill=False)
+    worker, run = FakeWorker(4), Run()
+    sched.add_request("a", [1, 2, 3], params(max_tokens=2))
+    step(sched, worker, run)
+    sched.add_request("b", list(range(20)), params(max_tokens=5))
+    assert scheduled(step(sched, worker, run)) == {"a": 1}  # b needs 20, 19 left.
+    assert scheduled(step(sched, worker, run)) == {"b": 20}
+    assert run.finish == {"a": LENGTH, "b": LENGTH}  # b hit max_model_len at once.
+    assert run.tokens["b"] == [hash_token(worker_req(list(range(20))), 0)]
+
+
+def worker_req(tokens):
+    return WorkerRequest("x", tokens, len(tokens), [], len(tokens))
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        SchedulerConfig(max_model_len=100, max_num_batched_tokens=50, enable_chunked_prefill=False)
+    with pytest.raises(ValueError, match="block_size"):
+        SchedulerConfig(max_model_len=100, block_size=0)
+    with pytest.raises(TypeError):
+        SchedulerConfig(64)  # Keyword-only.
+
+
+# ---- stop conditions ----
+
+
+@pytest.mark.parametrize(
+    "sampling, sequence, tokens, reason, stop_token_id",
+    [
+        (params(max_tokens=5), [5, 2, 7], [5, 2], STOP, 2),
+        (params(max_tokens=3, ignore_eos=True), [5, 2, 7], [5, 2, 7], LENGTH, -1),
+        (params(max_tokens=5, stop_token_ids=(7,)), [5, 7, 2], [5, 7], STOP, 7),
+        (params(max_tokens=1, stop_token_ids=(2,)), [2], [2], STOP, 2),  # eos first.
+        (params(max_tokens=2), [5, 6, 7], [5, 6], LENGTH, -1),
+        (params(max_tokens=9), [5, 6, 7, 8], [5, 6, 7], LENGTH, -1),  # max_model_len=8.
+    ],
+)
+def test_stop_conditions(sampling, sequence, tokens, reason, stop_token_id):
+    sched = make_scheduler(eos=(2, 3), max_model_len=8)
+    worker = FakeWorker(4, sequence_tokens({"r": sequence}))
+    sched.add_request("r", [1, 1, 1, 1, 1], sampling)
+    run = run_until_done(sched, worker)
+    assert run.tokens["r"] == tokens
+    assert run.finish["r"] == reason
+    assert run.outputs[-1].stop_token_id == stop_token_id
+    assert all(not out.finished for out in run.outputs[:-1])
+    assert sched.stats().num_free_blocks == 64
+
+
+# ---- preemption ----
+
+
+def test_preemption_victim_is_latest_arrival_and_comes_back_in_full():
+    sched = make_scheduler(num_blocks=3)
+    worker, run = FakeWorker(4), Run()
+    for rid in ("a", "b", "c"):
+        sched.add_request(rid, [1, 2, 3, 4], params(max_tokens=3))
+    p0 = step(sched, worker, run)
+    assert [r.block_ids for r in p0.new_requests] == [[0], [1], [2]]
+    p1 = step(sched, worker, run)
+    # a needs a 2nd block: c (latest) goes; b needs one too and is now the latest itself.
+    assert p1.cached_requests == [CachedRequestData("a", [2], 4, 1)]
+    assert p1.new_requests == []
+    assert p1.finished_request_ids == ["c", "b"]
+    assert [r.request_id for r in sched.waiting] == ["b", "c"]
+    stats = sched.stats()
+    assert (stats.num_preemptions, stats.num_running, stats.num_waiting) == (2, 1, 2)
+    assert sched.get_request("b").num_computed_tokens == 0
+    p2 = step(sched, worker, run)
+    assert scheduled(p2) == {"a": 1}  # b needs 2 blocks, 1 free.
+    assert run.finish == {"a": LENGTH}
+    b_tokens = list(run.tokens["b"])
+    assert len(b_tokens) == 1
+    p3 = step(sched, worker, run)
+    assert p3.finished_request_ids == ["a"]
+    assert [(r.request_id, r.token_ids, r.num_prompt_tokens, r.block_ids, r.num_computed_tokens,
+             r.num_scheduled_tokens) for r in p3.new_requests] == [
+        ("b", [1, 2, 3, 4, b_tokens[0]], 4, [1, 2], 0, 5)
+    ]
+    run_until_done(sched, worker, run)
+    assert run.finish == {"a": LENGTH, "b": LENGTH, "c": LENGTH}
+    assert sched.stats().num_free_blocks == 3
+
+
+def _workload(sched):
+    prompts = {"r0": [3, 1, 4, 1, 5], "r1": [9, 2, 6, 5, 3, 5], "r2": [8, 9, 7, 9, 3, 2, 3], "r3": [8, 4]}
+    for rid, prompt in prompts.items():
+        sched.add_request(rid, prompt, params(max_tokens=8, ignore_eos=True))
+    return prompts
+
+
+def test_tiny_pool_preempts_and_matches_big_pool():
+    big = make_scheduler(num_blocks=64)
+    _workload(big)
+    reference = run_until_done(big, FakeWorker(4))
+    assert big.stats().num_preemptions == 0
+
+    tiny = make_scheduler(num_blocks=6)
+    prompts = _workload(tiny)
+    run = run_until_done(tiny, FakeWorker(4))
+    stats = tiny.stats()
+    assert stats.num_preemptions > 0
+    assert run.tokens == reference.tokens
+    assert run.finish == reference.finish == dict.fromkeys(prompts, LENGTH)
+    assert stats.num_free_blocks == 6 and stats.num_finished == 4
+    assert stats.generation_tokens_total == 32
+    assert stats.prompt_tokens_total == sum(map(len, prompts.values()))
+
+    # Re-sent requests carry prompt + the outputs made before their preemption.
+    resent = [r for p in run.plans for r in p.new_requests if len(r.token_ids) > r.num_prompt_tokens]
+    assert resent
+    for r in resent:
+        prompt = prompts[r.request_id]
+        assert r.num_prompt_tokens == len(prompt)
+        assert r.token_ids == prompt + reference.tokens[r.request_id][: len(r.token_ids) - len(prompt)]
+        assert r.num_computed_tokens == 0
+
+
+# ---- abort and errors ----
+
+
+def test_abort_mid_generation_frees_blocks_and_is_reported():
+    sched = make_scheduler(num_blocks=10)
+    worker, run = FakeWorker(4), Run()
+    sched.add_request("a", list(range(6)), params(max_tokens=10))
+    sched.add_request("b", [1, 2], params(max_tokens=10))
+    step(sched, worker, run)
+    step(sched, worker, run)
+    assert sched.stats().num_free_blocks == 7
+    [out] = sched.abort_requests(["a", "nope"])
+    assert (out.request_id, out.finish_reason, out.new_token_ids) == ("a", ABORT, [])
+    assert sched.stats().num_free_blocks == 9
+    assert sched.abort_requests(["a"]) == []
+    p = step(sched, worker, run)
+    assert p.finished_request_ids == ["a"]
+    assert scheduled(p) == {"b": 1}
+    assert sched.stats().num_aborted == 1
+
+
+def test_token_for_request_aborted_during_step_is_ignored():
+    sched = make_scheduler()
+    worker = FakeWorker(4)
+    sched.add_request("a", [1, 2], params())
+    sched.add_request("b", [3, 4], params())
+    plan = sched.schedule()
+    result = worker.execute(plan)
+    assert [s.request_id for s in result.sampled] == ["a", "b"]
+    sched.abort_requests(["a"])
+    outputs = sched.update_from_output(plan, result)
+    assert [o.request_id for o in outputs] == ["b"]
+    assert sched.get_request("a") is None
+    assert sched.stats().generation_tokens_total == 1
+
+
+def test_abort_waiting_request():
+    sched = make_scheduler(max_num_seqs=1)
+    sched.add_request("a", [1], params())
+    sched.add_request("b", [1], params())
+    sched.schedule()
+    [out] = sched.abort_requests(["b"])
+    assert out.finish_reason == ABORT
+    assert sched.stats().num_waiting == 0
+
+
+def test_tokens_for_unplanned_or_mid_prompt_requests_are_ignored():
+    sched = make_scheduler(max_num_batched_tokens=4)
+    sched.add_request("a", list(range(10)), params())
+    plan = sched.schedule()
+    result = StepResult(plan.step_id, [SampledToken("a", 5), SampledToken("zz", 5)])
+    assert sched.update_from_output(plan, result) == []
+    with pytest.raises(ValueError, match="step"):
+        sched.update_from_output(plan, StepResult(plan.step_id + 1))
+
+
+def test_fail_requests_and_step_error():
+    sched = make_scheduler()
+    for rid in ("a", "b", "c"):
+        sched.add_request(rid, [1, 2], params())
+    [out] = sched.fail_requests(["c"], "boom")
+    assert (out.finish_reason, out.error) == (ERROR, "boom")
+    plan = sched.schedule()
+    assert plan.finished_request_ids == ["c"]
+    outputs = sched.update_from_output(plan, StepResult(plan.step_id, error="worker died"))
+    assert [(o.request_id, o.finish_reason, o.error) for o in outputs] == [
+        ("a", ERROR, "worker died"), ("b", ERROR, "worker died")
+    ]
+    assert not sched.has_unfinished_requests()
+    assert sched.stats().num_free_blocks == 64 and sched.stats().num_failed == 3
+
+
+def test_prompt_bigger_than_cache_is_rejected():
+    sched = make_scheduler(num_blocks=2)
+    with pytest.raises(ValueError) as err:
+        sched.add_request("big", list(range(9)), params())
+    assert str(err.value) == (
+        "request 'big': 9 tokens need 3 KV cache blocks but the cache has only 2 blocks of 4 tokens"
+    )
+    sched.add_request("ok", list(range(8)), params(max_tokens=1))
+    assert sched.stats().num_waiting == 1
+
+
+def test_request_outgrowing_cache_fails_instead_of_looping():
+    sched = make_scheduler(num_blocks=2)
+    worker = FakeWorker(4)
+    sched.add_request("r", list(range(7)), params(max_tokens=5))
+    run = run_until_done(sched, worker, max_steps=10)
+    assert len(run.tokens["r"]) == 2  # 9 tokens would need a 3rd block.
+    last = run.outputs[-1]
+    assert (last.new_token_ids, last.finish_reason) == (run.tokens["r"][1:], ERROR)
+    assert last.error == "9 tokens need 3 KV cache blocks but the cache has only 2 blocks of 4 tokens"
+    assert sched.stats().num_free_blocks == 2
+    assert sched.stats().num_failed == 1
+
+
+def test_empty_plan_keeps_finished_ids_for_the_next_plan():
+    sched = make_scheduler()
+    sched.add_request("a", [1], params())
+    sched.abort_requests(["a"])
+    assert sched.schedule().finished_request_ids == ["a"]  # Empty: the worker may not see it.
+    sched.add_request("b", [1], params())
+    plan = sched.schedule()
+    assert plan.finished_request_ids == ["a"] and plan.new_requests[0].request_id == "b"
+    assert sched.schedule().finished_request_ids == []
+
+
+def test_add_request_validation():
+    sched = make_scheduler(max_model_len=8)
+    sched.add_request("a", [1], params())
+    with pytest.raises(ValueError, match="already in use"):
+        sched.add_request("a", [1], params())
+    with pytest.raises(ValueError, match="empty prompt"):
+        sched.add_request("b", [], params())
+    with pytest.raises(ValueError, match="max_model_len"):
+        sched.add_request("b", list(range(9)), params())
+    with pytest.raises(ValueError, match="max_tokens"):
+        sched.add_request("b", [1], params(max_tokens=0))
+
+
+def test_id_reused_after_finish():
+    sched = make_scheduler()
+    worker = FakeWorker(4)
+    sched.add_request("a", [1, 2], params(max_tokens=1))
+    run_until_done(sched, worker)
+    sched.add_request("a", [1, 2], params(max_tokens=1))
+    plan = step(sched, worker, Run())
+    assert plan.finished_request_ids == ["a"] and plan.new_requests[0].request_id == "a"
+
+
+def test_stats_counts():
+    sched = make_scheduler()
+    for rid in ("a", "b"):
+        sched.add_request(rid, [1, 2, 3], params(max_tokens=4))
+    run_until_done(sched, FakeWorker(4))
+    s = sched.stats()
+    assert (s.num_steps, s.num_finished, s.prompt_tokens_total, s.generation_tokens_total) == (4, 2, 6, 8)
+    assert (s.num_waiting, s.num_running, s.num_total_blocks, s.kv_cache_usage) == (0, 0, 64, 0.0)
+    assert math.isclose(s.kv_cache_usage, 0.0)

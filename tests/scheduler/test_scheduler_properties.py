@@ -1,0 +1,102 @@
+"""Random workloads on small pools: the block accounting holds after every step, every
+request ends exactly once with the tokens a lone run would give, and all blocks return."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scheduler_testkit import FakeWorker, Run, WorkerRequest, hash_token, params, run_until_done, step
+
+from llmserve.outputs import FinishReason
+from llmserve.scheduler.request import RequestStatus
+from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
+
+MAX_MODEL_LEN = 24
+
+
+@st.composite
+def workloads(draw):
+    chunked = draw(st.booleans())
+    config = SchedulerConfig(
+        max_model_len=MAX_MODEL_LEN,
+        block_size=draw(st.sampled_from([1, 2, 4])),
+        max_num_seqs=draw(st.integers(1, 4)),
+        max_num_batched_tokens=draw(st.integers(1, 16) if chunked else st.integers(24, 40)),
+        enable_chunked_prefill=chunked,
+    )
+    num_blocks = draw(st.integers(1, 16))
+    eos = draw(st.integers(0, 96))
+    request = st.tuples(st.integers(1, 20), st.integers(1, 12))  # prompt length, max_tokens
+    events = st.tuples(st.lists(request, max_size=3), st.lists(st.integers(0, 20), max_size=2))
+    return config, num_blocks, eos, draw(st.lists(events, min_size=1, max_size=12))
+
+
+def lone_run_tokens(prompt, max_tokens, eos):
+    """The tokens hash_token gives a request running alone with unlimited blocks."""
+    tokens = list(prompt)
+    out = []
+    while True:
+        token = hash_token(WorkerRequest("x", tokens, len(prompt), [], len(tokens)), 0)
+        tokens.append(token)
+        out.append(token)
+        if token == eos or len(out) >= max_tokens or len(tokens) >= MAX_MODEL_LEN:
+            return out
+
+
+def check_invariants(sched: Scheduler) -> None:
+    kv, config = sched.kv, sched.config
+    held = set()
+    for request in sched.running:
+        assert request.status is RequestStatus.RUNNING
+        table = kv.get_block_ids(request.request_id)
+        assert len(table) == -(-request.num_computed_tokens // config.block_size)
+        assert held.isdisjoint(table)
+        held.update(table)
+        assert all(kv.pool.ref_count(b) == 1 for b in table)
+    for request in sched.waiting:
+        assert request.status is RequestStatus.WAITING
+        assert kv.get_block_ids(request.request_id) == [] and request.num_computed_tokens == 0
+    assert len(held) + kv.num_free_blocks == kv.num_total_blocks
+    assert held.isdisjoint(kv.pool.free_block_ids())
+    assert len(sched.running) <= config.max_num_seqs
+    orders = [r.arrival_order for r in sched.running]
+    assert orders == sorted(orders)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_random_workloads_keep_blocks_consistent(workload):
+    config, num_blocks, eos, events = workload
+    sched = Scheduler(config, num_blocks, [eos])
+    worker, run = FakeWorker(config.block_size), Run()
+    added, rejected = {}, []
+    for new_requests, aborts in events:
+        for prompt_len, max_tokens in new_requests:
+            n = len(added) + len(rejected)
+            rid = f"r{n}"
+            prompt = [(n * 7 + i) % 50 for i in range(prompt_len)]
+            too_big = -(-prompt_len // config.block_size) > num_blocks
+            try:
+                sched.add_request(rid, prompt, params(max_tokens=max_tokens))
+                assert not too_big
+                added[rid] = (prompt, max_tokens)
+            except ValueError:
+                assert too_big
+                rejected.append(rid)
+        run.record(sched.abort_requests([f"r{i}" for i in aborts]))
+        plan = step(sched, worker, run)
+        assert plan.total_scheduled_tokens <= config.max_num_batched_tokens
+        check_invariants(sched)
+    run_until_done(sched, worker, run, max_steps=2_000, check=check_invariants)
+
+    assert sched.kv.num_free_blocks == num_blocks
+    assert set(run.finish) == set(added)
+    for rid, (prompt, max_tokens) in added.items():
+        expected = lone_run_tokens(prompt, max_tokens, eos)
+        got = run.tokens.get(rid, [])
+        if run.finish[rid] in (FinishReason.STOP, FinishReason.LENGTH):
+            assert got == expected
+        else:
+            assert got == expected[: len(got)]
+    stats = sched.stats()
+    assert stats.num_finished + stats.num_aborted + stats.num_failed == len(added)
+    for plan in run.plans:
+        assert plan.total_scheduled_tokens <= config.max_num_batched_tokens
