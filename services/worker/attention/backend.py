@@ -1,0 +1,75 @@
+"""The attention backend interface and the per-step metadata all layers share.
+
+KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_dim]  (0 = K, 1 = V)
+Token slot: slot = block_id * block_size + position % block_size, with
+block_id = block_table[position // block_size].
+
+Flattened step batch (T tokens, N sequences), sequence i owns tokens
+query_start_loc[i] : query_start_loc[i+1] and has seq_lens[i] tokens of context
+including this step's. Decode rows (1 query token) come first, prefill/chunk rows after:
+
+  tokens:  | d0 | d1 | d2 | p0 p0 p0 p0 | p1 p1 p1 |
+             <- num_decodes ->  <- prefills ---------->
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PrefillSeq:
+    """One prefill or chunk row, with everything its attention needs precomputed."""
+
+    token_start: int
+    token_end: int
+    context_len: int  # Tokens cached before this step (keys the chunk also sees).
+    seq_len: int
+    block_ids: torch.Tensor  # [ceil(seq_len / block_size)] long
+    mask: torch.Tensor | None  # [q_len, seq_len] bool (True = visible); None = plain causal
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] long
+    query_start_loc: list[int]  # [N + 1]
+    seq_lens: list[int]  # [N]
+    block_tables: list[list[int]]  # [N][num_blocks_i]
+    block_size: int
+    num_decodes: int  # Rows 0..num_decodes-1 are decodes; their tokens are 0..num_decodes-1.
+    # Decode rows, batched: one gather of [B, max_blocks] blocks and one masked SDPA.
+    decode_block_table: torch.Tensor | None  # [B, max_blocks] long, padded with block 0
+    decode_mask: torch.Tensor | None  # [B, 1, 1, max_blocks*block_size] bool
+    prefills: list[PrefillSeq]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query_start_loc[-1]
+
+
+class AttentionBackend(abc.ABC):
+    """Per-layer attention over the paged cache. Metadata is built once per step by
+    `build_metadata` and passed to every layer."""
+
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float | None = None):
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+        self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
+        self.scale = scale if scale is not None else head_dim**-0.5
+
+    @staticmethod
+    @abc.abstractmethod
+    def build_metadata(
+        query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
+        slot_mapping: torch.Tensor, block_size: int,
+    ) -> AttentionMetadata:
+        """Rows must be ordered decodes (query_len == 1) first."""
+
+    @abc.abstractmethod
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """q [T,H,D], k/v [T,KVH,D]: store k/v in their slots, attend causally -> [T,H,D]."""

@@ -1,0 +1,73 @@
+"""Vocabulary-parallel token embedding and LM head.
+
+Each rank owns a contiguous slice of vocab rows [rank*shard, (rank+1)*shard); the last
+shard is zero-padded when vocab_size is not divisible by tp_size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, tp_size: int = 1, tp_rank: int = 0):
+        super().__init__()
+        self.vocab_size, self.tp_size, self.tp_rank = vocab_size, tp_size, tp_rank
+        self.shard_size = -(-vocab_size // tp_size)
+        self.vocab_start = tp_rank * self.shard_size
+        # weight: [shard_size, hidden]
+        self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if loaded.shape[0] != self.vocab_size or loaded.shape[1:] != param.shape[1:]:
+            raise ValueError(f"embedding: checkpoint {tuple(loaded.shape)} != vocab {self.vocab_size} x {param.shape[1]}")
+        n = max(0, min(self.shard_size, self.vocab_size - self.vocab_start))
+        param.data.zero_()
+        param.data[:n].copy_(loaded.narrow(0, self.vocab_start, n))
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        # TODO(tensor-parallel): torch.distributed.all_reduce(x) when tp_size > 1.
+        if self.tp_size > 1:
+            raise NotImplementedError("VocabParallelEmbedding: all-reduce is not wired yet")
+        return x
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # input_ids: [T] -> [T, hidden]
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.shard_size)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.all_reduce(out.masked_fill(outside[:, None], 0.0))
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """logits = hidden @ W.T, computed as hidden @ w_t with w_t a contiguous [hidden, vocab]
+    copy (NOTE: ~2x faster than F.linear on CPU for the 576x49152 head).
+
+    Tied embeddings: pass `tied_to=embed_tokens`; the weight is then the embedding's own
+    Parameter. Call `process_weights_after_loading()` after loading to refresh w_t.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp_size: int = 1, tp_rank: int = 0,
+                 tied_to: VocabParallelEmbedding | None = None):
+        super().__init__(vocab_size, hidden_size, tp_size, tp_rank)
+        if tied_to is not None:
+            self.weight = tied_to.weight
+        self.register_buffer("w_t", torch.empty(0), persistent=False)
+
+    def process_weights_after_loading(self) -> None:
+        self.w_t = self.weight.detach().t().contiguous()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [S, hidden] -> logits [S, vocab] (this rank's shard, padding cut off)
+        if self.w_t.numel() == 0:
+            self.process_weights_after_loading()
+        logits = hidden @ self.w_t
+        if self.tp_size > 1:
+            # TODO(tensor-parallel): all-gather the vocab shards across ranks.
+            raise NotImplementedError("ParallelLMHead: all-gather is not wired yet")
+        return logits[:, : self.vocab_size]

@@ -1,0 +1,159 @@
+"""Linear layers whose weight loaders narrow a full checkpoint tensor to this rank's shard.
+
+With tp_size=1 every shard is the whole tensor. For tp_size>1:
+  ColumnParallel   splits the output dim (weight rows):   W[out/tp, in]
+  RowParallel      splits the input dim (weight columns):  W[out, in/tp], then all-reduce
+  QKVParallel      splits q heads and kv heads separately (kv heads replicated when
+                   num_kv_heads < tp_size)
+  MergedColumn     splits each fused sub-matrix (gate, up) separately
+
+Fused layout of QKVParallelLinear.weight (rows, on one rank):
+  [ q: num_heads*head_dim | k: num_kv_heads*head_dim | v: num_kv_heads*head_dim ]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _divide(a: int, b: int) -> int:
+    if a % b:
+        raise ValueError(f"{a} is not divisible by tensor-parallel size {b}")
+    return a // b
+
+
+def _copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
+    if dst.shape != src.shape:
+        raise ValueError(f"{what}: checkpoint shard {tuple(src.shape)} != parameter {tuple(dst.shape)}")
+    dst.copy_(src)
+
+
+class LinearBase(nn.Module):
+    """y = x @ W.T (+ b). Parameters carry a `weight_loader` attribute used by the loader."""
+
+    def __init__(self, out_features: int, in_features: int, bias: bool, tp_size: int, tp_rank: int):
+        super().__init__()
+        self.tp_size, self.tp_rank = tp_size, tp_rank
+        # weight: [out_features (this rank), in_features (this rank)]
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, in_features] -> [num_tokens, out_features]
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    """Every rank holds the full weight."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_size: int = 1, tp_rank: int = 0):
+        super().__init__(output_size, input_size, bias, tp_size, tp_rank)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        _copy_checked(param.data, loaded, "ReplicatedLinear")
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output dim split across ranks; each rank returns its slice (no gather here)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_size: int = 1, tp_rank: int = 0):
+        super().__init__(_divide(output_size, tp_size), input_size, bias, tp_size, tp_rank)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        size = param.shape[0]
+        _copy_checked(param.data, loaded.narrow(0, self.tp_rank * size, size), "ColumnParallelLinear")
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel matrices fused along the output dim (gate_proj, up_proj)."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, tp_size: int = 1, tp_rank: int = 0):
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias, tp_size, tp_rank)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
+            raise ValueError(f"MergedColumnParallelLinear: bad shard id {shard_id!r}")
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+        size = self.output_sizes[shard_id] // self.tp_size
+        shard = loaded.narrow(0, self.tp_rank * size, size)
+        _copy_checked(param.data.narrow(0, offset, size), shard, f"gate_up shard {shard_id}")
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q/k/v projection; q heads split across ranks, kv heads split or replicated."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        total_num_heads: int,
+        total_num_kv_heads: int,
+        bias: bool = False,
+        tp_size: int = 1,
+        tp_rank: int = 0,
+    ):
+        self.head_dim = head_dim
+        self.num_heads = _divide(total_num_heads, tp_size)
+        if total_num_kv_heads >= tp_size:
+            self.num_kv_heads = _divide(total_num_kv_heads, tp_size)
+            self.num_kv_replicas = 1
+        else:  # NOTE: fewer kv heads than ranks: each kv head lives on tp_size/kv ranks.
+            self.num_kv_heads = 1
+            self.num_kv_replicas = _divide(tp_size, total_num_kv_heads)
+        self.q_size = self.num_heads * head_dim
+        self.kv_size = self.num_kv_heads * head_dim
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        LinearBase.__init__(self, out, hidden_size, bias, tp_size, tp_rank)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id == "q":
+            offset, size, rank = 0, self.q_size, self.tp_rank
+        elif shard_id in ("k", "v"):
+            offset = self.q_size if shard_id == "k" else self.q_size + self.kv_size
+            size, rank = self.kv_size, self.tp_rank // self.num_kv_replicas
+        else:
+            raise ValueError(f"QKVParallelLinear: bad shard id {shard_id!r}")
+        shard = loaded.narrow(0, rank * size, size)
+        _copy_checked(param.data.narrow(0, offset, size), shard, f"qkv shard {shard_id}")
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # qkv: [T, q_size + 2*kv_size] -> q [T, q_size], k [T, kv_size], v [T, kv_size]
+        return qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+
+
+class RowParallelLinear(LinearBase):
+    """Input dim split across ranks; partial sums must be all-reduced (hook below)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_size: int = 1, tp_rank: int = 0):
+        super().__init__(output_size, _divide(input_size, tp_size), bias, tp_size, tp_rank)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if param.dim() == 1:  # bias: full on every rank, added once after the reduce
+            _copy_checked(param.data, loaded, "RowParallelLinear bias")
+            return
+        size = param.shape[1]
+        _copy_checked(param.data, loaded.narrow(1, self.tp_rank * size, size), "RowParallelLinear")
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        # TODO(tensor-parallel): torch.distributed.all_reduce(x) when tp_size > 1.
+        if self.tp_size > 1:
+            raise NotImplementedError("RowParallelLinear: tensor-parallel all-reduce is not wired yet")
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, in/tp] -> [T, out]
+        y = self.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias

@@ -1,0 +1,1 @@
+"""Model architectures, their registry and the checkpoint loader."""

@@ -1,0 +1,110 @@
+"""Load an HF checkpoint directory (config.json + *.safetensors) into our model classes."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from llmserve.worker.models.registry import model_class
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+# Checkpoint entries that are not weights of ours (recomputed buffers).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+    elif dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"unsupported dtype {dtype!r}; use 'float32' or 'bfloat16'")
+
+
+def load_config(model_dir: Path) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(model_dir))
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                yield name, st.get_tensor(name)
+
+
+def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id: Any = None) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"checkpoint tensor {tuple(loaded.shape)} != parameter {tuple(param.shape)}")
+    param.data.copy_(loaded)
+
+
+def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Route each checkpoint tensor to its parameter's weight_loader; fused parameters
+    (qkv_proj, gate_up_proj) receive one call per shard. Errors on missing/unexpected."""
+    params = dict(model.named_parameters())
+    mapping: dict[str, tuple[str, Any]] = getattr(model, "packed_modules_mapping", {})
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    loaded: set[tuple[str, Any]] = set()
+    unexpected: list[str] = []
+    with torch.no_grad():
+        for ckpt_name, tensor in weights:
+            if ckpt_name.endswith(_IGNORED_SUFFIXES) or (tied and ckpt_name == "lm_head.weight"):
+                continue
+            name, shard_id = ckpt_name, None
+            for frag, (fused, sid) in mapping.items():
+                if f".{frag}." in ckpt_name:
+                    name, shard_id = ckpt_name.replace(f".{frag}.", f".{fused}."), sid
+                    break
+            param = params.get(name)
+            if param is None:
+                unexpected.append(ckpt_name)
+                continue
+            getattr(param, "weight_loader", default_weight_loader)(param, tensor, shard_id)
+            loaded.add((name, shard_id))
+    if unexpected:
+        raise ValueError(f"unexpected weights in checkpoint: {unexpected[:10]}")
+    missing = [n for n in params if n not in {name for name, _ in loaded}]
+    shards = {fused: {sid for f2, sid in mapping.values() if f2 == fused} for fused, _ in mapping.values()}
+    for name in params:
+        for fused, need in shards.items():
+            if f".{fused}." in name and name not in missing:
+                have = {sid for n, sid in loaded if n == name}
+                if have != need:
+                    missing.append(f"{name} (shards {sorted(map(str, need - have))})")
+    if missing:
+        raise ValueError(f"weights missing from checkpoint: {missing[:10]}")
+    for module in model.modules():
+        hook = getattr(module, "process_weights_after_loading", None)
+        if hook is not None:
+            hook()
+
+
+def load_model(model_dir: Path, dtype: str | torch.dtype = "float32", config: Any = None) -> nn.Module:
+    """Build the registered class for config.json's architecture and load its weights."""
+    config = config if config is not None else load_config(model_dir)
+    torch_dtype = parse_dtype(dtype)
+    cls = model_class(config)
+    with _default_dtype(torch_dtype):
+        model = cls(config)
+    load_weights(model, iter_safetensors(model_dir))
+    return model.eval()

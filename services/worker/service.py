@@ -1,0 +1,132 @@
+"""The worker service: holds the model and its KV cache, executes step plans.
+
+    scheduler ──StepPlan──▶ Execute stream ──▶ ModelRunner.execute ──▶ StepResult ──▶ scheduler
+
+At start-up it loads the model, sizes its KV cache from the memory budget, starts
+serving, then registers with the scheduler (address + block count). It never
+allocates blocks: block ids arrive in the plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from llmserve import wire
+from llmserve.grpc_server import ServiceServer, insecure_channel
+from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
+from llmserve.plan import StepResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model_dir: Path
+    model_name: str
+    scheduler_address: str = "localhost:50052"
+    host: str = "0.0.0.0"
+    port: int = 50053
+    advertise_host: str = "localhost"  # How the scheduler reaches this worker.
+    dtype: str = "float32"
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    num_kv_blocks: int | None = None
+    max_model_len: int | None = None
+    register_timeout_s: float = 120.0
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, runner):
+        self.runner = runner
+        # One scheduler drives a worker; a second concurrent stream would interleave plans.
+        self._stream_lock = asyncio.Lock()
+
+    async def Execute(self, request_iterator, context):
+        if self._stream_lock.locked():
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "another scheduler stream is active")
+        async with self._stream_lock:
+            # A new stream means a new (or restarted) scheduler: it will resend every
+            # request in full, so stale per-request state must go.
+            self.runner.reset_requests()
+            async for plan_pb in request_iterator:
+                yield wire.step_result_to_pb(await self._execute(plan_pb))
+
+    async def _execute(self, plan_pb) -> StepResult:
+        start = time.perf_counter()
+        try:
+            plan = wire.step_plan_from_pb(plan_pb)
+            # In a thread: torch releases the GIL, so health checks stay responsive.
+            result = await asyncio.to_thread(self.runner.execute, plan)
+        except Exception as exc:  # A bad plan or a failed forward fails the step, not the worker.
+            logger.exception("step %d failed", plan_pb.step_id)
+            result = StepResult(step_id=plan_pb.step_id, error=f"{type(exc).__name__}: {exc}")
+        result.execute_seconds = time.perf_counter() - start
+        return result
+
+    async def Describe(self, request, context):
+        return wire.worker_info_to_pb(self.runner.info)
+
+
+async def register_with_scheduler(config: WorkerConfig, address: str, runner) -> None:
+    """Retries until the scheduler accepts the registration (it may start after us)."""
+    request = scheduler_pb2.RegisterWorkerRequest(
+        address=address, info=wire.worker_info_to_pb(runner.info)
+    )
+    deadline = time.monotonic() + config.register_timeout_s
+    async with insecure_channel(config.scheduler_address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        while True:
+            try:
+                await stub.RegisterWorker(request, timeout=10, wait_for_ready=True)
+                logger.info("registered with scheduler %s as %s", config.scheduler_address, address)
+                return
+            except grpc.aio.AioRpcError as err:
+                if time.monotonic() > deadline or err.code() not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ):
+                    raise RuntimeError(
+                        f"could not register with scheduler {config.scheduler_address}: "
+                        f"{err.code().name} {err.details()}"
+                    ) from err
+                await asyncio.sleep(0.5)
+
+
+def load_runner(config: WorkerConfig):
+    from llmserve.worker.model_runner import ModelRunner
+
+    return ModelRunner(
+        config.model_dir,
+        dtype=config.dtype,
+        block_size=config.block_size,
+        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+        num_kv_blocks=config.num_kv_blocks,
+        max_model_len=config.max_model_len,
+        model_name=config.model_name,
+    )
+
+
+async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
+    start = time.perf_counter()
+    runner = await asyncio.to_thread(load_runner, config)
+    info = runner.info
+    logger.info(
+        "model %s loaded in %.1f s (%s); # KV blocks: %d of %d tokens, max_model_len %d",
+        info.model, time.perf_counter() - start, info.dtype, info.num_kv_blocks,
+        info.block_size, info.max_model_len,
+    )
+    server = ServiceServer("llmserve.internal.v1.Worker", config.host, config.port)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(runner), server.server)
+    await server.start()
+    await server.set_serving(True)
+    try:
+        await register_with_scheduler(config, f"{config.advertise_host}:{server.port}", runner)
+        await stop_event.wait()
+    finally:
+        await server.stop(grace=2.0)

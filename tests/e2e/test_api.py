@@ -1,0 +1,51 @@
+"""The public API's side services: health, reflection, model info, tokenize."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from llmserve.v1 import generation_pb2 as pb
+from llmserve.v1 import generation_pb2_grpc
+
+from .reference import hf_tokenizer
+
+
+@pytest.mark.slow
+async def test_health_on_every_service(cluster):
+    for address in (cluster.router_address, cluster.scheduler_address, f"localhost:{cluster.spec.worker_port}"):
+        async with grpc.aio.insecure_channel(address) as channel:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, address
+
+
+@pytest.mark.slow
+async def test_reflection_lists_the_generation_service(cluster):
+    async with grpc.aio.insecure_channel(cluster.router_address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        call = stub.ServerReflectionInfo()
+        await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+        reply = await call.read()
+        await call.done_writing()
+        names = {s.name for s in reply.list_services_response.service}
+    assert "llmserve.v1.Generation" in names
+
+
+@pytest.mark.slow
+async def test_model_info_and_tokenize(cluster, model_dir):
+    async with grpc.aio.insecure_channel(cluster.router_address) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5)
+        assert info.model == "SmolLM2-135M-Instruct"
+        assert info.vocab_size == 49152 and 2 in info.eos_token_ids
+        assert info.block_size == 16 and info.num_kv_blocks > 0 and info.dtype == "float32"
+        assert info.tensor_parallel_size == 1 and info.max_model_len == 8192
+        tok = hf_tokenizer(str(model_dir))
+        reply = await stub.Tokenize(pb.TokenizeRequest(text="Hello world"), timeout=5)
+        assert list(reply.token_ids) == tok("Hello world")["input_ids"] and reply.count == len(reply.token_ids)
+        msgs = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="Hi")])
+        reply = await stub.Tokenize(pb.TokenizeRequest(messages=msgs), timeout=5)
+        assert reply.prompt.startswith("<|im_start|>")
+        assert reply.prompt.endswith("<|im_start|>assistant\n")

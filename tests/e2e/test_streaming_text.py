@@ -1,0 +1,91 @@
+"""Acceptance 6: streamed text deltas concatenate to exactly the detokenized output,
+including multi-byte characters split across tokens; stop strings and logprobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmserve.client import LLMServeClient
+
+from .reference import hf_tokenizer
+
+
+async def stream(client, **kwargs):
+    deltas, ids, finish, usage = [], [], None, None
+    async for delta in client.generate(**kwargs):
+        deltas.append(delta.text)
+        ids += delta.token_ids
+        finish = delta.finish_reason or finish
+        usage = delta.usage or usage
+    return deltas, ids, finish, usage
+
+
+@pytest.mark.slow
+async def test_multibyte_deltas_concatenate_to_full_decode(cluster, model_dir):
+    tok = hf_tokenizer(str(model_dir))
+    prompts = ["请用中文介绍一下长城。", "Reply only with emoji: 🎉🚀👩‍👩‍👧", "日本の首都は東京です。次に"]
+    saw_multibyte = False
+    async with LLMServeClient(cluster.router_address) as client:
+        for i, prompt in enumerate(prompts):
+            for temperature in (0.0, 1.3):
+                deltas, ids, finish, usage = await stream(
+                    client, messages=[{"role": "user", "content": prompt}], max_tokens=48,
+                    temperature=temperature, seed=i, ignore_eos=True)
+                full = tok.decode(ids, skip_special_tokens=True)
+                assert "".join(deltas) == full
+                assert finish == "length" and usage["completion_tokens"] == 48
+                saw_multibyte |= any(ord(ch) > 0x7FF for ch in full)
+                assert "\ufffd" not in "".join(deltas[:-1]) or "\ufffd" in full
+    assert saw_multibyte, "no output had a multi-byte character: the test proved nothing"
+
+
+@pytest.mark.slow
+async def test_stop_string_is_cut_and_reported(cluster):
+    async with LLMServeClient(cluster.router_address) as client:
+        base = await client.complete("The three primary colors are", max_tokens=32, temperature=0.0,
+                                     ignore_eos=True)
+        words = base.split()
+        stop = words[len(words) // 2]  # A word from the middle of the greedy answer.
+        deltas, ids, finish, _ = await stream(client, prompt="The three primary colors are", max_tokens=32,
+                                              temperature=0.0, ignore_eos=True, stop=[stop])
+    text = "".join(deltas)
+    assert finish == "stop"
+    assert stop not in text
+    assert base.startswith(text) and base[len(text):].startswith(stop)
+    assert len(ids) < 32
+
+
+@pytest.mark.slow
+async def test_seeded_sampling_is_reproducible_and_logprobs_returned(cluster):
+    async with LLMServeClient(cluster.router_address) as client:
+        kwargs = dict(prompt="Once upon a time", max_tokens=16, temperature=0.9, top_p=0.95, top_k=50,
+                      seed=1234, ignore_eos=True, logprobs=3)
+        runs = []
+        for _ in range(2):
+            ids, lps = [], []
+            async for delta in client.generate(**kwargs):
+                ids += delta.token_ids
+                lps += delta.logprobs
+            runs.append((ids, lps))
+    (ids_a, lps_a), (ids_b, _) = runs
+    assert ids_a == ids_b
+    assert len(lps_a) == 16
+    for token_id, lp in zip(ids_a, lps_a):
+        assert lp.token_id == token_id and lp.logprob <= 0
+        assert len(lp.top_token_ids) == 3
+        assert list(lp.top_logprobs) == sorted(lp.top_logprobs, reverse=True)
+        assert lp.logprob <= lp.top_logprobs[0] + 1e-6
+
+
+@pytest.mark.slow
+async def test_n_samples_stream_with_their_index(cluster):
+    async with LLMServeClient(cluster.router_address) as client:
+        per_index: dict[int, list[int]] = {}
+        usage = None
+        async for delta in client.generate("Tell me a story", max_tokens=8, temperature=1.0, seed=7, n=3,
+                                           ignore_eos=True):
+            per_index.setdefault(delta.index, []).extend(delta.token_ids)
+            usage = delta.usage or usage
+    assert sorted(per_index) == [0, 1, 2]
+    assert all(len(v) == 8 for v in per_index.values())
+    assert usage["completion_tokens"] == 24
