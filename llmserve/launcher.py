@@ -71,19 +71,24 @@ class LocalCluster:
         return f"localhost:{self.spec.scheduler_port}"
 
     def start(self, timeout_s: float = 600.0) -> "LocalCluster":
-        env = dict(os.environ)
-        for name, cmd in self.spec.commands().items():
-            stderr = None
-            if self.spec.log_dir is not None:
-                self.spec.log_dir.mkdir(parents=True, exist_ok=True)
-                stderr = open(self.spec.log_dir / f"{name}.log", "wb")
-            self.processes[name] = subprocess.Popen(cmd, env=env, stderr=stderr, stdin=subprocess.DEVNULL)
+        for name in self.spec.commands():
+            self.spawn(name)
         try:
             self.wait_ready(timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def spawn(self, name: str) -> subprocess.Popen:
+        """Starts (or restarts) one service; its stderr is appended to its log."""
+        stderr = None
+        if self.spec.log_dir is not None:
+            self.spec.log_dir.mkdir(parents=True, exist_ok=True)
+            stderr = open(self.spec.log_dir / f"{name}.log", "ab")
+        cmd = self.spec.commands()[name]
+        self.processes[name] = subprocess.Popen(cmd, env=dict(os.environ), stderr=stderr, stdin=subprocess.DEVNULL)
+        return self.processes[name]
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

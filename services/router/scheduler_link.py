@@ -13,7 +13,9 @@ import logging
 import grpc
 
 from llmserve import wire
-from llmserve.grpc_server import insecure_channel
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from llmserve.grpc_server import SERVING, insecure_channel
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.outputs import FinishReason, RequestOutput
 from llmserve.sampling import SamplingParams
@@ -35,6 +37,7 @@ class SchedulerLink:
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._reader: asyncio.Task | None = None
         self.connected = asyncio.Event()
+        self.disconnected = asyncio.Event()
         # grpc.aio allows one write in flight per call; many requests share this one.
         self._write_lock = asyncio.Lock()
 
@@ -56,6 +59,8 @@ class SchedulerLink:
                 await asyncio.sleep(0.5)
 
     async def connect(self) -> None:
+        """Opens a new Session stream (after a lost one, too)."""
+        self.disconnected.clear()
         self._call = self._stub.Session()
         self._reader = asyncio.create_task(self._read_forever(self._call), name="scheduler-reader")
         self.connected.set()
@@ -78,6 +83,7 @@ class SchedulerLink:
         self.connected.clear()
         logger.error("%s", reason)
         self._fail_all(reason)
+        self.disconnected.set()
 
     def _fail_all(self, reason: str) -> None:
         for request_id, queue in list(self._queues.items()):
@@ -116,6 +122,16 @@ class SchedulerLink:
                 )
             except grpc.aio.AioRpcError as err:
                 logger.warning("abort of %s not delivered: %s", request_ids, err.details())
+
+    async def scheduler_serving(self) -> bool:
+        """The scheduler's own health: SERVING only while it has a worker."""
+        try:
+            reply = await health_pb2_grpc.HealthStub(self._channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=2
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == SERVING
 
     async def stats(self) -> scheduler_pb2.SchedulerStats:
         return await self._stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=5)

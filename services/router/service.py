@@ -42,6 +42,7 @@ from llmserve.v1 import generation_pb2, generation_pb2_grpc
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "llmserve.v1.Generation"
+HEALTH_POLL_S = 1.0  # How often the router re-reads the scheduler's health.
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         # Known once the scheduler has a worker; until then every call is UNAVAILABLE.
         self.served: ServedModel | None = None
         self.model_info: generation_pb2.ModelInfo | None = None
+        self.serving = False  # Follows the scheduler's health (set by _stay_connected).
         self._active: set[str] = set()
 
     def set_ready(self, served: ServedModel, model_info: generation_pb2.ModelInfo) -> None:
         self.served, self.model_info = served, model_info
 
     async def _require_ready(self, context) -> None:
-        if self.served is None or not self.link.connected.is_set():
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the router is not connected to a ready scheduler")
+        if self.served is None or not self.serving or not self.link.connected.is_set():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is ready: the scheduler or worker is down")
 
     # --- Generate ------------------------------------------------------------
 
@@ -120,8 +122,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     async def _fail(self, context, error: str) -> None:
-        code = grpc.StatusCode.UNAVAILABLE if "unavailable" in error or "worker lost" in error \
-            else grpc.StatusCode.INTERNAL
+        lost = ("unavailable", "worker lost", "no worker")
+        code = grpc.StatusCode.UNAVAILABLE if any(s in error for s in lost) else grpc.StatusCode.INTERNAL
         await context.abort(code, error or "generation failed")
 
     async def _prepare(self, request) -> tuple[str, list[int], SamplingParams, int]:
@@ -250,24 +252,58 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
         (SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server.server
     )
     await server.start()
+    supervisor = asyncio.create_task(_stay_connected(config, link, servicer, server, tokenizer))
+    stopped = asyncio.create_task(stop_event.wait())
     try:
-        worker, num_kv_blocks = await link.wait_serving_info(config.connect_timeout_s)
-        # The KV cache must hold at least one whole sequence, or a request could never run.
-        max_model_len = min(worker.max_model_len, num_kv_blocks * worker.block_size)
-        if max_model_len < worker.max_model_len:
-            logger.warning(
-                "max_model_len lowered from %d to %d: the KV cache holds only %d tokens",
-                worker.max_model_len, max_model_len, num_kv_blocks * worker.block_size,
-            )
-        served = ServedModel(name=config.model_name, max_model_len=max_model_len, vocab_size=worker.vocab_size)
-        await link.connect()
-        servicer.set_ready(served, _model_info(served, worker, num_kv_blocks, tokenizer))
-        await server.set_serving(True)
-        logger.info("router serving %s on port %d", served.name, server.port)
-        await stop_event.wait()
-    except SchedulerUnavailable as err:
-        logger.error("%s", err)
-        raise
+        await asyncio.wait({supervisor, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if supervisor.done():
+            supervisor.result()  # Re-raises why the router cannot serve.
     finally:
+        supervisor.cancel()
+        stopped.cancel()
+        await server.set_serving(False)
         await server.stop(grace=2.0)
         await link.close()
+
+
+async def _stay_connected(config: RouterConfig, link: SchedulerLink, servicer: GenerationServicer,
+                          server: ServiceServer, tokenizer: PromptTokenizer) -> None:
+    """Connects to the scheduler, and again whenever the session is lost. The router's
+    health follows the scheduler's: SERVING only while a worker can run steps."""
+    while True:
+        await _refresh_serving_info(config, link, servicer, tokenizer)
+        await link.connect()
+        servicer.serving = True
+        await server.set_serving(True)
+        logger.info("router serving %s on port %d", servicer.served.name, server.port)
+        serving = True
+        while not link.disconnected.is_set():
+            try:
+                await asyncio.wait_for(link.disconnected.wait(), HEALTH_POLL_S)
+                break
+            except TimeoutError:
+                pass
+            now_serving = await link.scheduler_serving()
+            if now_serving and not serving:
+                # A worker (re)registered: its KV cache may differ from the last one's.
+                await _refresh_serving_info(config, link, servicer, tokenizer)
+            if now_serving != serving:
+                servicer.serving = serving = now_serving
+                await server.set_serving(now_serving)
+        servicer.serving = False
+        await server.set_serving(False)
+        logger.warning("lost the scheduler session; reconnecting")
+
+
+async def _refresh_serving_info(config: RouterConfig, link: SchedulerLink, servicer: GenerationServicer,
+                                tokenizer: PromptTokenizer) -> None:
+    worker, num_kv_blocks = await link.wait_serving_info(config.connect_timeout_s)
+    # The KV cache must hold at least one whole sequence, or a request could never run.
+    max_model_len = min(worker.max_model_len, num_kv_blocks * worker.block_size)
+    if max_model_len < worker.max_model_len:
+        logger.warning(
+            "max_model_len lowered from %d to %d: the KV cache holds only %d tokens",
+            worker.max_model_len, max_model_len, num_kv_blocks * worker.block_size,
+        )
+    served = ServedModel(name=config.model_name, max_model_len=max_model_len, vocab_size=worker.vocab_size)
+    servicer.set_ready(served, _model_info(served, worker, num_kv_blocks, tokenizer))

@@ -194,12 +194,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self._num_worker_failures += 1
                 await self._drop_worker(str(err))
                 return
+            try:
+                self._dispatch(core.update_from_output(plan, result))
+            except Exception as err:  # A bug must fail the step's requests, not hang them.
+                logger.exception("applying step %d failed", plan.step_id)
+                ids = [r.request_id for r in plan.new_requests + plan.cached_requests]
+                self._dispatch(core.fail_requests(ids, f"internal scheduler error: {err}"))
             if result.error:
                 logger.error("step %d failed on the worker: %s", plan.step_id, result.error)
-                ids = [r.request_id for r in plan.new_requests] + [r.request_id for r in plan.cached_requests]
-                self._dispatch(core.fail_requests(ids, f"step failed: {result.error}"))
-            else:
-                self._dispatch(core.update_from_output(plan, result))
             # Let session readers run between steps so aborts and adds land promptly.
             await asyncio.sleep(0)
 

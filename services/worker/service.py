@@ -18,11 +18,15 @@ from pathlib import Path
 import grpc
 
 from llmserve import wire
-from llmserve.grpc_server import ServiceServer, insecure_channel
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from llmserve.grpc_server import SERVING, ServiceServer, insecure_channel
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
 from llmserve.plan import StepResult
 
 logger = logging.getLogger(__name__)
+
+REREGISTER_POLL_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.runner = runner
         # One scheduler drives a worker; a second concurrent stream would interleave plans.
         self._stream_lock = asyncio.Lock()
+
+    @property
+    def driven(self) -> bool:
+        """True while a scheduler's Execute stream is open."""
+        return self._stream_lock.locked()
 
     async def Execute(self, request_iterator, context):
         if self._stream_lock.locked():
@@ -122,11 +131,35 @@ async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
         info.block_size, info.max_model_len,
     )
     server = ServiceServer("llmserve.internal.v1.Worker", config.host, config.port)
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(runner), server.server)
+    servicer = WorkerServicer(runner)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     await server.start()
     await server.set_serving(True)
+    address = f"{config.advertise_host}:{server.port}"
     try:
-        await register_with_scheduler(config, f"{config.advertise_host}:{server.port}", runner)
+        await register_with_scheduler(config, address, runner)
+        watchdog = asyncio.create_task(_stay_registered(config, address, runner, servicer))
         await stop_event.wait()
+        watchdog.cancel()
     finally:
         await server.stop(grace=2.0)
+
+
+async def _stay_registered(config: WorkerConfig, address: str, runner, servicer: WorkerServicer) -> None:
+    """Registers again when a restarted scheduler comes back without a worker."""
+    async with insecure_channel(config.scheduler_address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while True:
+            await asyncio.sleep(REREGISTER_POLL_S)
+            if servicer.driven:
+                continue
+            try:
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+            except grpc.aio.AioRpcError:
+                continue  # The scheduler is down; try again later.
+            if reply.status != SERVING:
+                logger.warning("scheduler %s has no worker; registering again", config.scheduler_address)
+                try:
+                    await register_with_scheduler(config, address, runner)
+                except RuntimeError as err:
+                    logger.error("%s", err)

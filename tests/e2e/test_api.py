@@ -49,3 +49,17 @@ async def test_model_info_and_tokenize(cluster, model_dir):
         reply = await stub.Tokenize(pb.TokenizeRequest(messages=msgs), timeout=5)
         assert reply.prompt.startswith("<|im_start|>")
         assert reply.prompt.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.slow
+def test_cli_generate_streams_from_a_running_cluster(cluster):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "llmserve.cli", "generate", "--chat", "--max-tokens", "16",
+         "--target", cluster.router_address, "What is the capital of France?"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout

@@ -1,7 +1,7 @@
 import math
 
 import pytest
-from scheduler_testkit import (
+from .scheduler_testkit import (
     FakeWorker,
     Run,
     WorkerRequest,

@@ -3,7 +3,7 @@ request ends exactly once with the tokens a lone run would give, and all blocks 
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scheduler_testkit import FakeWorker, Run, WorkerRequest, hash_token, params, run_until_done, step
+from .scheduler_testkit import FakeWorker, Run, WorkerRequest, hash_token, params, run_until_done, step
 
 from llmserve.outputs import FinishReason
 from llmserve.scheduler.request import RequestStatus

@@ -1,0 +1,34 @@
+"""CLI flags: sizes, environment-variable defaults, and every service command parses."""
+
+import argparse
+
+import pytest
+
+from llmserve.cli import apply_env_defaults, build_parser, parse_bytes
+
+
+def test_parse_bytes():
+    assert parse_bytes("2GiB") == 2 * 2**30
+    assert parse_bytes("512MB") == 512_000_000
+    assert parse_bytes("1000") == 1000
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_bytes("lots")
+
+
+def test_environment_variables_set_defaults_and_flags_win(monkeypatch):
+    monkeypatch.setenv("LLMSERVE_KV_CACHE_MEMORY", "1GiB")
+    monkeypatch.setenv("LLMSERVE_MAX_NUM_SEQS", "7")
+    monkeypatch.setenv("LLMSERVE_NO_CHUNKED_PREFILL", "true")
+    parser = build_parser()
+    apply_env_defaults(parser)
+    worker = parser.parse_args(["worker"])
+    assert worker.kv_cache_memory == 2**30
+    scheduler = parser.parse_args(["scheduler"])
+    assert scheduler.max_num_seqs == 7 and scheduler.no_chunked_prefill is True
+    assert parser.parse_args(["scheduler", "--max-num-seqs", "9"]).max_num_seqs == 9
+
+
+@pytest.mark.parametrize("argv", [["up"], ["router"], ["scheduler"], ["worker"], ["generate", "hi"]])
+def test_every_command_parses_with_defaults(argv):
+    args = build_parser().parse_args(argv)
+    assert args.command == argv[0]
