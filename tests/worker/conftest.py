@@ -11,51 +11,7 @@ import torch
 
 from llmserve.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
 
-TINY = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-    num_key_value_heads=2, vocab_size=300, max_position_embeddings=256,
-    initializer_range=0.25, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-)
-VARIANTS = {
-    "llama_tied": ("llama", True),
-    "llama_untied": ("llama", False),
-    "qwen2_untied": ("qwen2", False),
-    "llama3_rope": ("llama3", True),
-}
-ROPE = {
-    "llama": {"rope_type": "default", "rope_theta": 10000.0},
-    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
-}
-
-
-def make_tiny_model(out_dir: Path, kind: str, tied: bool, seed: int = 0) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    if kind in ROPE:
-        cfg = LlamaConfig(**TINY, tie_word_embeddings=tied, rope_parameters=ROPE[kind])
-        model = LlamaForCausalLM(cfg)
-    else:
-        cfg = Qwen2Config(**TINY, tie_word_embeddings=tied)
-        model = Qwen2ForCausalLM(cfg)
-        with torch.no_grad():  # random (non-zero) q/k/v biases so they matter
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    proj.bias.normal_(0, 0.5)
-    model.save_pretrained(out_dir)
-    return out_dir
-
-
-@pytest.fixture(scope="session", params=list(VARIANTS))
-def tiny_model_dir(request, tmp_path_factory) -> Path:
-    kind, tied = VARIANTS[request.param]
-    return make_tiny_model(tmp_path_factory.mktemp(request.param), kind, tied)
-
-
-@pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("llama_runner"), "llama", True, seed=1)
+from tests.tiny_models import VARIANTS, make_tiny_model  # noqa: F401  (fixtures live in tests/conftest.py)
 
 
 def hf_model(model_dir: Path):

@@ -1,0 +1,110 @@
+"""The engine without the network: the scheduler core and a model runner in one
+process, driven by the same loop as the services (schedule -> execute -> update).
+
+Used for offline batch generation and as the benchmark's in-process baseline, so the
+cost of the gRPC split can be measured against it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmserve.outputs import RequestOutput
+from llmserve.plan import StepPlan
+from llmserve.sampling import SamplingParams
+from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
+
+
+@dataclass
+class StepRecord:
+    """What one step did, for benchmark figures."""
+
+    seconds: float
+    num_scheduled_tokens: int
+    num_sampled: int
+    num_seqs: int
+    live_tokens: int  # Tokens whose KV is held by running requests after the step.
+    allocated_slots: int  # Blocks in use x block size after the step.
+
+
+@dataclass
+class Completion:
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int] = field(default_factory=list)
+    finish_reason: str = ""
+
+
+class InProcessEngine:
+    def __init__(self, runner, max_num_seqs: int = 256, max_num_batched_tokens: int = 512,
+                 enable_chunked_prefill: bool = True):
+        info = runner.info
+        self.runner = runner
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_model_len=min(info.max_model_len, info.num_kv_blocks * info.block_size),
+                block_size=info.block_size,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                enable_chunked_prefill=enable_chunked_prefill,
+            ),
+            num_blocks=info.num_kv_blocks,
+            eos_token_ids=info.eos_token_ids,
+        )
+        self.steps: list[StepRecord] = []
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path, dtype: str = "float32", kv_cache_memory_bytes: int | None = None,
+                       num_kv_blocks: int | None = None, **scheduler_kwargs) -> "InProcessEngine":
+        from llmserve.worker.model_runner import ModelRunner
+
+        runner = ModelRunner(model_dir, dtype=dtype, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                             num_kv_blocks=num_kv_blocks)
+        return cls(runner, **scheduler_kwargs)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
+        self.scheduler.add_request(request_id, prompt_token_ids, sampling)
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule, execute, apply. Returns this step's outputs."""
+        start = time.perf_counter()
+        plan: StepPlan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        result = self.runner.execute(plan)
+        outputs = self.scheduler.update_from_output(plan, result)
+        self.steps.append(self._record(plan, len(result.sampled), time.perf_counter() - start))
+        return outputs
+
+    def _record(self, plan: StepPlan, num_sampled: int, seconds: float) -> StepRecord:
+        sched = self.scheduler
+        live = sum(r.num_computed_tokens for r in sched.running)
+        used_blocks = sched.kv.num_total_blocks - sched.kv.num_free_blocks
+        return StepRecord(
+            seconds=seconds,
+            num_scheduled_tokens=plan.total_scheduled_tokens,
+            num_sampled=num_sampled,
+            num_seqs=len(plan.new_requests) + len(plan.cached_requests),
+            live_tokens=live,
+            allocated_slots=used_blocks * sched.kv.block_size,
+        )
+
+    def run(self, requests: list[tuple[str, list[int], SamplingParams]],
+            on_output: Callable[[RequestOutput], None] | None = None) -> dict[str, Completion]:
+        """Adds every request, steps until all finish, returns their completions."""
+        completions = {}
+        for request_id, prompt, sampling in requests:
+            self.add_request(request_id, prompt, sampling)
+            completions[request_id] = Completion(request_id, list(prompt))
+        while self.scheduler.has_unfinished_requests():
+            for out in self.step():
+                done = completions[out.request_id]
+                done.output_token_ids += out.new_token_ids
+                if out.finished:
+                    done.finish_reason = out.finish_reason.name.lower()
+                if on_output is not None:
+                    on_output(out)
+        return completions

@@ -1,0 +1,20 @@
+"""Fixtures shared by every test folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_models import VARIANTS, make_tiny_model
+
+
+@pytest.fixture(scope="session", params=list(VARIANTS))
+def tiny_model_dir(request, tmp_path_factory) -> Path:
+    kind, tied = VARIANTS[request.param]
+    return make_tiny_model(tmp_path_factory.mktemp(request.param), kind, tied)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("llama_runner"), "llama", True, seed=1)
