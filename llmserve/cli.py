@@ -95,22 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--advertise-host", default="localhost", help="host the scheduler dials back")
     worker.add_argument("--scheduler", default="localhost:50052", help="scheduler address to register with")
 
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    tput = bench_sub.add_parser("throughput", help="offline throughput: in-process engine, gRPC stack, HF")
-    _add_model_flags(tput)
-    _add_scheduler_flags(tput)
-    tput.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    tput.add_argument("--kv-cache-memory", type=parse_bytes, default=2**30)
-    tput.add_argument("--workload", default="reference", choices=["reference", "random"])
-    tput.add_argument("--num-requests", type=int, default=64)
-    tput.add_argument("--input-len", type=int, nargs=2, default=[32, 256], metavar=("MIN", "MAX"))
-    tput.add_argument("--output-len", type=int, nargs=2, default=[16, 128], metavar=("MIN", "MAX"))
-    tput.add_argument("--seed", type=int, default=0)
-    tput.add_argument("--through-grpc", action="store_true", help="also run it through a local cluster")
-    tput.add_argument("--baseline", choices=["none", "hf"], default="none")
-    tput.add_argument("--hf-batch-size", type=int, default=16)
-    tput.add_argument("--output", default=None, help="write the results as JSON here")
+    from llmserve.bench.cli import add_bench_parser
+
+    add_bench_parser(sub, _add_model_flags, _add_scheduler_flags, parse_bytes)
 
     gen = sub.add_parser("generate", help="stream an answer from a running cluster")
     gen.add_argument("prompt")
@@ -209,9 +196,9 @@ def cmd_up(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from llmserve.bench.throughput import bench_throughput
+    from llmserve.bench.cli import run_bench
 
-    return bench_throughput(args)
+    return run_bench(args)
 
 
 def cmd_generate(args) -> int:
@@ -241,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     apply_env_defaults(parser)
     args = parser.parse_args(argv)
+    args.argv = ["llmserve", *(sys.argv[1:] if argv is None else argv)]
     logging.basicConfig(
         level=args.log_level.upper(),
         format=f"%(asctime)s %(levelname)s [{args.command}] %(name)s: %(message)s",

@@ -28,6 +28,9 @@ class StepRecord:
     num_seqs: int
     live_tokens: int  # Tokens whose KV is held by running requests after the step.
     allocated_slots: int  # Blocks in use x block size after the step.
+    # Query-key pairs attention computed: a row with c cached and n new tokens adds
+    # n*c + n(n+1)/2 (causal). For attention FLOPs in MFU.
+    attention_pairs: int = 0
 
 
 @dataclass
@@ -83,7 +86,9 @@ class InProcessEngine:
         sched = self.scheduler
         live = sum(r.num_computed_tokens for r in sched.running)
         used_blocks = sched.kv.num_total_blocks - sched.kv.num_free_blocks
+        rows = [(r.num_computed_tokens, r.num_scheduled_tokens) for r in plan.new_requests + plan.cached_requests]
         return StepRecord(
+            attention_pairs=sum(n * c + n * (n + 1) // 2 for c, n in rows),
             seconds=seconds,
             num_scheduled_tokens=plan.total_scheduled_tokens,
             num_sampled=num_sampled,

@@ -1,8 +1,10 @@
-"""The baseline users compare against: HF transformers `generate`, static batches.
+"""The baselines users compare against: HF transformers on the same weights.
 
-Requests are batched in arrival order, left-padded; each batch generates as many
-tokens as its longest request needs, and only each request's own output length counts
-as useful (what a static-batch server would return).
+- `hf`: `generate` with static batches in arrival order, left-padded; each batch
+  generates as many tokens as its longest request needs, and only each request's own
+  output length counts as useful (what a static-batch server would return).
+- `hf-cb`: transformers' own continuous batching (the ContinuousBatchingManager behind
+  `generate_batch`), each request with its own max_new_tokens.
 """
 
 from __future__ import annotations
@@ -15,15 +17,23 @@ import torch
 from llmserve.bench.workloads import BenchRequest
 
 
+def _load(model_dir: Path, dtype: torch.dtype, attn_implementation: str | None = None):
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **kwargs).eval()
+    model.generation_config.eos_token_id = None  # Outputs run their full length, like ours.
+    return model
+
+
 def run_hf_static(model_dir: Path, requests: list[BenchRequest], batch_size: int = 16,
                   dtype: torch.dtype = torch.float32) -> dict:
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-    model.generation_config.eos_token_id = None  # Outputs run their full length, like ours.
+    model = _load(model_dir, dtype)
     pad_id = 0
+    outputs = {}
     start = time.perf_counter()
-    useful = 0
     for i in range(0, len(requests), batch_size):
         batch = requests[i:i + batch_size]
         width = max(len(r.prompt_token_ids) for r in batch)
@@ -32,12 +42,38 @@ def run_hf_static(model_dir: Path, requests: list[BenchRequest], batch_size: int
         for row, r in enumerate(batch):
             ids[row, width - len(r.prompt_token_ids):] = torch.tensor(r.prompt_token_ids)
             mask[row, width - len(r.prompt_token_ids):] = 1
-        new_tokens = max(r.output_len for r in batch)
-        config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
-                                  pad_token_id=pad_id)
+        config = GenerationConfig(max_new_tokens=max(r.output_len for r in batch), do_sample=False,
+                                  eos_token_id=None, pad_token_id=pad_id)
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-        useful += sum(r.output_len for r in batch)
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        for row, r in enumerate(batch):
+            outputs[f"r{i + row}"] = out[row, width:width + r.output_len].tolist()
     seconds = time.perf_counter() - start
+    useful = sum(r.output_len for r in requests)
     return {"seconds": seconds, "output_tokens": useful, "output_tokens_per_s": useful / seconds,
-            "batch_size": batch_size}
+            "batch_size": batch_size, "outputs": outputs}
+
+
+def run_hf_continuous(model_dir: Path, requests: list[BenchRequest], dtype: torch.dtype = torch.float32) -> dict:
+    from transformers import GenerationConfig
+
+    model = _load(model_dir, dtype, attn_implementation="sdpa")
+    config = GenerationConfig(max_new_tokens=max(r.output_len for r in requests), do_sample=False,
+                              eos_token_id=None, pad_token_id=0)
+    outputs = {}
+    start = time.perf_counter()
+    with model.continuous_batching_context_manager(generation_config=config, block=True, timeout=5) as manager:
+        ids = {manager.add_request(r.prompt_token_ids, request_id=f"r{i}", max_new_tokens=r.output_len): f"r{i}"
+               for i, r in enumerate(requests)}
+        while len(outputs) < len(requests):
+            result = manager.get_result(timeout=1)
+            if result is None:
+                if not manager.is_running():
+                    raise RuntimeError("transformers' continuous batching stopped early")
+                continue
+            if result.is_finished():
+                outputs[ids[result.request_id]] = list(result.generated_tokens)
+    seconds = time.perf_counter() - start
+    useful = sum(len(v) for v in outputs.values())
+    return {"seconds": seconds, "output_tokens": useful, "output_tokens_per_s": useful / seconds,
+            "outputs": outputs}

@@ -1,19 +1,18 @@
-"""`llmserve bench throughput`: one workload through the in-process engine, optionally
-through a local three-process cluster over gRPC and through HF transformers, all in
-the same run so the ratios are measured side by side."""
+"""`llmserve bench throughput`: one workload through the in-process engine, and in the
+same run (so ratios are side by side) optionally through a local three-process
+cluster over gRPC and through HF transformers."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import platform
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
-from llmserve.bench.workloads import BenchRequest, random_workload, reference_workload, summary
+from llmserve.bench.flops import ModelFlops, measure_matmul_peak
+from llmserve.bench.report import machine_info, plot_throughput, write_json
+from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 from llmserve.engine import InProcessEngine
 from llmserve.sampling import SamplingParams
 
@@ -22,21 +21,18 @@ def _sampling(r: BenchRequest) -> SamplingParams:
     return SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True)
 
 
-def run_in_process(model_dir: Path, requests: list[BenchRequest], dtype: str, kv_cache_memory_bytes: int | None,
-                   max_num_seqs: int, max_num_batched_tokens: int) -> dict:
-    engine = InProcessEngine.from_model_dir(model_dir, dtype=dtype, kv_cache_memory_bytes=kv_cache_memory_bytes,
-                                            max_num_seqs=max_num_seqs,
-                                            max_num_batched_tokens=max_num_batched_tokens)
+def run_in_process(engine: InProcessEngine, requests: list[BenchRequest]) -> dict:
     # Warm-up: first calls pay for lazy initialisation inside torch.
     engine.run([("warmup", requests[0].prompt_token_ids[:16], SamplingParams(max_tokens=2, temperature=0.0))])
     engine.steps.clear()
     start = time.perf_counter()
     done = engine.run([(f"r{i}", r.prompt_token_ids, _sampling(r)) for i, r in enumerate(requests)])
     seconds = time.perf_counter() - start
-    out_tokens = sum(len(c.output_token_ids) for c in done.values())
     steps = engine.steps
+    out_tokens = sum(len(c.output_token_ids) for c in done.values())
     step_time = sum(s.seconds for s in steps)
-    kv_util = sum(s.seconds * s.live_tokens / max(s.allocated_slots, 1) for s in steps) / step_time
+    flops = ModelFlops.from_config(engine.runner.config)
+    model_flops = sum(flops.step_flops(s.num_scheduled_tokens, s.num_sampled, s.attention_pairs) for s in steps)
     block_size = engine.scheduler.kv.block_size
     return {
         "seconds": seconds,
@@ -44,97 +40,107 @@ def run_in_process(model_dir: Path, requests: list[BenchRequest], dtype: str, kv
         "output_tokens_per_s": out_tokens / seconds,
         "total_tokens_per_s": (out_tokens + sum(len(r.prompt_token_ids) for r in requests)) / seconds,
         "num_steps": len(steps),
-        "kv_utilisation": kv_util,
+        "computed_tokens": sum(s.num_scheduled_tokens for s in steps),
+        # Time-weighted: at each step, slots holding live tokens / slots in allocated blocks.
+        "kv_utilisation": sum(s.seconds * s.live_tokens / s.allocated_slots for s in steps if s.allocated_slots)
+        / step_time,
         "peak_blocks_in_use": max(s.allocated_slots for s in steps) // block_size,
         "num_preemptions": engine.scheduler.stats().num_preemptions,
+        "model_tflop": model_flops / 1e12,
+        "achieved_gflop_per_s": model_flops / seconds / 1e9,
         "outputs": {rid: c.output_token_ids for rid, c in done.items()},
     }
 
 
-def run_through_grpc(model_dir: Path, requests: list[BenchRequest], dtype: str, kv_cache_memory_bytes: int | None,
+def run_through_grpc(model_dir: Path, requests: list[BenchRequest], dtype: str, kv_cache_memory_bytes: int,
                      max_num_seqs: int, max_num_batched_tokens: int) -> dict:
     from llmserve.client import LLMServeClient
     from llmserve.launcher import ClusterSpec, LocalCluster, free_port
 
-    worker_args = ["--dtype", dtype]
-    if kv_cache_memory_bytes is not None:
-        worker_args += ["--kv-cache-memory", str(kv_cache_memory_bytes)]
     spec = ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
                        worker_port=free_port(), log_level="WARNING",
                        scheduler_args=["--max-num-seqs", str(max_num_seqs),
                                        "--max-num-batched-tokens", str(max_num_batched_tokens)],
-                       worker_args=worker_args)
+                       worker_args=["--dtype", dtype, "--kv-cache-memory", str(kv_cache_memory_bytes)])
 
-    async def one(client, i: int, r: BenchRequest) -> tuple[str, list[int]]:
+    async def one(client, rid: str, r: BenchRequest) -> tuple[str, list[int]]:
         ids = []
         async for delta in client.generate(token_ids=r.prompt_token_ids, max_tokens=r.output_len,
                                            temperature=0.0, ignore_eos=True):
             ids += delta.token_ids
-        return f"r{i}", ids
+        return rid, ids
 
-    async def run_all() -> tuple[float, dict]:
+    async def run_all(cluster) -> tuple[float, dict]:
         async with LLMServeClient(cluster.router_address) as client:
-            await one(client, -1, BenchRequest(requests[0].prompt_token_ids[:16], 2))  # Warm-up.
+            await one(client, "warmup", BenchRequest(requests[0].prompt_token_ids[:16], 2))
             start = time.perf_counter()
-            results = await asyncio.gather(*(one(client, i, r) for i, r in enumerate(requests)))
+            results = await asyncio.gather(*(one(client, f"r{i}", r) for i, r in enumerate(requests)))
             return time.perf_counter() - start, dict(results)
 
     with LocalCluster(spec) as cluster:
-        seconds, outputs = asyncio.run(run_all())
+        seconds, outputs = asyncio.run(run_all(cluster))
     out_tokens = sum(len(v) for v in outputs.values())
     return {"seconds": seconds, "output_tokens": out_tokens, "output_tokens_per_s": out_tokens / seconds,
             "outputs": outputs}
 
 
-def machine_info() -> dict:
-    try:
-        revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                  cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        revision = ""
-    import transformers
-
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "cpu": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(), "git_revision": revision}
+def _same_outputs(a: dict, b: dict) -> float:
+    """Fraction of requests whose greedy tokens are identical."""
+    return sum(a[k] == b.get(k) for k in a) / max(len(a), 1)
 
 
 def bench_throughput(args) -> int:
     from llmserve.model_store import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)
-    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    if args.workload == "reference":
-        requests = reference_workload(vocab)
-    else:
-        requests = random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len), vocab,
-                                   seed=args.seed)
-    report = {"workload": {"name": args.workload, **summary(requests)}, "machine": machine_info(),
-              "dtype": args.dtype, "results": {}}
+    requests = workload_from_args(args, model_dir)
+    torch_dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    report = {"kind": "throughput", "workload": {"name": args.workload, **summary(requests)},
+              "machine": machine_info(), "dtype": args.dtype, "command": " ".join(args.argv), "results": {}}
     print(f"workload {args.workload}: {summary(requests)}", flush=True)
-    common = dict(dtype=args.dtype, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens)
-    engine = run_in_process(model_dir, requests, **common)
-    report["results"]["engine"] = engine
-    _print_row("llmserve in-process", engine)
+    peak = measure_matmul_peak(torch_dtype)
+    report["matmul_peak_gflop_per_s"] = peak / 1e9
+    engine = InProcessEngine.from_model_dir(
+        model_dir, dtype=args.dtype, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=not args.no_chunked_prefill)
+    result = run_in_process(engine, requests)
+    result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / peak
+    report["results"]["engine"] = result
+    del engine
+    _print_row("llmserve in-process", result)
     if args.through_grpc:
-        grpc_run = run_through_grpc(model_dir, requests, **common)
-        grpc_run["matches_in_process"] = grpc_run["outputs"] == engine["outputs"]
+        grpc_run = run_through_grpc(model_dir, requests, args.dtype, args.kv_cache_memory, args.max_num_seqs,
+                                    args.max_num_batched_tokens)
+        grpc_run["same_tokens_as_engine"] = _same_outputs(result["outputs"], grpc_run["outputs"])
         report["results"]["grpc"] = grpc_run
-        _print_row("llmserve through gRPC", grpc_run, engine)
-    if args.baseline == "hf":
-        dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
-        from llmserve.bench.hf_baseline import run_hf_static
+        _print_row("llmserve through gRPC", grpc_run, result)
+    for baseline in args.baseline:
+        from llmserve.bench import hf_baseline
 
-        hf = run_hf_static(model_dir, requests, batch_size=args.hf_batch_size, dtype=dtype)
-        report["results"]["hf_static"] = hf
-        _print_row(f"HF generate, static batch {args.hf_batch_size}", hf, engine)
-    for result in report["results"].values():
-        result.pop("outputs", None)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.output}")
+        if baseline == "hf":
+            hf = hf_baseline.run_hf_static(model_dir, requests, batch_size=args.hf_batch_size, dtype=torch_dtype)
+            label = f"HF generate, static batch {args.hf_batch_size}"
+        else:
+            try:
+                hf = hf_baseline.run_hf_continuous(model_dir, requests, dtype=torch_dtype)
+            except Exception as err:  # Transformers' CB is young; report rather than lose the run.
+                report["results"][baseline] = {"error": f"{type(err).__name__}: {err}"}
+                print(f"{baseline}: failed: {err}", flush=True)
+                continue
+            label = "HF continuous batching"
+        hf["same_tokens_as_engine"] = _same_outputs(result["outputs"], hf["outputs"])
+        report["results"][baseline] = hf
+        _print_row(label, hf, result)
+    print(f"matmul peak ({args.dtype}): {peak / 1e9:.0f} GFLOP/s; engine achieved "
+          f"{result['achieved_gflop_per_s']:.0f} GFLOP/s = MFU {100 * result['mfu']:.0f}%", flush=True)
+    for r in report["results"].values():
+        r.pop("outputs", None)
+    out = Path(args.output_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    write_json(report, out / f"throughput-{args.workload}-{args.dtype}-{stamp}.json")
+    plot_throughput({**report, "results": {k: v for k, v in report["results"].items() if "error" not in v}},
+                    out / f"throughput-{args.workload}-{args.dtype}-{stamp}.png")
+    print(f"wrote {out}/throughput-{args.workload}-{args.dtype}-{stamp}.{{json,png}}", flush=True)
     return 0
 
 
@@ -142,7 +148,8 @@ def _print_row(label: str, result: dict, engine: dict | None = None) -> None:
     line = f"{label:<34} {result['output_tokens']:>6} tokens in {result['seconds']:7.1f} s = " \
            f"{result['output_tokens_per_s']:7.1f} output tok/s"
     if engine is not None:
-        line += f"   (engine / this = {engine['output_tokens_per_s'] / result['output_tokens_per_s']:.2f}x)"
+        line += f"  engine/this {engine['output_tokens_per_s'] / result['output_tokens_per_s']:.2f}x," \
+                f" same tokens {100 * result['same_tokens_as_engine']:.0f}%"
     if "kv_utilisation" in result:
-        line += f"   KV utilisation {100 * result['kv_utilisation']:.1f}%, peak blocks {result['peak_blocks_in_use']}"
+        line += f"  KV utilisation {100 * result['kv_utilisation']:.1f}%, peak blocks {result['peak_blocks_in_use']}"
     print(line, flush=True)

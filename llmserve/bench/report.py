@@ -1,0 +1,95 @@
+"""Benchmark results: machine facts, JSON files and a PNG plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+
+def machine_info() -> dict:
+    try:
+        revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                  cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        revision = ""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "git_revision": revision,
+    }
+
+
+def write_json(report: dict, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+
+
+def plot_throughput(report: dict, path: str | Path) -> None:
+    """Bar chart of output tokens/s per system, labelled with the ratio to the engine."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = report["results"]
+    labels = list(results)
+    values = [results[k]["output_tokens_per_s"] for k in labels]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    bars = ax.barh(labels, values, color=["#2b6cb0" if k.startswith("engine") or k == "grpc" else "#a0aec0"
+                                          for k in labels])
+    for bar, value in zip(bars, values):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:.0f}", va="center")
+    ax.set_xlabel("output tokens / s")
+    w = report["workload"]
+    ax.set_title(f"{w['name']}: {w['num_requests']} requests, {w['prompt_tokens']} prompt / "
+                 f"{w['output_tokens']} output tokens ({report['dtype']})", fontsize=9)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_latency(report: dict, path: str | Path) -> None:
+    """TTFT / TPOT / ITL / E2E percentiles of an online run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = report["metrics"]
+    names = ["ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"]
+    stats = ["mean", "median", "p99"]
+    fig, axes = plt.subplots(1, len(names), figsize=(11, 3))
+    for ax, name in zip(axes, names):
+        ax.bar(stats, [metrics[name][s] for s in stats], color=["#a0aec0", "#2b6cb0", "#c53030"])
+        ax.set_title(name.replace("_ms", " (ms)"))
+    fig.suptitle(f"online: request rate {report['request_rate']}, max concurrency {report['max_concurrency']}",
+                 fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,139 @@
+"""`llmserve bench serve`: online load against a running cluster (vLLM `bench serve`
+style). Requests arrive as a Poisson process at --request-rate (or all at once for
+`inf`), at most --max-concurrency in flight; latencies are taken per streamed delta."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmserve.bench.report import machine_info, plot_latency, write_json
+from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
+
+
+@dataclass
+class RequestTiming:
+    prompt_len: int
+    start: float = 0.0
+    token_times: list[float] = field(default_factory=list)  # One entry per generated token.
+    end: float = 0.0
+    error: str = ""
+
+    @property
+    def ttft(self) -> float:
+        return self.token_times[0] - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first (vLLM's TPOT)."""
+        n = len(self.token_times)
+        return (self.end - self.token_times[0]) / (n - 1) if n > 1 else None
+
+
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"mean": math.nan, "median": math.nan, "p99": math.nan}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    return {"mean": statistics.fmean(values), "median": statistics.median(values), "p99": p99}
+
+
+def compute_metrics(timings: list[RequestTiming], duration: float) -> dict:
+    ok = [t for t in timings if not t.error and t.token_times]
+    itls = [b - a for t in ok for a, b in zip(t.token_times, t.token_times[1:])]
+    out_tokens = sum(len(t.token_times) for t in ok)
+    ms = 1000.0
+    return {
+        "completed": len(ok),
+        "failed": len(timings) - len(ok),
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration,
+        "output_token_throughput": out_tokens / duration,
+        "total_token_throughput": (out_tokens + sum(t.prompt_len for t in ok)) / duration,
+        "ttft_ms": {k: v * ms for k, v in percentiles([t.ttft for t in ok]).items()},
+        "tpot_ms": {k: v * ms for k, v in percentiles([t.tpot for t in ok if t.tpot is not None]).items()},
+        "itl_ms": {k: v * ms for k, v in percentiles(itls).items()},
+        "e2e_ms": {k: v * ms for k, v in percentiles([t.end - t.start for t in ok]).items()},
+    }
+
+
+async def run_load(target: str, requests: list[BenchRequest], request_rate: float, max_concurrency: int | None,
+                   seed: int = 0) -> tuple[list[RequestTiming], float]:
+    from llmserve.client import LLMServeClient
+
+    rng = random.Random(seed)
+    limit = asyncio.Semaphore(max_concurrency or len(requests))
+    timings = [RequestTiming(len(r.prompt_token_ids)) for r in requests]
+
+    async def one(client, r: BenchRequest, timing: RequestTiming) -> None:
+        async with limit:
+            timing.start = time.perf_counter()
+            try:
+                async for delta in client.generate(token_ids=r.prompt_token_ids, max_tokens=r.output_len,
+                                                   temperature=0.0, ignore_eos=True):
+                    now = time.perf_counter()
+                    timing.token_times += [now] * len(delta.token_ids)
+            except Exception as err:  # A failed request is counted, not fatal to the run.
+                timing.error = str(err)
+            timing.end = time.perf_counter()
+
+    async with LLMServeClient(target) as client:
+        tasks = []
+        start = time.perf_counter()
+        for r, timing in zip(requests, timings):
+            tasks.append(asyncio.create_task(one(client, r, timing)))
+            if math.isfinite(request_rate):
+                await asyncio.sleep(rng.expovariate(request_rate))
+        await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    return timings, duration
+
+
+def bench_serve(args) -> int:
+    from llmserve.launcher import ClusterSpec, LocalCluster, free_port
+    from llmserve.model_store import resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model)
+    requests = workload_from_args(args, model_dir)
+    cluster = None
+    target = args.target
+    if args.launch:
+        spec = ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
+                           worker_port=free_port(), log_level="WARNING",
+                           scheduler_args=["--max-num-seqs", str(args.max_num_seqs),
+                                           "--max-num-batched-tokens", str(args.max_num_batched_tokens)],
+                           worker_args=["--dtype", args.dtype, "--kv-cache-memory", str(args.kv_cache_memory)])
+        cluster = LocalCluster(spec).start()
+        target = cluster.router_address
+    try:
+        timings, duration = asyncio.run(run_load(target, requests, args.request_rate, args.max_concurrency,
+                                                 args.seed))
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    metrics = compute_metrics(timings, duration)
+    report = {"kind": "serve", "workload": {"name": args.workload, **summary(requests)}, "machine": machine_info(),
+              "dtype": args.dtype, "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
+              "command": " ".join(args.argv), "metrics": metrics}
+    print_metrics(metrics)
+    out = Path(args.output_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    write_json(report, out / f"serve-{args.workload}-{stamp}.json")
+    if metrics["completed"]:
+        plot_latency(report, out / f"serve-{args.workload}-{stamp}.png")
+    print(f"wrote {out}/serve-{args.workload}-{stamp}.{{json,png}}")
+    return 0 if metrics["failed"] == 0 else 1
+
+
+def print_metrics(m: dict) -> None:
+    print(f"completed {m['completed']}, failed {m['failed']}, duration {m['duration_s']:.1f} s")
+    print(f"request throughput {m['request_throughput']:.2f} req/s, output {m['output_token_throughput']:.1f} tok/s,"
+          f" total {m['total_token_throughput']:.1f} tok/s")
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        s = m[name]
+        print(f"{name[:-3].upper():>5} ms: mean {s['mean']:8.1f}  median {s['median']:8.1f}  p99 {s['p99']:8.1f}")

@@ -1,0 +1,47 @@
+"""Smoke runs of `llmserve bench throughput` and `llmserve bench serve` on a small
+workload: the reports carry their fields, and greedy tokens agree across the engine,
+the gRPC stack and HF transformers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SMALL = ["--workload", "random", "--num-requests", "6", "--input-len", "8", "40", "--output-len", "4", "12",
+         "--kv-cache-memory", "128MiB"]
+
+
+def run_cli(args: list[str], tmp_path) -> dict:
+    out = subprocess.run([sys.executable, "-m", "llmserve.cli", "--log-level", "WARNING", *args,
+                          "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    reports = list(tmp_path.glob("*.json"))
+    assert len(reports) == 1 and len(list(tmp_path.glob("*.png"))) == 1
+    return json.loads(reports[0].read_text())
+
+
+@pytest.mark.slow
+def test_bench_throughput_smoke(tmp_path):
+    report = run_cli(["bench", "throughput", *SMALL, "--through-grpc", "--baseline", "hf"], tmp_path)
+    assert report["workload"]["num_requests"] == 6
+    assert report["machine"]["torch"] and report["machine"]["git_revision"] is not None
+    engine, grpc_run, hf = (report["results"][k] for k in ("engine", "grpc", "hf"))
+    assert engine["output_tokens"] == report["workload"]["output_tokens"] == hf["output_tokens"]
+    assert 0 < engine["mfu"] < 1 and 0 < engine["kv_utilisation"] <= 1
+    assert engine["peak_blocks_in_use"] > 0 and report["matmul_peak_gflop_per_s"] > 0
+    # Greedy: the same tokens whichever way they were produced.
+    assert grpc_run["same_tokens_as_engine"] == 1.0
+    assert hf["same_tokens_as_engine"] == 1.0
+
+
+@pytest.mark.slow
+def test_bench_serve_smoke(tmp_path):
+    report = run_cli(["bench", "serve", "--launch", *SMALL, "--request-rate", "8"], tmp_path)
+    m = report["metrics"]
+    assert m["completed"] == 6 and m["failed"] == 0
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert 0 < m[name]["median"] <= m[name]["p99"]
+    assert m["output_token_throughput"] > 0 and m["request_throughput"] > 0
