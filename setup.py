@@ -20,4 +20,9 @@ def all_packages() -> list[str]:
     return packages
 
 
-setup(package_dir=PACKAGE_ROOTS, packages=all_packages())
+setup(
+    package_dir=PACKAGE_ROOTS,
+    packages=all_packages(),
+    # C++ sources built on first use by torch's extension builder.
+    package_data={"llmserve.worker": ["attention/csrc/*.cpp"]},
+)

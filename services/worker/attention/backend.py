@@ -44,6 +44,7 @@ class AttentionMetadata:
     decode_block_table: torch.Tensor | None  # [B, max_blocks] long, padded with block 0
     decode_mask: torch.Tensor | None  # [B, 1, 1, max_blocks*block_size] bool
     prefills: list[PrefillSeq]
+    decode_seq_lens: torch.Tensor | None = None  # [B] long: context length of each decode row
 
     @property
     def num_tokens(self) -> int:
