@@ -56,6 +56,8 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
                    help="bytes for the KV cache, e.g. 2GiB (default: 10%% of available RAM)")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV block count (overrides the budget)")
     p.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + completion tokens")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="paged attention kernels (auto: triton on CUDA, torch on CPU)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,6 +188,7 @@ def cmd_worker(args) -> int:
         host=args.host, port=args.port, advertise_host=args.advertise_host, dtype=args.dtype,
         block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory,
         num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
+        attention_backend=args.attention_backend,
     ))
 
 

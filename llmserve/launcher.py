@@ -146,7 +146,8 @@ def run_local_cluster(args) -> int:
                       "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     if args.no_chunked_prefill:
         scheduler_args.append("--no-chunked-prefill")
-    worker_args = ["--dtype", args.dtype, "--block-size", str(args.block_size)]
+    worker_args = ["--dtype", args.dtype, "--block-size", str(args.block_size),
+                   "--attention-backend", args.attention_backend]
     if args.kv_cache_memory is not None:
         worker_args += ["--kv-cache-memory", str(args.kv_cache_memory)]
     if args.num_kv_blocks is not None:

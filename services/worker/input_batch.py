@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from llmserve.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
-from llmserve.worker.attention import AttentionMetadata, TorchPagedAttention
+from llmserve.worker.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 
 
 @dataclass
@@ -34,8 +34,10 @@ class StepInputs:
 
 
 class InputBatch:
-    def __init__(self, block_size: int, num_blocks: int, max_model_len: int):
+    def __init__(self, block_size: int, num_blocks: int, max_model_len: int,
+                 attention_backend: type[AttentionBackend] = TorchPagedAttention):
         self.block_size, self.num_blocks, self.max_model_len = block_size, num_blocks, max_model_len
+        self.attention_backend = attention_backend  # builds the per-step metadata its layers need
         self.states: dict[str, RequestState] = {}
 
     # ---- plan -> state -------------------------------------------------------------
@@ -118,7 +120,7 @@ class InputBatch:
                 sample_idx.append(len(ids) - 1)
                 sample_states.append(st)
         slot_mapping = torch.tensor(slots, dtype=torch.long)
-        meta = TorchPagedAttention.build_metadata(query_lens, seq_lens, tables, slot_mapping, bs)
+        meta = self.attention_backend.build_metadata(query_lens, seq_lens, tables, slot_mapping, bs)
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.long),
             positions=torch.tensor(pos, dtype=torch.long),

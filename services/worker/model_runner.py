@@ -12,6 +12,7 @@ import torch
 from llmserve.plan import SampledToken, StepPlan, StepResult
 from llmserve.worker_info import WorkerInfo
 from llmserve.worker import kv_cache as kvc
+from llmserve.worker.attention import backend_class, install_backend
 from llmserve.worker.input_batch import InputBatch
 from llmserve.worker.models.llama import head_dim_of
 from llmserve.worker.models.loader import load_config, load_model, parse_dtype
@@ -44,6 +45,7 @@ class ModelRunner:
         max_model_len: int | None = None,
         model_name: str | None = None,
         sampler_seed: int | None = None,
+        attention_backend: str = "auto",
     ):
         self.model_dir = Path(model_dir)
         self.dtype = parse_dtype(dtype)
@@ -62,7 +64,10 @@ class ModelRunner:
             num_kv_blocks = kvc.num_blocks_for_budget(budget, kvc.bytes_per_block(block_size, kvh, hd, num_layers, self.dtype))
         self.num_kv_blocks = num_kv_blocks
         self.kv_caches = kvc.allocate_kv_caches(num_layers, num_kv_blocks, block_size, kvh, hd, self.dtype)
-        self.batch = InputBatch(block_size, num_kv_blocks, self.max_model_len)
+        # "auto": Triton where the KV cache lives on CUDA, torch elsewhere.
+        self.attention_backend = backend_class(attention_backend, self.kv_caches[0].device)
+        install_backend(self.model, self.attention_backend)
+        self.batch = InputBatch(block_size, num_kv_blocks, self.max_model_len, self.attention_backend)
         self.sampler = Sampler(sampler_seed)
         self._info = WorkerInfo(
             model=model_name or self.model_dir.name,

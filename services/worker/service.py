@@ -42,6 +42,7 @@ class WorkerConfig:
     kv_cache_memory_bytes: int | None = None
     num_kv_blocks: int | None = None
     max_model_len: int | None = None
+    attention_backend: str = "auto"  # "auto" (triton on CUDA, torch on CPU), "torch", "triton"
     register_timeout_s: float = 120.0
 
 
@@ -118,6 +119,7 @@ def load_runner(config: WorkerConfig):
         num_kv_blocks=config.num_kv_blocks,
         max_model_len=config.max_model_len,
         model_name=config.model_name,
+        attention_backend=config.attention_backend,
     )
 
 

@@ -1,0 +1,42 @@
+"""Kernel tests. Without CUDA they run Triton's interpreter on CPU tensors: TRITON_INTERPRET
+must be set before the kernels are decorated (at import), and while they launch. It is
+set here, the kernels imported, and the variable restored at once, so other test folders
+(and the processes they spawn) never see it; an autouse fixture sets it again around each
+test of this folder. With CUDA, kernels compile for the GPU and tests run there."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+INTERPRET = not torch.cuda.is_available()
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+_prev = os.environ.get("TRITON_INTERPRET")
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"
+try:
+    import llmserve.kernels  # noqa: E402,F401  (decorated now: interpreted on CPU)
+    from llmserve.kernels import paged_attention as _pa  # noqa: E402
+finally:
+    if _prev is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _prev
+
+if INTERPRET and type(_pa._decode_kernel).__name__ != "InterpretedFunction":
+    raise RuntimeError("llmserve.kernels was imported before tests/kernels/conftest.py set TRITON_INTERPRET=1")
+
+
+@pytest.fixture(autouse=True)
+def _triton_interpreter(monkeypatch):
+    if INTERPRET:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return DEVICE
+

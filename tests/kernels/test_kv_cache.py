@@ -1,0 +1,58 @@
+"""reshape_and_cache (Triton) vs torch; copy_blocks / swap_blocks (torch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmserve.kernels.kv_cache import copy_blocks, reshape_and_cache, reshape_and_cache_reference, swap_blocks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block_size,kvh,head_dim", [(16, 3, 64), (32, 2, 128)])
+def test_reshape_and_cache_matches_reference(block_size, kvh, head_dim, dtype, device):
+    g = torch.Generator().manual_seed(block_size)
+    T, nb = 13, 6
+    cache = torch.full((2, nb, block_size, kvh, head_dim), float("nan"), dtype=dtype)
+    # k, v as views into a fused qkv row (non-contiguous token stride), like the model's split
+    qkv = torch.randn(T, 4 + 2 * kvh, head_dim, generator=g).to(dtype)
+    k, v = qkv[:, 4 : 4 + kvh], qkv[:, 4 + kvh :]
+    slots = torch.randperm(nb * block_size, generator=g)[:T]
+    slots[[2, 7]] = -1  # padding tokens: skipped
+    ref = cache.clone()
+    reshape_and_cache_reference(k, v, ref, slots)
+    out = cache.clone().to(device)
+    reshape_and_cache(k.to(device), v.to(device), out, slots.to(device))
+    assert torch.equal(out.cpu().nan_to_num(7.0), ref.nan_to_num(7.0))  # NaN rows = untouched, in both
+    assert out.cpu().isnan().sum() == cache.isnan().sum() - 2 * (T - 2) * kvh * head_dim
+
+
+def test_reshape_and_cache_rejects_bad_arguments():
+    cache = torch.zeros(2, 4, 16, 2, 64)
+    k = torch.zeros(3, 2, 64)
+    with pytest.raises(ValueError, match="v shape"):
+        reshape_and_cache(k, torch.zeros(3, 1, 64), cache, torch.arange(3))
+    with pytest.raises(ValueError, match="slot_mapping dtype"):
+        reshape_and_cache(k, k, cache, torch.arange(3.0))
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        reshape_and_cache(k.half(), k.half(), cache, torch.arange(3))
+
+
+def test_copy_blocks_copies_every_layer():
+    caches = [torch.randn(2, 8, 16, 2, 4) for _ in range(3)]
+    before = [c.clone() for c in caches]
+    copy_blocks(caches, torch.tensor([[1, 5], [5, 2], [7, 0]]))  # 5 is read before it is written
+    for c, b in zip(caches, before):
+        assert torch.equal(c[:, 5], b[:, 1]) and torch.equal(c[:, 2], b[:, 5]) and torch.equal(c[:, 0], b[:, 7])
+        untouched = [1, 3, 4, 6, 7]
+        assert torch.equal(c[:, untouched], b[:, untouched])
+
+
+def test_swap_blocks_between_caches():
+    src, dst = torch.randn(2, 6, 16, 2, 4), torch.zeros(2, 3, 16, 2, 4)
+    swap_blocks(src, dst, torch.tensor([[4, 0], [1, 2]]))
+    assert torch.equal(dst[:, 0], src[:, 4]) and torch.equal(dst[:, 2], src[:, 1]) and not dst[:, 1].any()
+    with pytest.raises(ValueError, match="mapping must have 2 dims"):
+        swap_blocks(src, dst, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="differ beyond the block count"):
+        swap_blocks(src, torch.zeros(2, 3, 8, 2, 4), torch.tensor([[0, 0]]))

@@ -1,0 +1,123 @@
+"""Paged attention kernels vs their torch reference, and the reference vs dense SDPA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llmserve.kernels.paged_attention import (
+    paged_attention_decode, paged_attention_decode_reference, paged_attention_varlen,
+    paged_attention_varlen_reference,
+)
+from tests.kernels.helpers import TOL, make_case, rel_err
+
+# (kv heads, query heads per kv head): GQA ratios 1, 3, 4
+HEADS = [(2, 1), (1, 3), (2, 4)]
+DTYPES = [torch.float32, torch.float16]
+
+
+def dense_reference(case) -> torch.Tensor:
+    """Causal SDPA on each sequence's contiguous K/V: no block table involved."""
+    outs = []
+    for i, (k, v) in enumerate(zip(case.keys, case.values)):
+        s, e = case.cu_seqlens_q[i].item(), case.cu_seqlens_q[i + 1].item()
+        L, n = k.shape[0], e - s
+        mask = torch.arange(L)[None, :] <= torch.arange(L - n, L)[:, None]  # [n, L]
+        o = F.scaled_dot_product_attention(
+            case.q[s:e].cpu().float().transpose(0, 1), k.float().transpose(0, 1), v.float().transpose(0, 1),
+            attn_mask=mask, scale=case.scale, enable_gqa=True,
+        )
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("kvh,g", HEADS)
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_reference_matches_dense_sdpa(kvh, g, block_size):
+    # decode rows, a fresh prefill, chunks after cached context (prefix hit / chunked prefill)
+    case = make_case([1, 33, 40, 97, 64], [1, 1, 40, 25, 17], kvh, g, 64, block_size, torch.float32, "cpu", seed=g)
+    ref = paged_attention_varlen_reference(case.q, case.kv_cache, case.block_tables, case.seq_lens,
+                                           case.cu_seqlens_q, case.scale)
+    assert rel_err(ref, dense_reference(case)) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("kvh,g", HEADS)
+def test_decode(kvh, g, block_size, head_dim, dtype, device):
+    seq_lens = [1, 17, 50, 95]  # partial last blocks, one exact block boundary miss each
+    case = make_case(seq_lens, [1] * 4, kvh, g, head_dim, block_size, dtype, device, seed=block_size + g)
+    out = torch.full_like(case.q, float("nan"))
+    paged_attention_decode(case.q, case.kv_cache, case.block_tables, case.seq_lens, case.scale, out=out)
+    ref = paged_attention_decode_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_tables.cpu(),
+                                           case.seq_lens.cpu(), case.scale)
+    assert not out.isnan().any()
+    assert rel_err(out.cpu(), ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [2, 3, 8])
+def test_decode_split_k(num_splits, dtype, device):
+    # 8 splits over at most 7 blocks: some splits are empty and must weigh nothing
+    case = make_case([3, 64, 99], [1] * 3, 1, 3, 64, 16, dtype, device, seed=num_splits)
+    out = torch.full_like(case.q, float("nan"))
+    paged_attention_decode(case.q, case.kv_cache, case.block_tables, case.seq_lens, case.scale,
+                           num_splits=num_splits, out=out)
+    ref = paged_attention_decode_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_tables.cpu(),
+                                           case.seq_lens.cpu(), case.scale)
+    assert not out.isnan().any()
+    assert rel_err(out.cpu(), ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("kvh,g", HEADS)
+def test_varlen_prefill_mixed(kvh, g, block_size, head_dim, dtype, device):
+    # a decode-like row, a fresh odd prefill, two chunks on top of cached context
+    seq_lens, query_lens = [9, 37, 70, 45], [1, 37, 23, 6]
+    case = make_case(seq_lens, query_lens, kvh, g, head_dim, block_size, dtype, device, seed=head_dim + g)
+    out = torch.full_like(case.q, float("nan"))
+    paged_attention_varlen(case.q, case.kv_cache, case.block_tables, case.seq_lens, case.cu_seqlens_q,
+                           max(query_lens), case.scale, out=out)
+    ref = paged_attention_varlen_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_tables.cpu(),
+                                           case.seq_lens.cpu(), case.cu_seqlens_q.cpu(), case.scale)
+    assert not out.isnan().any()
+    assert rel_err(out.cpu(), ref) <= TOL[dtype]
+
+
+def test_varlen_sub_batch_leaves_other_rows(device):
+    """Rows before the first sequence (the decode rows in the backend) stay untouched."""
+    case = make_case([5, 30], [1, 12], 1, 2, 64, 16, torch.float32, device)
+    out = torch.full_like(case.q, float("nan"))
+    paged_attention_varlen(case.q, case.kv_cache, case.block_tables[1:], case.seq_lens[1:],
+                           case.cu_seqlens_q[1:], 12, case.scale, out=out)
+    ref = paged_attention_varlen_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_tables.cpu(),
+                                           case.seq_lens.cpu(), case.cu_seqlens_q.cpu(), case.scale)
+    assert out[0].isnan().all()
+    assert rel_err(out[1:].cpu(), ref[1:]) <= 1e-5
+
+
+def test_wrappers_reject_bad_arguments(device):
+    case = make_case([20], [1], 2, 2, 64, 16, torch.float32, device)
+    args = (case.kv_cache, case.block_tables, case.seq_lens, case.scale)
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        paged_attention_decode(case.q.half(), *args)
+    with pytest.raises(ValueError, match="block_tables dtype"):
+        paged_attention_decode(case.q, case.kv_cache, case.block_tables.float(), case.seq_lens, case.scale)
+    with pytest.raises(ValueError, match="seq_lens shape"):
+        paged_attention_decode(case.q, case.kv_cache, case.block_tables, case.seq_lens.repeat(2), case.scale)
+    with pytest.raises(ValueError, match="unit stride"):
+        paged_attention_decode(case.q.transpose(1, 2).contiguous().transpose(1, 2), *args)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        paged_attention_decode(case.q[:, :3], *args)
+    with pytest.raises(ValueError, match="out shape"):
+        paged_attention_decode(case.q, *args, out=case.q[:, :2])
+    with pytest.raises(ValueError, match="cu_seqlens_q shape"):
+        paged_attention_varlen(case.q, case.kv_cache, case.block_tables, case.seq_lens, case.seq_lens, 1, 1.0)
+    small = torch.zeros(2, 4, 8, 2, 64)
+    with pytest.raises(ValueError, match="block_size must be a power of two >= 16"):
+        paged_attention_varlen(case.q.cpu(), small, case.block_tables.cpu(), case.seq_lens.cpu(),
+                               case.cu_seqlens_q.cpu(), 1, 1.0)
