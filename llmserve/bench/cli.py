@@ -33,7 +33,18 @@ def add_bench_parser(sub, add_model_flags, add_scheduler_flags, parse_bytes) -> 
     serve.add_argument("--max-concurrency", type=int, default=None)
 
 
+    prof = bench_sub.add_parser("profile", help="where the time of one decode step goes")
+    add_model_flags(prof)
+    prof.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    prof.add_argument("--batch", type=int, default=64)
+    prof.add_argument("--context", type=int, default=256, help="prompt tokens per sequence")
+
+
 def run_bench(args) -> int:
+    if args.bench_command == "profile":
+        from llmserve.bench.profile_step import bench_profile
+
+        return bench_profile(args)
     if args.bench_command == "throughput":
         from llmserve.bench.throughput import bench_throughput
 

@@ -21,10 +21,13 @@
 
 namespace {
 
-template <typename T>
+// HEAD_DIM > 0 fixes the head size at compile time (fully unrolled inner loops);
+// 0 reads it from `head_dim`.
+template <typename T, int64_t HEAD_DIM>
 void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t* seq_lens, T* out,
-                   int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t num_blocks, int64_t block_size,
+                   int64_t B, int64_t H, int64_t KVH, int64_t head_dim, int64_t num_blocks, int64_t block_size,
                    int64_t max_blocks, float scale) {
+  const int64_t D = HEAD_DIM > 0 ? HEAD_DIM : head_dim;
   const int64_t g = H / KVH;
   const int64_t row = KVH * D;                            // elements per token slot
   const int64_t v_offset = num_blocks * block_size * row;  // kv[1] starts here
@@ -37,15 +40,19 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
       for (int64_t j = 0; j < g; ++j)
         for (int64_t d = 0; d < D; ++d)
           qf[j * D + d] = static_cast<float>(q[(b * H + h * g + j) * D + d]) * scale;
-      // Pass 1: scores[j][p] = q_j . k_p
-      for (int64_t p = 0; p < len; ++p) {
-        const int64_t block = tables[b * max_blocks + p / block_size];
-        const T* k = kv + (block * block_size + p % block_size) * row + h * D;
-        for (int64_t j = 0; j < g; ++j) {
-          const float* qj = qf.data() + j * D;
-          float s = 0.f;
-          for (int64_t d = 0; d < D; ++d) s += qj[d] * static_cast<float>(k[d]);
-          scores[j * len + p] = s;
+      // Pass 1: scores[j][p] = q_j . k_p, block by block (one table lookup per block).
+      const int64_t n_blocks = (len + block_size - 1) / block_size;
+      for (int64_t blk = 0; blk < n_blocks; ++blk) {
+        const T* base = kv + tables[b * max_blocks + blk] * block_size * row + h * D;
+        const int64_t first = blk * block_size, n = std::min(block_size, len - first);
+        for (int64_t t = 0; t < n; ++t) {
+          const T* k = base + t * row;
+          for (int64_t j = 0; j < g; ++j) {
+            const float* qj = qf.data() + j * D;
+            float s = 0.f;
+            for (int64_t d = 0; d < D; ++d) s += qj[d] * static_cast<float>(k[d]);
+            scores[j * len + first + t] = s;
+          }
         }
       }
       // Softmax per query head.
@@ -59,13 +66,16 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
       }
       // Pass 2: out_j = sum_p softmax_j[p] * v_p
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t p = 0; p < len; ++p) {
-        const int64_t block = tables[b * max_blocks + p / block_size];
-        const T* v = kv + v_offset + (block * block_size + p % block_size) * row + h * D;
-        for (int64_t j = 0; j < g; ++j) {
-          const float w = scores[j * len + p];
-          float* aj = acc.data() + j * D;
-          for (int64_t d = 0; d < D; ++d) aj[d] += w * static_cast<float>(v[d]);
+      for (int64_t blk = 0; blk < n_blocks; ++blk) {
+        const T* base = kv + v_offset + tables[b * max_blocks + blk] * block_size * row + h * D;
+        const int64_t first = blk * block_size, n = std::min(block_size, len - first);
+        for (int64_t t = 0; t < n; ++t) {
+          const T* v = base + t * row;
+          for (int64_t j = 0; j < g; ++j) {
+            const float w = scores[j * len + first + t];
+            float* aj = acc.data() + j * D;
+            for (int64_t d = 0; d < D; ++d) aj[d] += w * static_cast<float>(v[d]);
+          }
         }
       }
       for (int64_t j = 0; j < g; ++j)
@@ -88,9 +98,18 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& kv_cach
   TORCH_CHECK(tables.size(0) == B && seq_lens.size(0) == B, "one table row and length per sequence");
   auto out = at::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention_decode", [&] {
-    decode_kernel<scalar_t>(q.data_ptr<scalar_t>(), kv_cache.data_ptr<scalar_t>(), tables.data_ptr<int64_t>(),
-                            seq_lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), B, H, KVH, D,
-                            kv_cache.size(1), kv_cache.size(2), tables.size(1), static_cast<float>(scale));
+    auto run = [&](auto kernel) {
+      kernel(q.data_ptr<scalar_t>(), kv_cache.data_ptr<scalar_t>(), tables.data_ptr<int64_t>(),
+             seq_lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), B, H, KVH, D, kv_cache.size(1),
+             kv_cache.size(2), tables.size(1), static_cast<float>(scale));
+    };
+    if (D == 64) {
+      run(decode_kernel<scalar_t, 64>);
+    } else if (D == 128) {
+      run(decode_kernel<scalar_t, 128>);
+    } else {
+      run(decode_kernel<scalar_t, 0>);
+    }
   });
   return out;
 }

@@ -1,0 +1,116 @@
+"""`llmserve bench profile`: where the time of one decode step goes.
+
+Builds a batch of decoding requests in the in-process engine, then times the pieces
+of a step separately: plan building (scheduler), plan/result protobuf round trips (what
+crosses gRPC), input building, the model forward by operator family (torch profiler),
+LM head, and sampling.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+from llmserve import wire
+from llmserve.bench.workloads import random_workload
+from llmserve.engine import InProcessEngine
+from llmserve.internal.v1 import worker_pb2
+from llmserve.sampling import SamplingParams
+
+# Operator name fragments -> family, first match wins.
+FAMILIES = [
+    ("paged_attention", "attention (paged decode)"),
+    ("scaled_dot_product", "attention (SDPA)"),
+    ("aten::index", "KV gather"),
+    ("index_copy", "KV cache write"),
+    ("aten::mm", "matmul"),
+    ("aten::addmm", "matmul"),
+    ("aten::linear", "matmul"),
+    ("aten::bmm", "matmul"),
+]
+
+
+def _family(name: str) -> str:
+    for fragment, family in FAMILIES:
+        if fragment in name:
+            return family
+    return "other ops"
+
+
+def _ms(seconds: float) -> str:
+    return f"{1000 * seconds:8.2f} ms"
+
+
+def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: int = 5) -> dict:
+    engine = InProcessEngine.from_model_dir(model_dir, dtype=dtype, kv_cache_memory_bytes=2**30,
+                                            max_num_batched_tokens=max(4096, batch * (context + 16)))
+    for i, r in enumerate(random_workload(batch, (context, context), (1000, 1000), 49152, seed=1)):
+        engine.add_request(f"r{i}", r.prompt_token_ids, SamplingParams(max_tokens=1000, temperature=0.0,
+                                                                      ignore_eos=True))
+    while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
+        engine.step()
+    runner, sched = engine.runner, engine.scheduler
+    times: dict[str, float] = defaultdict(float)
+    ops: dict[str, float] = defaultdict(float)
+    for rep in range(reps + 1):
+        t0 = time.perf_counter()
+        plan = sched.schedule()
+        t1 = time.perf_counter()
+        plan_bytes = wire.step_plan_to_pb(plan).SerializeToString()
+        plan = wire.step_plan_from_pb(worker_pb2.StepPlan.FromString(plan_bytes))
+        t2 = time.perf_counter()
+        with torch.inference_mode():
+            rows = runner.batch.apply_plan(plan)
+            inp = runner.batch.build_inputs(rows)
+            t3 = time.perf_counter()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                hidden = runner.model(inp.input_ids, inp.positions, runner.kv_caches, inp.meta)
+            t4 = time.perf_counter()
+            for st, n in rows:
+                st.num_computed_tokens += n
+            logits = runner.model.compute_logits(hidden[inp.sample_indices])
+            t5 = time.perf_counter()
+            states = inp.sample_states
+            tokens, logprobs = runner.sampler(logits, [s.sampling for s in states],
+                                              [s.num_output_tokens for s in states])
+            t6 = time.perf_counter()
+        from llmserve.plan import SampledToken, StepResult
+
+        for st, tok in zip(states, tokens):
+            st.token_ids.append(tok)
+        result = StepResult(plan.step_id, [SampledToken(s.request_id, t) for s, t in zip(states, tokens)])
+        t7 = time.perf_counter()
+        result = wire.step_result_from_pb(worker_pb2.StepResult.FromString(
+            wire.step_result_to_pb(result).SerializeToString()))
+        t8 = time.perf_counter()
+        sched.update_from_output(plan, result)
+        t9 = time.perf_counter()
+        if rep == 0:
+            continue  # Warm-up.
+        for key, dt in (("scheduler: schedule()", t1 - t0), ("plan protobuf round trip", t2 - t1),
+                        ("worker: plan -> input tensors", t3 - t2), ("model forward (profiled)", t4 - t3),
+                        ("LM head (sampled rows only)", t5 - t4), ("sampling", t6 - t5),
+                        ("result protobuf round trip", t8 - t7), ("scheduler: update_from_output()", t9 - t8)):
+            times[key] += dt / reps
+        for evt in prof.key_averages():
+            ops[_family(evt.key)] += evt.self_cpu_time_total / 1e6 / reps
+    return {"batch": batch, "context": context, "dtype": dtype, "plan_bytes": len(plan_bytes),
+            "pieces_s": dict(times), "forward_ops_s": dict(ops)}
+
+
+def bench_profile(args) -> int:
+    from llmserve.model_store import resolve_model_dir
+
+    report = profile_decode_step(resolve_model_dir(args.model), args.dtype, args.batch, args.context)
+    total = sum(report["pieces_s"].values())
+    print(f"decode step, batch {args.batch}, context ~{args.context}, {args.dtype}: {_ms(total)}"
+          f" (plan on the wire: {report['plan_bytes']} bytes)")
+    for key, dt in report["pieces_s"].items():
+        print(f"  {key:<34}{_ms(dt)}  {100 * dt / total:5.1f}%")
+    fwd = sum(report["forward_ops_s"].values())
+    print("  model forward by operator family (profiler self time):")
+    for key, dt in sorted(report["forward_ops_s"].items(), key=lambda kv: -kv[1]):
+        print(f"    {key:<32}{_ms(dt)}  {100 * dt / fwd:5.1f}%")
+    return 0
