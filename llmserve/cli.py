@@ -47,6 +47,10 @@ def _add_scheduler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=512,
                    help="most tokens computed in one step (long prompts are chunked to fit)")
     p.add_argument("--no-chunked-prefill", action="store_true", help="prompts must fit one step whole")
+    p.add_argument("--no-prefix-caching", action="store_true", help="never reuse the KV of earlier prompts")
+    p.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],
+                   help="when KV blocks run out: swap to CPU, recompute later, or auto "
+                        "(swap requests with several samples, recompute the others)")
 
 
 def _add_worker_flags(p: argparse.ArgumentParser) -> None:
@@ -58,6 +62,9 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + completion tokens")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
                    help="paged attention kernels (auto: triton on CUDA, torch on CPU)")
+    p.add_argument("--swap-space", type=float, default=4.0, help="GiB of CPU memory for swapped-out KV blocks")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="on GPU: fraction of device memory for weights, activations and the KV cache")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="model shard + KV cache; executes step plans")
     _add_model_flags(worker)
     _add_worker_flags(worker)
+    worker.add_argument("--max-num-batched-tokens", type=int, default=512,
+                        help="tokens of the profiling forward that sizes the KV cache")
     worker.add_argument("--host", default="0.0.0.0")
     worker.add_argument("--port", type=int, default=50053, help="0 picks a free port")
     worker.add_argument("--advertise-host", default="localhost", help="host the scheduler dials back")
@@ -176,6 +185,7 @@ def cmd_scheduler(args) -> int:
         host=args.host, port=args.port, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=not args.no_chunked_prefill,
+        enable_prefix_caching=not args.no_prefix_caching, preemption_mode=args.preemption_mode,
     ))
 
 
@@ -189,6 +199,8 @@ def cmd_worker(args) -> int:
         block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory,
         num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
         attention_backend=args.attention_backend,
+        swap_space_bytes=int(args.swap_space * 2**30), max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     ))
 
 

@@ -145,6 +145,7 @@ def build_generate_request(
     logprobs: int | None = None,
     request_id: str = "",
     model: str = "",
+    priority: int = 0,
 ) -> pb.GenerateRequest:
     """The GenerateRequest for these arguments; exactly one input must be given."""
     given = [x is not None for x in (prompt, messages, token_ids)]
@@ -160,7 +161,7 @@ def build_generate_request(
                         ("top_p", top_p), ("seed", seed), ("n", n), ("logprobs", logprobs)):
         if value is not None:
             setattr(params, name, value)
-    request = pb.GenerateRequest(request_id=request_id, model=model, params=params)
+    request = pb.GenerateRequest(request_id=request_id, model=model, params=params, priority=priority)
     if prompt is not None:
         request.text = prompt
     elif messages is not None:
@@ -210,13 +211,14 @@ class LLMServeClient:
         logprobs: int | None = None,
         request_id: str = "",
         model: str = "",
+        priority: int = 0,
     ) -> AsyncIterator[GenerationDelta]:
         """Stream the deltas of all samples; ``None`` arguments take the server default."""
         request = build_generate_request(
             prompt, messages=messages, token_ids=token_ids, max_tokens=max_tokens,
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
             stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, n=n, logprobs=logprobs,
-            request_id=request_id, model=model,
+            request_id=request_id, model=model, priority=priority,
         )
         call = self._stub.Generate(request)
         try:

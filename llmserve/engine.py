@@ -43,7 +43,8 @@ class Completion:
 
 class InProcessEngine:
     def __init__(self, runner, max_num_seqs: int = 256, max_num_batched_tokens: int = 512,
-                 enable_chunked_prefill: bool = True):
+                 enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True,
+                 preemption_mode: str = "auto"):
         info = runner.info
         self.runner = runner
         self.scheduler = Scheduler(
@@ -53,23 +54,31 @@ class InProcessEngine:
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens,
                 enable_chunked_prefill=enable_chunked_prefill,
+                enable_prefix_caching=enable_prefix_caching,
+                preemption_mode=preemption_mode,
             ),
             num_blocks=info.num_kv_blocks,
             eos_token_ids=info.eos_token_ids,
+            num_cpu_blocks=info.num_cpu_blocks,
         )
+        self.plans: list[StepPlan] = []  # Every plan executed (kept only with keep_plans).
+        self.keep_plans = False
         self.steps: list[StepRecord] = []
 
     @classmethod
     def from_model_dir(cls, model_dir: Path, dtype: str = "float32", kv_cache_memory_bytes: int | None = None,
-                       num_kv_blocks: int | None = None, **scheduler_kwargs) -> "InProcessEngine":
+                       num_kv_blocks: int | None = None, swap_space_bytes: int = 0,
+                       **scheduler_kwargs) -> "InProcessEngine":
         from llmserve.worker.model_runner import ModelRunner
 
         runner = ModelRunner(model_dir, dtype=dtype, kv_cache_memory_bytes=kv_cache_memory_bytes,
-                             num_kv_blocks=num_kv_blocks)
+                             num_kv_blocks=num_kv_blocks, swap_space_bytes=swap_space_bytes,
+                             max_num_batched_tokens=scheduler_kwargs.get("max_num_batched_tokens", 512))
         return cls(runner, **scheduler_kwargs)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
-        self.scheduler.add_request(request_id, prompt_token_ids, sampling)
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                    n: int = 1, priority: int = 0) -> None:
+        self.scheduler.add_request(request_id, prompt_token_ids, sampling, n=n, priority=priority)
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, execute, apply. Returns this step's outputs."""
@@ -78,6 +87,8 @@ class InProcessEngine:
         if plan.is_empty:
             return []
         result = self.runner.execute(plan)
+        if self.keep_plans:
+            self.plans.append(plan)
         outputs = self.scheduler.update_from_output(plan, result)
         self.steps.append(self._record(plan, len(result.sampled), time.perf_counter() - start))
         return outputs

@@ -146,8 +146,13 @@ def run_local_cluster(args) -> int:
                       "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     if args.no_chunked_prefill:
         scheduler_args.append("--no-chunked-prefill")
+    if args.no_prefix_caching:
+        scheduler_args.append("--no-prefix-caching")
+    scheduler_args += ["--preemption-mode", args.preemption_mode]
     worker_args = ["--dtype", args.dtype, "--block-size", str(args.block_size),
-                   "--attention-backend", args.attention_backend]
+                   "--attention-backend", args.attention_backend, "--swap-space", str(args.swap_space),
+                   "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+                   "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     if args.kv_cache_memory is not None:
         worker_args += ["--kv-cache-memory", str(args.kv_cache_memory)]
     if args.num_kv_blocks is not None:

@@ -26,6 +26,7 @@ class TokenLogprobs:
 @dataclass
 class RequestOutput:
     request_id: str
+    index: int = 0  # Which of the request's n samples.
     new_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: FinishReason = FinishReason.NONE

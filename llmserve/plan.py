@@ -48,6 +48,10 @@ class StepPlan:
     cached_requests: list[CachedRequestData] = field(default_factory=list)
     # Requests whose state the worker drops: finished, aborted or preempted.
     finished_request_ids: list[str] = field(default_factory=list)
+    # Block moves the worker performs before the forward, in this order:
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu block, cpu block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, gpu block)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src gpu block, dst gpu block)
 
     @property
     def total_scheduled_tokens(self) -> int:
@@ -56,8 +60,13 @@ class StepPlan:
         )
 
     @property
+    def has_block_ops(self) -> bool:
+        return bool(self.swap_out or self.swap_in or self.copies)
+
+    @property
     def is_empty(self) -> bool:
-        return not self.new_requests and not self.cached_requests
+        """Nothing for a worker to do (no request scheduled, no block to move)."""
+        return not self.new_requests and not self.cached_requests and not self.has_block_ops
 
 
 @dataclass

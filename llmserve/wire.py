@@ -75,9 +75,16 @@ def sampling_from_pb(msg: scheduler_pb2.SamplingOptions) -> SamplingParams:
     )
 
 
+def add_request_to_pb(request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                      n: int = 1, priority: int = 0) -> scheduler_pb2.AddRequest:
+    return scheduler_pb2.AddRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
+                                    sampling=sampling_to_pb(sampling), n=n, priority=priority)
+
+
 def request_output_to_pb(out: RequestOutput) -> scheduler_pb2.RequestOutput:
     return scheduler_pb2.RequestOutput(
         request_id=out.request_id,
+        index=out.index,
         new_token_ids=out.new_token_ids,
         logprobs=[logprobs_to_pb(lp) for lp in out.logprobs],
         finish_reason=int(out.finish_reason),
@@ -90,12 +97,43 @@ def request_output_to_pb(out: RequestOutput) -> scheduler_pb2.RequestOutput:
 def request_output_from_pb(msg: scheduler_pb2.RequestOutput) -> RequestOutput:
     return RequestOutput(
         request_id=msg.request_id,
+        index=msg.index,
         new_token_ids=list(msg.new_token_ids),
         logprobs=[logprobs_from_pb(lp) for lp in msg.logprobs],
         finish_reason=FinishReason(msg.finish_reason),
         num_cached_tokens=msg.num_cached_tokens,
         error=msg.error,
         stop_token_id=msg.stop_token_id,
+    )
+
+
+def scheduler_stats_to_pb(s, worker_ready: bool) -> scheduler_pb2.SchedulerStats:
+    """From the core's SchedulerStats dataclass."""
+    return scheduler_pb2.SchedulerStats(
+        num_waiting=s.num_waiting,
+        num_running=s.num_running,
+        num_total_blocks=s.num_total_blocks,
+        num_free_blocks=s.num_free_blocks,
+        num_preemptions=s.num_preemptions,
+        num_steps=s.num_steps,
+        num_finished=s.num_finished,
+        num_aborted=s.num_aborted,
+        worker_ready=worker_ready,
+        prompt_tokens_total=s.prompt_tokens_total,
+        generation_tokens_total=s.generation_tokens_total,
+        num_swapped=s.num_swapped,
+        kv_cache_usage=s.kv_cache_usage,
+        prefix_cache_queries=s.prefix_cache_queries,
+        prefix_cache_hits=s.prefix_cache_hits,
+        num_preemptions_recompute=s.num_preemptions_recompute,
+        num_preemptions_swap=s.num_preemptions_swap,
+        num_swapped_out_blocks=s.num_swapped_out_blocks,
+        num_cached_blocks=s.num_cached_blocks,
+        num_cpu_blocks=s.num_cpu_blocks,
+        num_free_cpu_blocks=s.num_free_cpu_blocks,
+        num_allocated_blocks=s.num_allocated_blocks,
+        num_cow_copies=s.num_cow_copies,
+        num_failed=s.num_failed,
     )
 
 
@@ -114,6 +152,7 @@ def worker_info_to_pb(info: WorkerInfo) -> worker_pb2.WorkerInfo:
         eos_token_ids=info.eos_token_ids,
         tensor_parallel_size=info.tensor_parallel_size,
         bos_token_id=info.bos_token_id,
+        num_cpu_blocks=info.num_cpu_blocks,
     )
 
 
@@ -129,6 +168,7 @@ def worker_info_from_pb(msg: worker_pb2.WorkerInfo) -> WorkerInfo:
         eos_token_ids=tuple(msg.eos_token_ids),
         tensor_parallel_size=msg.tensor_parallel_size,
         bos_token_id=msg.bos_token_id,
+        num_cpu_blocks=msg.num_cpu_blocks,
     )
 
 
@@ -173,6 +213,9 @@ def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
             for r in plan.cached_requests
         ],
         finished_request_ids=plan.finished_request_ids,
+        swap_out=_moves_to_pb(plan.swap_out),
+        swap_in=_moves_to_pb(plan.swap_in),
+        copies=_moves_to_pb(plan.copies),
     )
 
 
@@ -201,7 +244,18 @@ def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
             for r in msg.cached_requests
         ],
         finished_request_ids=list(msg.finished_request_ids),
+        swap_out=_moves_from_pb(msg.swap_out),
+        swap_in=_moves_from_pb(msg.swap_in),
+        copies=_moves_from_pb(msg.copies),
     )
+
+
+def _moves_to_pb(moves: list[tuple[int, int]]) -> list[worker_pb2.BlockMove]:
+    return [worker_pb2.BlockMove(src=src, dst=dst) for src, dst in moves]
+
+
+def _moves_from_pb(msgs) -> list[tuple[int, int]]:
+    return [(m.src, m.dst) for m in msgs]
 
 
 def step_result_to_pb(result: StepResult) -> worker_pb2.StepResult:

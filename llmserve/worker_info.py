@@ -17,3 +17,4 @@ class WorkerInfo:
     eos_token_ids: tuple[int, ...] = field(default=())
     tensor_parallel_size: int = 1
     bos_token_id: int = -1
+    num_cpu_blocks: int = 0  # Swap space, in blocks.

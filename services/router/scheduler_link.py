@@ -89,20 +89,15 @@ class SchedulerLink:
         for request_id, queue in list(self._queues.items()):
             queue.put_nowait(RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=reason))
 
-    async def add(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> asyncio.Queue:
+    async def add(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                  n: int = 1, priority: int = 0) -> asyncio.Queue:
+        """Queue a request of `n` samples; its outputs (every sample's) land in the queue."""
         if not self.connected.is_set():
             raise SchedulerUnavailable(f"not connected to scheduler {self.address}")
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = queue
-        await self._write(
-            scheduler_pb2.RouterMessage(
-                add=scheduler_pb2.AddRequest(
-                    request_id=request_id,
-                    prompt_token_ids=prompt_token_ids,
-                    sampling=wire.sampling_to_pb(sampling),
-                )
-            )
-        )
+        add = wire.add_request_to_pb(request_id, prompt_token_ids, sampling, n, priority)
+        await self._write(scheduler_pb2.RouterMessage(add=add))
         return queue
 
     async def _write(self, message: scheduler_pb2.RouterMessage) -> None:

@@ -80,42 +80,38 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             request_id, prompt_ids, sampling, n = await self._prepare(request)
         except RequestError as err:
             await context.abort(err.code, err.message)
-        sub_ids = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
         self._active.add(request_id)
-        merged: asyncio.Queue = asyncio.Queue()
-        forwarders, streams, unfinished = [], {}, set(sub_ids)
+        # One engine request of n samples sharing the prompt's KV; sample i draws with seed + i.
+        streams = [SampleStream(index=i, detokenizer=IncrementalDetokenizer(self.tokenizer),
+                                stop_matcher=StopStringMatcher(sampling.stop)) for i in range(n)]
+        unfinished = set(range(n))  # Samples the client has not seen end.
+        engine_live = set(range(n))  # Samples the engine still runs.
+        added = False
         try:
-            for index, sub_id in enumerate(sub_ids):
-                queue = await self.link.add(sub_id, prompt_ids, self._sample_params(sampling, index, n))
-                forwarders.append(asyncio.create_task(_forward(queue, merged, sub_id)))
-                streams[sub_id] = SampleStream(
-                    index=index,
-                    detokenizer=IncrementalDetokenizer(self.tokenizer),
-                    stop_matcher=StopStringMatcher(sampling.stop),
-                )
+            queue = await self.link.add(request_id, prompt_ids, sampling, n=n, priority=request.priority)
+            added = True
             while unfinished:
-                sub_id, out = await merged.get()
-                stream = streams[sub_id]
-                if stream.finished:
-                    continue
+                out = await queue.get()
+                if out.finished:
+                    engine_live.discard(out.index)
+                stream = streams[out.index] if 0 <= out.index < n else None
+                if stream is None or stream.finished:
+                    continue  # A sample cut by a stop string runs on until the request ends.
                 delta = stream.process(out, self._token_text)
                 if delta.finish_reason != FinishReason.NONE:
-                    unfinished.discard(sub_id)
-                    self.link.release(sub_id)
-                    if out.finish_reason == FinishReason.NONE:  # A stop string: the engine runs on.
-                        await self.link.abort([sub_id])
+                    unfinished.discard(out.index)
                 response = self._response(request_id, delta)
                 if not unfinished:
-                    response.usage.CopyFrom(self._usage(len(prompt_ids), streams.values()))
+                    response.usage.CopyFrom(self._usage(len(prompt_ids), streams))
                 yield response
                 if delta.finish_reason == FinishReason.ERROR:
                     await self._fail(context, delta.error)
         finally:
             # Client cancelled or disconnected (CancelledError lands here), or done.
-            for task in forwarders:
-                task.cancel()
-            if unfinished:
-                await self.link.abort(sorted(unfinished))
+            if added:
+                self.link.release(request_id)
+                if engine_live:
+                    await self.link.abort([request_id])
             self._active.discard(request_id)
 
     def _token_text(self, token_id: int) -> str:
@@ -162,15 +158,6 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             raise invalid(str(err)) from err
         except Exception as err:  # Jinja errors from the template (e.g. an unknown role).
             raise invalid(f"the chat template rejected the messages: {err}") from err
-
-    @staticmethod
-    def _sample_params(sampling: SamplingParams, index: int, n: int) -> SamplingParams:
-        if n == 1 or sampling.seed is None:
-            return sampling
-        # Distinct but reproducible samples: each index gets its own derived seed.
-        from dataclasses import replace
-
-        return replace(sampling, seed=sampling.seed + index)
 
     @staticmethod
     def _response(request_id: str, delta) -> generation_pb2.GenerateResponse:
@@ -234,11 +221,6 @@ def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer) -> g
         tensor_parallel_size=worker.tensor_parallel_size,
         bos_token_id=worker.bos_token_id,
     )
-
-
-async def _forward(queue: asyncio.Queue, merged: asyncio.Queue, sub_id: str) -> None:
-    while True:
-        merged.put_nowait((sub_id, await queue.get()))
 
 
 async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:

@@ -1,18 +1,25 @@
-"""A pool of fixed-size KV cache blocks with reference counts.
+"""A pool of fixed-size KV cache blocks with reference counts and a prefix cache.
 
 Blocks are plain ints 0..num_blocks-1; the tensors behind them live on the workers. The
 pool only decides which ids are free. Free blocks wait in a queue with O(1) removal
-(an insertion-ordered dict), so that a later prefix cache can pull a cached block back
-out of the middle of the queue when it gets a hit.
+(an insertion-ordered dict).
 
-Order is deterministic: at first blocks are handed out lowest id first; a freed block
-goes to the back of the queue, so the blocks freed longest ago are reused first.
+Prefix cache: a full block may carry a hash (see `kv_cache_manager.hash_block`). The
+pool maps hash -> block. A cached block keeps its hash after its last holder frees it:
+it sits in the free queue, still reusable by a hit (which pulls it out of the middle of
+the queue) until `allocate` takes it from the front and evicts its hash. The queue is
+therefore LRU: blocks freed longest ago are evicted first.
+
+    free queue:  front [ 7  3  9  4 ] back      allocate() takes 7 (evicting its hash);
+                         ^ freed first          free([5]) appends 5; a hit on 9 removes it.
+
+Order is deterministic: at first blocks are handed out lowest id first.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 
 
 class BlockPool:
@@ -26,6 +33,11 @@ class BlockPool:
         self._ref_counts = [0] * num_blocks
         # NOTE: a block is in the free queue if and only if its ref count is 0.
         self._free_queue: dict[int, None] = dict.fromkeys(range(num_blocks))
+        # NOTE: _cached[h] == b  if and only if  _block_hash[b] == h.
+        self._block_hash: list[Hashable | None] = [None] * num_blocks
+        self._cached: dict[Hashable, int] = {}
+        self.num_evictions = 0  # Cached blocks whose hash was dropped to reuse them.
+        self.num_allocated_total = 0  # Blocks handed out by allocate(), lifetime.
 
     @property
     def num_blocks(self) -> int:
@@ -34,8 +46,13 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
-        """Number of blocks no one holds."""
+        """Number of blocks no one holds (cached ones included: they are evictable)."""
         return len(self._free_queue)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks carrying a prefix-cache hash, held or not."""
+        return len(self._cached)
 
     def ref_count(self, block_id: int) -> int:
         """How many holders `block_id` has (0 when free)."""
@@ -45,7 +62,8 @@ class BlockPool:
     def allocate(self, n: int) -> list[int]:
         """Take `n` blocks from the front of the free queue, each with ref count 1.
 
-        Raises RuntimeError (allocating nothing) when fewer than `n` blocks are free.
+        A cached block taken this way loses its hash (eviction). Raises RuntimeError
+        (allocating nothing) when fewer than `n` blocks are free.
         """
         if n < 0:
             raise ValueError(f"cannot allocate a negative number of blocks ({n})")
@@ -57,8 +75,10 @@ class BlockPool:
         for _ in range(n):
             block_id = next(iter(self._free_queue))
             del self._free_queue[block_id]
+            self._evict(block_id)
             self._ref_counts[block_id] = 1
             block_ids.append(block_id)
+        self.num_allocated_total += n
         return block_ids
 
     def incref(self, block_ids: Iterable[int]) -> None:
@@ -69,6 +89,15 @@ class BlockPool:
             if self._ref_counts[block_id] == 0:
                 raise RuntimeError(f"incref of free block {block_id}")
         for block_id in block_ids:
+            self._ref_counts[block_id] += 1
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Add one holder to each cached block, pulling free ones out of the queue (a hit)."""
+        for block_id in block_ids:
+            if self._block_hash[block_id] is None:
+                raise RuntimeError(f"touch of uncached block {block_id}")
+            if self._ref_counts[block_id] == 0:
+                del self._free_queue[block_id]
             self._ref_counts[block_id] += 1
 
     def free(self, block_ids: Iterable[int]) -> None:
@@ -89,6 +118,42 @@ class BlockPool:
             self._ref_counts[block_id] -= 1
             if self._ref_counts[block_id] == 0:
                 self._free_queue[block_id] = None
+
+    # ---- prefix cache ----
+
+    def lookup(self, block_hash: Hashable) -> int | None:
+        """The block cached under `block_hash`, or None."""
+        return self._cached.get(block_hash)
+
+    def cache(self, block_id: int, block_hash: Hashable) -> bool:
+        """Register a held, full block under `block_hash`.
+
+        Returns False (changing nothing) when the hash is already cached in another
+        block or the block already has a hash.
+        """
+        if self._ref_counts[block_id] == 0:
+            raise RuntimeError(f"caching free block {block_id}")
+        if block_hash in self._cached or self._block_hash[block_id] is not None:
+            return False
+        self._cached[block_hash] = block_id
+        self._block_hash[block_id] = block_hash
+        return True
+
+    def block_hash(self, block_id: int) -> Hashable | None:
+        """The hash `block_id` is cached under, or None."""
+        return self._block_hash[block_id]
+
+    def reset_cache(self) -> None:
+        """Forget every hash (e.g. after a failed step left KV of unknown content)."""
+        self._cached.clear()
+        self._block_hash = [None] * self._num_blocks
+
+    def _evict(self, block_id: int) -> None:
+        block_hash = self._block_hash[block_id]
+        if block_hash is not None:
+            del self._cached[block_hash]
+            self._block_hash[block_id] = None
+            self.num_evictions += 1
 
     def free_block_ids(self) -> list[int]:
         """The free queue, front (next handed out) first. For tests and debugging."""

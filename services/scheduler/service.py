@@ -36,6 +36,8 @@ class SchedulerServiceConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 512
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "auto"  # swap | recompute | auto
     log_stats_interval_s: float = 10.0
 
 
@@ -74,15 +76,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_model_len=info.max_model_len,
             enable_chunked_prefill=self.config.enable_chunked_prefill,
+            enable_prefix_caching=self.config.enable_prefix_caching,
+            preemption_mode=self.config.preemption_mode,
         )
-        self.core = Scheduler(core_config, num_blocks=info.num_kv_blocks, eos_token_ids=info.eos_token_ids)
+        self.core = Scheduler(core_config, num_blocks=info.num_kv_blocks, eos_token_ids=info.eos_token_ids,
+                              num_cpu_blocks=info.num_cpu_blocks)
         self.worker = WorkerLink(request.address, info)
         self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
         await self.server.set_serving(True)
         logger.info(
-            "worker %s registered: %s, %d KV blocks of %d tokens (%d tokens), max_model_len %d",
-            request.address, info.model, info.num_kv_blocks, info.block_size,
-            info.num_kv_blocks * info.block_size, info.max_model_len,
+            "worker %s registered: %s, %d KV blocks of %d tokens (%d tokens), %d CPU swap blocks,"
+            " max_model_len %d", request.address, info.model, info.num_kv_blocks, info.block_size,
+            info.num_kv_blocks * info.block_size, info.num_cpu_blocks, info.max_model_len,
         )
         return scheduler_pb2.RegisterWorkerResponse()
 
@@ -139,7 +144,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                               error=f"request id {request_id!r} is already running"))
             return
         try:
-            self.core.add_request(request_id, list(add.prompt_token_ids), wire.sampling_from_pb(add.sampling))
+            self.core.add_request(request_id, list(add.prompt_token_ids), wire.sampling_from_pb(add.sampling),
+                                  n=add.n or 1, priority=add.priority)
         except ValueError as err:
             self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=str(err)))
             return
@@ -161,14 +167,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         """Groups a step's outputs by owning router, one update message per router."""
         per_session: dict[int, tuple[RouterSession, list]] = {}
+        ended: list[str] = []
         for out in outputs:
             session = self._owners.get(out.request_id)
             if session is None:
                 continue
             per_session.setdefault(session.id, (session, []))[1].append(wire.request_output_to_pb(out))
             if out.finished:
-                del self._owners[out.request_id]
-                session.request_ids.discard(out.request_id)
+                ended.append(out.request_id)
+        # NOTE: after the loop: several samples of one request may end in one step.
+        for request_id in ended:
+            if request_id in self._owners and (self.core is None or self.core.get_group(request_id) is None):
+                self._owners.pop(request_id).request_ids.discard(request_id)
         for session, pbs in per_session.values():
             session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=pbs))
 
@@ -210,20 +220,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def GetStats(self, request, context):
         if self.core is None:
             return scheduler_pb2.SchedulerStats(worker_ready=False)
-        s = self.core.stats()
-        return scheduler_pb2.SchedulerStats(
-            num_waiting=s.num_waiting,
-            num_running=s.num_running,
-            num_total_blocks=s.num_total_blocks,
-            num_free_blocks=s.num_free_blocks,
-            num_preemptions=s.num_preemptions,
-            num_steps=s.num_steps,
-            num_finished=s.num_finished,
-            num_aborted=s.num_aborted,
-            worker_ready=self.worker is not None,
-            prompt_tokens_total=s.prompt_tokens_total,
-            generation_tokens_total=s.generation_tokens_total,
-        )
+        return wire.scheduler_stats_to_pb(self.core.stats(), worker_ready=self.worker is not None)
 
     async def GetServingInfo(self, request, context):
         if self.worker is None or self.core is None:
@@ -238,10 +235,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             await asyncio.sleep(self.config.log_stats_interval_s)
             if self.core is not None and self.core.has_unfinished_requests():
                 s = self.core.stats()
-                used = 1 - s.num_free_blocks / max(s.num_total_blocks, 1)
                 logger.info(
-                    "running: %d, waiting: %d, KV cache usage: %.1f%%, preemptions: %d",
-                    s.num_running, s.num_waiting, 100 * used, s.num_preemptions,
+                    "running: %d, waiting: %d, swapped: %d, KV cache usage: %.1f%%, CPU swap usage:"
+                    " %.1f%%, prefix cache hit rate: %.1f%%, preemptions: %d recompute / %d swap,"
+                    " swapped-out blocks: %d, cached blocks: %d",
+                    s.num_running, s.num_waiting, s.num_swapped, 100 * s.kv_cache_usage,
+                    100 * (1 - s.num_free_cpu_blocks / s.num_cpu_blocks) if s.num_cpu_blocks else 0.0,
+                    100 * s.prefix_cache_hit_rate, s.num_preemptions_recompute, s.num_preemptions_swap,
+                    s.num_swapped_out_blocks, s.num_cached_blocks,
                 )
 
     async def shutdown(self) -> None:

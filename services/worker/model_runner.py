@@ -4,12 +4,13 @@ one StepPlan at a time."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
 import torch
 
-from llmserve.plan import SampledToken, StepPlan, StepResult
+from llmserve.plan import NewRequestData, SampledToken, StepPlan, StepResult, WorkerSamplingParams
 from llmserve.worker_info import WorkerInfo
 from llmserve.worker import kv_cache as kvc
 from llmserve.worker.attention import backend_class, install_backend
@@ -17,6 +18,8 @@ from llmserve.worker.input_batch import InputBatch
 from llmserve.worker.models.llama import head_dim_of
 from llmserve.worker.models.loader import load_config, load_model, parse_dtype
 from llmserve.worker.sampler import Sampler
+
+logger = logging.getLogger(__name__)
 
 
 def _as_ids(value) -> list[int]:
@@ -46,6 +49,9 @@ class ModelRunner:
         model_name: str | None = None,
         sampler_seed: int | None = None,
         attention_backend: str = "auto",
+        swap_space_bytes: int = 0,
+        max_num_batched_tokens: int = 512,
+        gpu_memory_utilization: float = 0.9,
     ):
         self.model_dir = Path(model_dir)
         self.dtype = parse_dtype(dtype)
@@ -59,14 +65,19 @@ class ModelRunner:
             # NOTE: no sliding-window attention: cap the length where full attention is exact.
             self.max_model_len = min(self.max_model_len, window)
         num_layers, kvh, hd = cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim_of(cfg)
+        # "auto": Triton where the KV cache lives on CUDA, torch elsewhere.
+        self.attention_backend = backend_class(attention_backend, torch.empty(0).device)
+        install_backend(self.model, self.attention_backend)
+        block_bytes = kvc.bytes_per_block(block_size, kvh, hd, num_layers, self.dtype)
         if num_kv_blocks is None:
-            budget = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else kvc.default_kv_cache_bytes()
-            num_kv_blocks = kvc.num_blocks_for_budget(budget, kvc.bytes_per_block(block_size, kvh, hd, num_layers, self.dtype))
+            num_kv_blocks = self._blocks_from_profile(
+                block_bytes, kv_cache_memory_bytes, max_num_batched_tokens, gpu_memory_utilization)
         self.num_kv_blocks = num_kv_blocks
         self.kv_caches = kvc.allocate_kv_caches(num_layers, num_kv_blocks, block_size, kvh, hd, self.dtype)
-        # "auto": Triton where the KV cache lives on CUDA, torch elsewhere.
-        self.attention_backend = backend_class(attention_backend, self.kv_caches[0].device)
-        install_backend(self.model, self.attention_backend)
+        # NOTE: swap space lives in host memory (pinned would speed up GPU copies).
+        self.num_cpu_blocks = swap_space_bytes // block_bytes
+        self.cpu_kv_caches = kvc.allocate_kv_caches(
+            num_layers, self.num_cpu_blocks, block_size, kvh, hd, self.dtype, zeroed=False) if self.num_cpu_blocks else []
         self.batch = InputBatch(block_size, num_kv_blocks, self.max_model_len, self.attention_backend)
         self.sampler = Sampler(sampler_seed)
         self._info = WorkerInfo(
@@ -79,7 +90,50 @@ class ModelRunner:
             vocab_size=cfg.vocab_size,
             eos_token_ids=eos_token_ids(self.model_dir, cfg),
             bos_token_id=cfg.bos_token_id if getattr(cfg, "bos_token_id", None) is not None else -1,
+            num_cpu_blocks=self.num_cpu_blocks,
         )
+        logger.info("# KV blocks: %d (%d CPU swap blocks), max concurrency for %d-token requests: %.2fx",
+                    num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
+                    num_kv_blocks * block_size / self.max_model_len)
+
+    def _blocks_from_profile(self, block_bytes: int, kv_cache_memory_bytes: int | None,
+                             max_num_batched_tokens: int, gpu_memory_utilization: float) -> int:
+        """KV blocks that fit the memory left once a dummy forward of max_num_batched_tokens
+        tokens has shown the peak activation memory (vLLM's profiling run)."""
+        device = next(self.model.parameters()).device
+        with kvc.PeakMemory(device) as peak:
+            self._dummy_forward(max_num_batched_tokens)
+        if device.type == "cuda":
+            total = torch.cuda.mem_get_info(device)[1]
+            # NOTE: max_memory_allocated counts the weights and the activation peak.
+            budget = int(total * gpu_memory_utilization) - torch.cuda.max_memory_allocated(device)
+        elif kv_cache_memory_bytes is not None:
+            budget = kv_cache_memory_bytes  # Explicit: the KV cache's own size.
+        else:  # A share of the RAM available now, less what activations will take.
+            budget = kvc.default_kv_cache_bytes() - peak.peak_bytes
+        logger.info("profiling: %d-token dummy forward peaked at %.1f MiB; KV cache budget %.1f MiB",
+                    max_num_batched_tokens, peak.peak_bytes / 2**20, budget / 2**20)
+        return kvc.num_blocks_for_budget(budget, block_bytes)
+
+    def _dummy_forward(self, num_tokens: int) -> None:
+        """One prefill step of `num_tokens` tokens (split into max_model_len sequences)
+        on a scratch cache just large enough, sampling every sequence."""
+        bs, cfg = self.block_size, self.config
+        lens = [min(self.max_model_len, num_tokens - start) for start in range(0, num_tokens, self.max_model_len)]
+        num_blocks = sum(-(-n // bs) for n in lens)
+        caches = kvc.allocate_kv_caches(cfg.num_hidden_layers, num_blocks, bs, cfg.num_key_value_heads,
+                                        head_dim_of(cfg), self.dtype)
+        batch = InputBatch(bs, num_blocks, self.max_model_len, self.attention_backend)
+        plan, next_block = StepPlan(step_id=-1), 0
+        for i, n in enumerate(lens):
+            blocks = list(range(next_block, next_block + -(-n // bs)))
+            next_block += len(blocks)
+            plan.new_requests.append(NewRequestData(f"profile-{i}", [0] * n, n, WorkerSamplingParams(0.0),
+                                                    blocks, 0, n))
+        with torch.inference_mode():
+            inp = batch.build_inputs(batch.apply_plan(plan))
+            hidden = self.model(inp.input_ids, inp.positions, caches, inp.meta)
+            self.model.compute_logits(hidden[inp.sample_indices])
 
     @property
     def info(self) -> WorkerInfo:
@@ -94,10 +148,21 @@ class ModelRunner:
         t0 = time.perf_counter()
         with torch.inference_mode():
             rows = self.batch.apply_plan(plan)
+            self._move_blocks(plan)
             sampled: list[SampledToken] = []
             if rows:
                 sampled = self._run(rows)
         return StepResult(step_id=plan.step_id, sampled=sampled, execute_seconds=time.perf_counter() - t0)
+
+    def _move_blocks(self, plan: StepPlan) -> None:
+        """The plan's swaps and copy-on-write copies, before the forward: out, in, copies."""
+        gpu, cpu = self.kv_caches, self.cpu_kv_caches
+        kvc.check_moves(plan.swap_out, self.num_kv_blocks, self.num_cpu_blocks, "swap-out")
+        kvc.check_moves(plan.swap_in, self.num_cpu_blocks, self.num_kv_blocks, "swap-in")
+        kvc.check_moves(plan.copies, self.num_kv_blocks, self.num_kv_blocks, "copy")
+        kvc.swap_blocks(gpu, cpu, plan.swap_out)
+        kvc.swap_blocks(cpu, gpu, plan.swap_in)
+        kvc.swap_blocks(gpu, gpu, plan.copies)
 
     def _run(self, rows) -> list[SampledToken]:
         inp = self.batch.build_inputs(rows)

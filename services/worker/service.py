@@ -43,6 +43,9 @@ class WorkerConfig:
     num_kv_blocks: int | None = None
     max_model_len: int | None = None
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch on CPU), "torch", "triton"
+    swap_space_bytes: int = 4 * 2**30  # CPU memory for swapped-out KV blocks.
+    max_num_batched_tokens: int = 512  # Size of the profiling forward.
+    gpu_memory_utilization: float = 0.9
     register_timeout_s: float = 120.0
 
 
@@ -120,6 +123,9 @@ def load_runner(config: WorkerConfig):
         max_model_len=config.max_model_len,
         model_name=config.model_name,
         attention_backend=config.attention_backend,
+        swap_space_bytes=config.swap_space_bytes,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        gpu_memory_utilization=config.gpu_memory_utilization,
     )
 
 

@@ -88,4 +88,18 @@ async def test_n_samples_stream_with_their_index(cluster):
             usage = delta.usage or usage
     assert sorted(per_index) == [0, 1, 2]
     assert all(len(v) == 8 for v in per_index.values())
+    assert len({tuple(v) for v in per_index.values()}) == 3  # Seeds 7, 8, 9.
     assert usage["completion_tokens"] == 24
+
+
+@pytest.mark.slow
+async def test_second_request_reuses_the_cached_prefix(cluster):
+    prefix = [(i * 37) % 5000 + 100 for i in range(200)]
+    async with LLMServeClient(cluster.router_address) as client:
+        _, ids_a, _, usage_a = await stream(client, token_ids=prefix + [11, 12], max_tokens=4, temperature=0.0,
+                                            ignore_eos=True)
+        _, ids_b, _, usage_b = await stream(client, token_ids=prefix + [13, 14, 15], max_tokens=4,
+                                            temperature=0.0, ignore_eos=True)
+    assert usage_a["cached_tokens"] == 0
+    assert usage_b["cached_tokens"] == 192  # 12 full blocks of 16 tokens.
+    assert len(ids_b) == 4

@@ -25,6 +25,7 @@ class WorkerRequest:
     num_prompt_tokens: int
     block_ids: list[int]
     num_computed_tokens: int
+    seed: int | None = None
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -35,8 +36,8 @@ TokenFn = Callable[[WorkerRequest, int], int]  # (request, step_id) -> token
 
 
 def hash_token(request: WorkerRequest, step_id: int) -> int:
-    """Depends only on the token list, so any schedule gives the same outputs."""
-    return (sum(request.token_ids) * 31 + len(request.token_ids)) % 97
+    """Depends only on the token list (and seed), so any schedule gives the same outputs."""
+    return (sum(request.token_ids) * 31 + len(request.token_ids) + 13 * (request.seed or 0)) % 97
 
 
 def sequence_tokens(sequences: dict[str, list[int]]) -> TokenFn:
@@ -46,14 +47,27 @@ def sequence_tokens(sequences: dict[str, list[int]]) -> TokenFn:
 
 @dataclass
 class FakeWorker:
+    """Also simulates the KV content: each block slot remembers the token written there,
+    so a wrong share, copy-on-write, swap or prefix hit shows up as a wrong token read."""
+
     block_size: int
     token_fn: TokenFn = hash_token
     logprobs: bool = False
     requests: dict[str, WorkerRequest] = field(default_factory=dict)
+    gpu: dict[int, list] = field(default_factory=dict)  # block -> token per slot
+    cpu: dict[int, list] = field(default_factory=dict)
+    num_computed_tokens: int = 0  # Tokens run through the "model", lifetime.
 
     def execute(self, plan: StepPlan) -> StepResult:
         for request_id in plan.finished_request_ids:
             self.requests.pop(request_id, None)
+        empty = [None] * self.block_size
+        for gpu_block, cpu_block in plan.swap_out:
+            self.cpu[cpu_block] = list(self.gpu.get(gpu_block, empty))
+        for cpu_block, gpu_block in plan.swap_in:
+            self.gpu[gpu_block] = list(self.cpu[cpu_block])
+        for src, dst in plan.copies:
+            self.gpu[dst] = list(self.gpu.get(src, empty))
         sampled = []
         for new in plan.new_requests:
             assert new.request_id not in self.requests
@@ -63,6 +77,7 @@ class FakeWorker:
                 new.num_prompt_tokens,
                 list(new.block_ids),
                 new.num_computed_tokens,
+                new.sampling.seed,
             )
             self.requests[new.request_id] = state
             sampled += self._run(state, new.num_scheduled_tokens, plan.step_id)
@@ -75,6 +90,13 @@ class FakeWorker:
 
     def _run(self, state: WorkerRequest, num_tokens: int, step_id: int) -> list[SampledToken]:
         assert num_tokens > 0
+        bs, start = self.block_size, state.num_computed_tokens
+        for pos in range(start):  # The KV this step reads.
+            got = self.gpu.get(state.block_ids[pos // bs], [None] * bs)[pos % bs]
+            assert got == state.token_ids[pos], f"{state.request_id}: KV of position {pos} is wrong"
+        for pos in range(start, min(start + num_tokens, len(state.token_ids))):  # The KV it writes.
+            self.gpu.setdefault(state.block_ids[pos // bs], [None] * bs)[pos % bs] = state.token_ids[pos]
+        self.num_computed_tokens += num_tokens
         state.num_computed_tokens += num_tokens
         assert state.num_computed_tokens <= len(state.token_ids)
         assert len(state.block_ids) == -(-state.num_computed_tokens // self.block_size)
@@ -94,19 +116,23 @@ class Run:
     tokens: dict[str, list[int]] = field(default_factory=dict)
     finish: dict[str, FinishReason] = field(default_factory=dict)
     outputs: list[RequestOutput] = field(default_factory=list)
+    by_sample: bool = False  # Key tokens and finish by (request id, sample index).
 
     def record(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
-            assert out.request_id not in self.finish, f"output after finish: {out}"
-            self.tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            key = (out.request_id, out.index) if self.by_sample else out.request_id
+            assert key not in self.finish, f"output after finish: {out}"
+            self.tokens.setdefault(key, []).extend(out.new_token_ids)
             if out.finished:
-                self.finish[out.request_id] = out.finish_reason
+                self.finish[key] = out.finish_reason
         self.outputs += outputs
 
 
 def make_scheduler(num_blocks: int = 64, eos=NO_EOS, **config) -> Scheduler:
     config.setdefault("block_size", 4)
     config.setdefault("max_model_len", 64)
+    # NOTE: the older tests assert exact block ids without prefix caching.
+    config.setdefault("enable_prefix_caching", False)
     return Scheduler(SchedulerConfig(**config), num_blocks, eos)
 
 

@@ -1,6 +1,6 @@
 from llmserve.sampling import SamplingParams
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
-from llmserve.scheduler.request import Request
+from llmserve.scheduler.request import Request, RequestGroup
 
 
 def make_request(request_id: str, num_prompt_tokens: int) -> Request:
@@ -9,7 +9,7 @@ def make_request(request_id: str, num_prompt_tokens: int) -> Request:
         prompt_token_ids=list(range(num_prompt_tokens)),
         sampling=SamplingParams(),
         eos_token_ids=frozenset(),
-        arrival_order=0,
+        group=RequestGroup(request_id, 1, 0, 0),
     )
 
 
