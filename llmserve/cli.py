@@ -67,6 +67,13 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
                    help="on GPU: fraction of device memory for weights, activations and the KV cache")
 
 
+def _add_ops_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="Prometheus endpoint http://HOST:PORT/metrics (0 = off)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="after SIGTERM, seconds in-flight streams may run on before they are aborted")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmserve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -83,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--prompt", default=None, help="answer this prompt (as a chat message), then stop")
     up.add_argument("--max-tokens", type=int, default=128, help="with --prompt")
     up.add_argument("--startup-timeout", type=float, default=600.0)
+    _add_ops_flags(up)  # up: --metrics-port P serves router, scheduler, worker on P, P+1, P+2.
+    up.add_argument("--config", type=Path, default=None,
+                    help="YAML or TOML file of `up` flags (command line and environment override it)")
 
     router = sub.add_parser("router", help="the public gRPC API")
     _add_model_flags(router)
@@ -90,11 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     router.add_argument("--port", type=int, default=50051)
     router.add_argument("--scheduler", default="localhost:50052", help="scheduler address")
     router.add_argument("--connect-timeout", type=float, default=600.0)
+    _add_ops_flags(router)
 
     scheduler = sub.add_parser("scheduler", help="request queues, KV block tables, engine loop")
     _add_scheduler_flags(scheduler)
     scheduler.add_argument("--host", default="0.0.0.0")
     scheduler.add_argument("--port", type=int, default=50052)
+    _add_ops_flags(scheduler)
 
     worker = sub.add_parser("worker", help="model shard + KV cache; executes step plans")
     _add_model_flags(worker)
@@ -105,10 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--port", type=int, default=50053, help="0 picks a free port")
     worker.add_argument("--advertise-host", default="localhost", help="host the scheduler dials back")
     worker.add_argument("--scheduler", default="localhost:50052", help="scheduler address to register with")
+    _add_ops_flags(worker)
 
     from llmserve.bench.cli import add_bench_parser
 
     add_bench_parser(sub, _add_model_flags, _add_scheduler_flags, parse_bytes)
+
+    health = sub.add_parser("health", help="exit 0 if a service's grpc.health.v1 says SERVING (probes)")
+    health.add_argument("--target", default="localhost:50051", help="service address")
+    health.add_argument("--service", default="", help="service name to ask about ('' = the whole server)")
+    health.add_argument("--timeout", type=float, default=5.0)
 
     gen = sub.add_parser("generate", help="stream an answer from a running cluster")
     gen.add_argument("prompt")
@@ -175,6 +193,7 @@ def cmd_router(args) -> int:
     return _run_service(serve, RouterConfig(
         model_dir=model_dir, model_name=name, scheduler_address=args.scheduler,
         host=args.host, port=args.port, connect_timeout_s=args.connect_timeout,
+        metrics_port=args.metrics_port, shutdown_timeout_s=args.shutdown_timeout,
     ))
 
 
@@ -186,6 +205,7 @@ def cmd_scheduler(args) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=not args.no_chunked_prefill,
         enable_prefix_caching=not args.no_prefix_caching, preemption_mode=args.preemption_mode,
+        metrics_port=args.metrics_port, shutdown_timeout_s=args.shutdown_timeout,
     ))
 
 
@@ -201,6 +221,7 @@ def cmd_worker(args) -> int:
         attention_backend=args.attention_backend,
         swap_space_bytes=int(args.swap_space * 2**30), max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        metrics_port=args.metrics_port, shutdown_timeout_s=args.shutdown_timeout,
     ))
 
 
@@ -214,6 +235,22 @@ def cmd_bench(args) -> int:
     from llmserve.bench.cli import run_bench
 
     return run_bench(args)
+
+
+def cmd_health(args) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(args.target) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+    except grpc.RpcError as err:
+        print(f"{args.target}: {err.code().name} {err.details()}", file=sys.stderr)
+        return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{args.target}: {status}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 def cmd_generate(args) -> int:
@@ -236,13 +273,26 @@ def cmd_generate(args) -> int:
 
 
 COMMANDS = {"up": cmd_up, "router": cmd_router, "scheduler": cmd_scheduler,
-            "worker": cmd_worker, "generate": cmd_generate, "bench": cmd_bench}
+            "worker": cmd_worker, "generate": cmd_generate, "bench": cmd_bench, "health": cmd_health}
+
+
+def load_up_config(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parses argv; for `up --config FILE`, the file's values become defaults (below the
+    environment and the command line), then argv is parsed again."""
+    from llmserve.config_file import apply_config_file
+
+    args = parser.parse_args(argv)
+    if args.command == "up" and args.config is not None:
+        up = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["up"]
+        apply_config_file(up, args.config)
+        args = parser.parse_args(argv)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     apply_env_defaults(parser)
-    args = parser.parse_args(argv)
+    args = load_up_config(parser, argv)
     args.argv = ["llmserve", *(sys.argv[1:] if argv is None else argv)]
     logging.basicConfig(
         level=args.log_level.upper(),

@@ -212,15 +212,17 @@ class LLMServeClient:
         request_id: str = "",
         model: str = "",
         priority: int = 0,
+        metadata: Sequence[tuple[str, str]] | None = None,
     ) -> AsyncIterator[GenerationDelta]:
-        """Stream the deltas of all samples; ``None`` arguments take the server default."""
+        """Stream the deltas of all samples; ``None`` arguments take the server default.
+        ``metadata``: gRPC call metadata, e.g. ``(("traceparent", "00-..."),)``."""
         request = build_generate_request(
             prompt, messages=messages, token_ids=token_ids, max_tokens=max_tokens,
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
             stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, n=n, logprobs=logprobs,
             request_id=request_id, model=model, priority=priority,
         )
-        call = self._stub.Generate(request)
+        call = self._stub.Generate(request, metadata=metadata)
         try:
             async for msg in call:
                 yield GenerationDelta.from_pb(msg)

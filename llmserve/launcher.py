@@ -38,6 +38,8 @@ class ClusterSpec:
     model_name: str | None = None
     scheduler_args: list[str] = field(default_factory=list)
     worker_args: list[str] = field(default_factory=list)
+    router_args: list[str] = field(default_factory=list)
+    shutdown_timeout_s: float = 30.0  # The children's own drain time; stop() waits a bit longer.
     log_dir: Path | None = None  # Children's stderr goes here (else inherited).
     log_level: str = "INFO"
 
@@ -53,7 +55,7 @@ class ClusterSpec:
             "worker": base + ["worker", *model, "--host", "127.0.0.1", "--port", str(self.worker_port),
                               "--scheduler", scheduler_addr, *self.worker_args],
             "router": base + ["router", *model, "--host", "127.0.0.1", "--port", str(self.router_port),
-                              "--scheduler", scheduler_addr],
+                              "--scheduler", scheduler_addr, *self.router_args],
         }
 
 
@@ -116,19 +118,28 @@ class LocalCluster:
         tail = path.read_text(errors="replace")[-3000:] if path.exists() else ""
         return f"\n--- {path} (tail) ---\n{tail}"
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self, timeout_s: float | None = None) -> dict[str, int]:
+        """SIGTERM to every child (they drain in parallel: the router refuses new calls,
+        the scheduler finishes its requests, the worker executes until the scheduler is
+        done); SIGKILL whatever is left after `timeout_s`. Returns the exit codes."""
+        if timeout_s is None:
+            timeout_s = self.spec.shutdown_timeout_s + 15.0
         # Router first, so clients stop arriving; then the engine; the worker last.
         for name in ("router", "scheduler", "worker"):
             proc = self.processes.get(name)
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        for proc in self.processes.values():
+        codes = {}
+        for name, proc in self.processes.items():
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                logger.error("%s did not exit within %.0f s of SIGTERM: killing it", name, timeout_s)
                 proc.kill()
                 proc.wait()
+            codes[name] = proc.returncode
+        return codes
 
     def __enter__(self) -> "LocalCluster":
         return self.start()
@@ -159,12 +170,21 @@ def run_local_cluster(args) -> int:
         worker_args += ["--num-kv-blocks", str(args.num_kv_blocks)]
     if args.max_model_len is not None:
         worker_args += ["--max-model-len", str(args.max_model_len)]
-    spec = ClusterSpec(model_dir=model_dir, router_port=args.port, scheduler_port=args.scheduler_port,
+    ops = {"router": [], "scheduler": [], "worker": []}
+    for offset, name in enumerate(ops):
+        ops[name] += ["--shutdown-timeout", str(args.shutdown_timeout)]
+        if args.metrics_port:
+            ops[name] += ["--metrics-port", str(args.metrics_port + offset)]
+    scheduler_args += ops["scheduler"]
+    worker_args += ops["worker"]
+    spec = ClusterSpec(router_args=ops["router"], shutdown_timeout_s=args.shutdown_timeout,model_dir=model_dir, router_port=args.port, scheduler_port=args.scheduler_port,
                        worker_port=args.worker_port, model_name=args.served_model_name,
                        scheduler_args=scheduler_args, worker_args=worker_args, log_level=args.log_level)
     cluster = LocalCluster(spec)
     # Ctrl-C reaches the whole foreground process group; the children shut down on it
-    # by themselves, and stop() below makes sure none is left behind.
+    # by themselves, and stop() below makes sure none is left behind. SIGTERM reaches
+    # this process only: it becomes KeyboardInterrupt, and stop() passes it on.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         cluster.start(timeout_s=args.startup_timeout)
         logger.info("cluster ready: router at %s (Ctrl-C stops it)", cluster.router_address)
@@ -175,9 +195,18 @@ def run_local_cluster(args) -> int:
         logger.error("a service exited; stopping the cluster")
         return 1
     except KeyboardInterrupt:
-        return 0
+        pass
     finally:
-        cluster.stop()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # A second SIGTERM must not cut the drain short.
+        codes = cluster.stop()
+        for name, code in codes.items():
+            (logger.info if code == 0 else logger.error)("%s exited with code %d", name, code)
+        clean = all(code == 0 for code in codes.values())
+    return 0 if clean else 1
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 async def _answer(target: str, prompt: str, max_tokens: int) -> int:

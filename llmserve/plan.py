@@ -31,6 +31,7 @@ class NewRequestData:
     block_ids: list[int]  # The whole block table.
     num_computed_tokens: int  # KV already in the cache (prefix-cache hits).
     num_scheduled_tokens: int  # Tokens to compute this step.
+    trace_context: dict[str, str] = field(default_factory=dict)  # W3C; empty when tracing is off.
 
 
 @dataclass
@@ -52,6 +53,7 @@ class StepPlan:
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu block, cpu block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, gpu block)
     copies: list[tuple[int, int]] = field(default_factory=list)  # (src gpu block, dst gpu block)
+    trace_context: dict[str, str] = field(default_factory=dict)  # The step span's (W3C); may be empty.
 
     @property
     def total_scheduled_tokens(self) -> int:

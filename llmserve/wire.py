@@ -76,9 +76,11 @@ def sampling_from_pb(msg: scheduler_pb2.SamplingOptions) -> SamplingParams:
 
 
 def add_request_to_pb(request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                      n: int = 1, priority: int = 0) -> scheduler_pb2.AddRequest:
+                      n: int = 1, priority: int = 0,
+                      trace_context: dict[str, str] | None = None) -> scheduler_pb2.AddRequest:
     return scheduler_pb2.AddRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
-                                    sampling=sampling_to_pb(sampling), n=n, priority=priority)
+                                    sampling=sampling_to_pb(sampling), n=n, priority=priority,
+                                    trace_context=trace_context)
 
 
 def request_output_to_pb(out: RequestOutput) -> scheduler_pb2.RequestOutput:
@@ -200,6 +202,7 @@ def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
                 block_ids=r.block_ids,
                 num_computed_tokens=r.num_computed_tokens,
                 num_scheduled_tokens=r.num_scheduled_tokens,
+                trace_context=r.trace_context,
             )
             for r in plan.new_requests
         ],
@@ -216,6 +219,7 @@ def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
         swap_out=_moves_to_pb(plan.swap_out),
         swap_in=_moves_to_pb(plan.swap_in),
         copies=_moves_to_pb(plan.copies),
+        trace_context=plan.trace_context,
     )
 
 
@@ -231,6 +235,7 @@ def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
                 block_ids=list(r.block_ids),
                 num_computed_tokens=r.num_computed_tokens,
                 num_scheduled_tokens=r.num_scheduled_tokens,
+                trace_context=dict(r.trace_context),
             )
             for r in msg.new_requests
         ],
@@ -247,6 +252,7 @@ def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
         swap_out=_moves_from_pb(msg.swap_out),
         swap_in=_moves_from_pb(msg.swap_in),
         copies=_moves_from_pb(msg.copies),
+        trace_context=dict(msg.trace_context),
     )
 
 

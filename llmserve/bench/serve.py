@@ -95,7 +95,8 @@ async def run_load(target: str, requests: list[BenchRequest], request_rate: floa
 
 
 def bench_serve(args) -> int:
-    from llmserve.launcher import ClusterSpec, LocalCluster, free_port
+    from llmserve.bench.throughput import cluster_spec
+    from llmserve.launcher import LocalCluster
     from llmserve.model_store import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)
@@ -103,11 +104,7 @@ def bench_serve(args) -> int:
     cluster = None
     target = args.target
     if args.launch:
-        spec = ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
-                           worker_port=free_port(), log_level="WARNING",
-                           scheduler_args=["--max-num-seqs", str(args.max_num_seqs),
-                                           "--max-num-batched-tokens", str(args.max_num_batched_tokens)],
-                           worker_args=["--dtype", args.dtype, "--kv-cache-memory", str(args.kv_cache_memory)])
+        spec = cluster_spec(model_dir, args)
         cluster = LocalCluster(spec).start()
         target = cluster.router_address
     try:

@@ -46,22 +46,32 @@ def run_in_process(engine: InProcessEngine, requests: list[BenchRequest]) -> dic
         / step_time,
         "peak_blocks_in_use": max(s.allocated_slots for s in steps) // block_size,
         "num_preemptions": engine.scheduler.stats().num_preemptions,
+        "prefix_cache_hit_rate": engine.scheduler.stats().prefix_cache_hit_rate,
         "model_tflop": model_flops / 1e12,
         "achieved_gflop_per_s": model_flops / seconds / 1e9,
         "outputs": {rid: c.output_token_ids for rid, c in done.items()},
     }
 
 
-def run_through_grpc(model_dir: Path, requests: list[BenchRequest], dtype: str, kv_cache_memory_bytes: int,
-                     max_num_seqs: int, max_num_batched_tokens: int) -> dict:
-    from llmserve.client import LLMServeClient
-    from llmserve.launcher import ClusterSpec, LocalCluster, free_port
+def cluster_spec(model_dir: Path, args):
+    """A local cluster configured like the in-process engine of the same run."""
+    from llmserve.launcher import ClusterSpec, free_port
 
-    spec = ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
-                       worker_port=free_port(), log_level="WARNING",
-                       scheduler_args=["--max-num-seqs", str(max_num_seqs),
-                                       "--max-num-batched-tokens", str(max_num_batched_tokens)],
-                       worker_args=["--dtype", dtype, "--kv-cache-memory", str(kv_cache_memory_bytes)])
+    scheduler_args = ["--max-num-seqs", str(args.max_num_seqs),
+                      "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+                      "--preemption-mode", args.preemption_mode]
+    scheduler_args += ["--no-prefix-caching"] * args.no_prefix_caching + ["--no-chunked-prefill"] * args.no_chunked_prefill
+    return ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
+                       worker_port=free_port(), log_level="WARNING", scheduler_args=scheduler_args,
+                       worker_args=["--dtype", args.dtype, "--kv-cache-memory", str(args.kv_cache_memory),
+                                    "--max-num-batched-tokens", str(args.max_num_batched_tokens)])
+
+
+def run_through_grpc(model_dir: Path, requests: list[BenchRequest], args) -> dict:
+    from llmserve.client import LLMServeClient
+    from llmserve.launcher import LocalCluster
+
+    spec = cluster_spec(model_dir, args)
 
     async def one(client, rid: str, r: BenchRequest) -> tuple[str, list[int]]:
         ids = []
@@ -102,15 +112,15 @@ def bench_throughput(args) -> int:
     report["matmul_peak_gflop_per_s"] = peak / 1e9
     engine = InProcessEngine.from_model_dir(
         model_dir, dtype=args.dtype, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=not args.no_chunked_prefill)
+        max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=not args.no_chunked_prefill,
+        enable_prefix_caching=not args.no_prefix_caching, preemption_mode=args.preemption_mode)
     result = run_in_process(engine, requests)
     result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / peak
     report["results"]["engine"] = result
     del engine
     _print_row("llmserve in-process", result)
     if args.through_grpc:
-        grpc_run = run_through_grpc(model_dir, requests, args.dtype, args.kv_cache_memory, args.max_num_seqs,
-                                    args.max_num_batched_tokens)
+        grpc_run = run_through_grpc(model_dir, requests, args)
         grpc_run["same_tokens_as_engine"] = _same_outputs(result["outputs"], grpc_run["outputs"])
         report["results"]["grpc"] = grpc_run
         _print_row("llmserve through gRPC", grpc_run, result)

@@ -85,18 +85,24 @@ class SchedulerLink:
         self._fail_all(reason)
         self.disconnected.set()
 
+    def fail_requests(self, request_ids: list[str], reason: str) -> None:
+        """Ends these requests' streams with an error (the router's shutdown timeout)."""
+        for request_id in request_ids:
+            if (queue := self._queues.get(request_id)) is not None:
+                queue.put_nowait(RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=reason))
+
     def _fail_all(self, reason: str) -> None:
         for request_id, queue in list(self._queues.items()):
             queue.put_nowait(RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=reason))
 
     async def add(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                  n: int = 1, priority: int = 0) -> asyncio.Queue:
+                  n: int = 1, priority: int = 0, trace_context: dict[str, str] | None = None) -> asyncio.Queue:
         """Queue a request of `n` samples; its outputs (every sample's) land in the queue."""
         if not self.connected.is_set():
             raise SchedulerUnavailable(f"not connected to scheduler {self.address}")
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = queue
-        add = wire.add_request_to_pb(request_id, prompt_token_ids, sampling, n, priority)
+        add = wire.add_request_to_pb(request_id, prompt_token_ids, sampling, n, priority, trace_context)
         await self._write(scheduler_pb2.RouterMessage(add=add))
         return queue
 

@@ -37,6 +37,8 @@ from llmserve.router.validation import (
     resolve_sampling,
 )
 from llmserve.sampling import SamplingParams
+from llmserve.telemetry import RouterMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
+from llmserve.telemetry.requests import RouterRequest
 from llmserve.v1 import generation_pb2, generation_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -53,12 +55,16 @@ class RouterConfig:
     host: str = "0.0.0.0"
     port: int = 50051
     connect_timeout_s: float = 300.0
+    metrics_port: int = 0  # Prometheus endpoint (0 = off).
+    shutdown_timeout_s: float = 30.0  # After SIGTERM: how long in-flight streams may run on.
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, tokenizer: PromptTokenizer, link: SchedulerLink):
+    def __init__(self, tokenizer: PromptTokenizer, link: SchedulerLink, metrics: RouterMetrics):
         self.tokenizer = tokenizer
         self.link = link
+        self.metrics = metrics
+        self.draining = False  # After SIGTERM: new calls get UNAVAILABLE, running ones finish.
         # Known once the scheduler has a worker; until then every call is UNAVAILABLE.
         self.served: ServedModel | None = None
         self.model_info: generation_pb2.ModelInfo | None = None
@@ -69,6 +75,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.served, self.model_info = served, model_info
 
     async def _require_ready(self, context) -> None:
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the router is shutting down")
         if self.served is None or not self.serving or not self.link.connected.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is ready: the scheduler or worker is down")
 
@@ -76,10 +84,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     async def Generate(self, request, context):
         await self._require_ready(context)
+        telemetry = RouterRequest(self.metrics, context.invocation_metadata(), request.model or self.served.name)
         try:
-            request_id, prompt_ids, sampling, n = await self._prepare(request)
+            with telemetry.tokenize_span():
+                request_id, prompt_ids, sampling, n = await self._prepare(request)
         except RequestError as err:
+            telemetry.finish("rejected", err.message)
             await context.abort(err.code, err.message)
+        telemetry.admitted(request_id, len(prompt_ids))
+        finish = "abort"  # Unless the samples end by themselves.
         self._active.add(request_id)
         # One engine request of n samples sharing the prompt's KV; sample i draws with seed + i.
         streams = [SampleStream(index=i, detokenizer=IncrementalDetokenizer(self.tokenizer),
@@ -88,7 +101,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         engine_live = set(range(n))  # Samples the engine still runs.
         added = False
         try:
-            queue = await self.link.add(request_id, prompt_ids, sampling, n=n, priority=request.priority)
+            queue = await self.link.add(request_id, prompt_ids, sampling, n=n, priority=request.priority,
+                                        trace_context=telemetry.trace_context())
             added = True
             while unfinished:
                 out = await queue.get()
@@ -97,16 +111,23 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 stream = streams[out.index] if 0 <= out.index < n else None
                 if stream is None or stream.finished:
                     continue  # A sample cut by a stop string runs on until the request ends.
-                delta = stream.process(out, self._token_text)
+                with telemetry.detokenizing():
+                    delta = stream.process(out, self._token_text)
+                telemetry.tokens_out(len(delta.token_ids))
                 if delta.finish_reason != FinishReason.NONE:
                     unfinished.discard(out.index)
+                    finish = delta.finish_reason.name.lower()
                 response = self._response(request_id, delta)
                 if not unfinished:
                     response.usage.CopyFrom(self._usage(len(prompt_ids), streams))
                 yield response
                 if delta.finish_reason == FinishReason.ERROR:
+                    telemetry.finish("error", delta.error)
+                    telemetry = None
                     await self._fail(context, delta.error)
         finally:
+            if telemetry is not None:
+                telemetry.finish(finish)
             # Client cancelled or disconnected (CancelledError lands here), or done.
             if added:
                 self.link.release(request_id)
@@ -224,11 +245,13 @@ def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer) -> g
 
 
 async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
+    setup_tracing("llmserve-router")
+    metrics = RouterMetrics(setup_metrics("router", config.metrics_port, config.host))
     tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, config.model_dir)
     server = ServiceServer(SERVICE_NAME, config.host, config.port)
     link = SchedulerLink(config.scheduler_address)
     # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
-    servicer = GenerationServicer(tokenizer, link)
+    servicer = GenerationServicer(tokenizer, link, metrics)
     generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server.server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server.server
@@ -241,11 +264,37 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
         if supervisor.done():
             supervisor.result()  # Re-raises why the router cannot serve.
     finally:
-        supervisor.cancel()
         stopped.cancel()
         await server.set_serving(False)
+        if stop_event.is_set():
+            await _drain(servicer, link, config.shutdown_timeout_s)
+        supervisor.cancel()
         await server.stop(grace=2.0)
         await link.close()
+        shutdown_metrics()
+        shutdown_tracing()
+
+
+async def _drain(servicer: GenerationServicer, link: SchedulerLink, timeout_s: float) -> None:
+    """SIGTERM: refuse new calls, let running streams finish for up to `timeout_s`, then
+    end the rest with UNAVAILABLE."""
+    servicer.draining = True
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    if servicer._active:
+        logger.info("draining %d in-flight requests (up to %.0f s)", len(servicer._active), timeout_s)
+    while servicer._active and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if servicer._active:
+        left = sorted(servicer._active)
+        logger.warning("shutdown timeout: aborting %d requests", len(left))
+        link.fail_requests(left, f"unavailable: the router is shutting down (requests still running after"
+                                 f" the {timeout_s:.0f} s shutdown timeout were aborted)")
+        await link.abort(left)
+        end = loop.time() + 2.0
+        while servicer._active and loop.time() < end:
+            await asyncio.sleep(0.05)
+    logger.info("drained")
 
 
 async def _stay_connected(config: RouterConfig, link: SchedulerLink, servicer: GenerationServicer,

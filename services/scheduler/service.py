@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -25,8 +26,16 @@ from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.outputs import FinishReason, RequestOutput
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from llmserve.scheduler.worker_link import WorkerLink, WorkerLost
+from llmserve.sampling import SamplingParams
+from llmserve.telemetry import SchedulerMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
+from llmserve.telemetry import tracing
+from llmserve.telemetry.requests import SchedulerRequests
 
 logger = logging.getLogger(__name__)
+
+# The readiness request's id (an id no router sends: routers use uuid4 hex or the client's).
+READINESS_REQUEST_ID = "__llmserve_readiness__"
+WORKER_HEALTH_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,8 @@ class SchedulerServiceConfig:
     enable_prefix_caching: bool = True
     preemption_mode: str = "auto"  # swap | recompute | auto
     log_stats_interval_s: float = 10.0
+    metrics_port: int = 0  # Prometheus endpoint (0 = off).
+    shutdown_timeout_s: float = 30.0  # After SIGTERM: how long running requests may go on.
 
 
 class RouterSession:
@@ -62,6 +73,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._work = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._num_worker_failures = 0
+        self.metrics = SchedulerMetrics(setup_metrics("scheduler", config.metrics_port, config.host))
+        self.requests = SchedulerRequests(self.metrics)
+        self.draining = False  # After SIGTERM: no new requests.
+        self._probe: asyncio.Future | None = None  # The readiness request's outcome.
+        self.ready = False  # A worker is registered and its readiness step has run.
 
     # --- worker registration -------------------------------------------------
 
@@ -83,7 +99,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                               num_cpu_blocks=info.num_cpu_blocks)
         self.worker = WorkerLink(request.address, info)
         self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
-        await self.server.set_serving(True)
+        asyncio.create_task(self._prove_ready(self.worker), name="readiness-probe")
+        asyncio.create_task(self._watch_worker(self.worker), name="worker-watchdog")
         logger.info(
             "worker %s registered: %s, %d KV blocks of %d tokens (%d tokens), %d CPU swap blocks,"
             " max_model_len %d", request.address, info.model, info.num_kv_blocks, info.block_size,
@@ -91,8 +108,42 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         )
         return scheduler_pb2.RegisterWorkerResponse()
 
+    async def _prove_ready(self, worker: WorkerLink) -> None:
+        """Readiness: one 1-token request through the worker before turning SERVING, so
+        SERVING means a step has run (model, KV cache and the Execute stream all work)."""
+        self._probe = asyncio.get_running_loop().create_future()
+        self.core.add_request(READINESS_REQUEST_ID, [worker.info.bos_token_id if worker.info.bos_token_id >= 0 else 0],
+                              SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+        self._work.set()
+        error = await self._probe
+        if self.worker is not worker:
+            return  # Replaced or lost meanwhile.
+        if error:
+            logger.error("readiness step failed: %s", error)
+            await self._drop_worker(f"readiness step failed: {error}")
+            return
+        self.ready = True
+        if not self.draining:
+            await self.server.set_serving(True)
+        logger.info("readiness step ran: serving")
+
+    async def _watch_worker(self, worker: WorkerLink) -> None:
+        """Notices a lost worker while idle too (a step would notice it only when one runs):
+        two failed health checks in a row drop it, and health turns NOT_SERVING."""
+        failures = 0
+        while self.worker is worker:
+            await asyncio.sleep(WORKER_HEALTH_POLL_S)
+            failures = 0 if await worker.alive() else failures + 1
+            if failures >= 2 and self.worker is worker:
+                logger.error("worker %s stopped answering health checks", worker.address)
+                self._num_worker_failures += 1
+                await self._drop_worker("it stopped answering health checks")
+
     async def _drop_worker(self, reason: str) -> None:
+        self.ready = False
         await self.server.set_serving(False)
+        if self._probe is not None and not self._probe.done():
+            self._probe.set_result(f"worker lost: {reason}")
         if self.core is not None:
             ids = [r for r in self._owners]
             self._dispatch(self.core.fail_requests(ids, f"worker lost: {reason}"))
@@ -135,6 +186,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def _add(self, session: RouterSession, add) -> None:
         request_id = add.request_id
+        if self.draining:
+            self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR,
+                                              error="unavailable: the scheduler is shutting down"))
+            return
         if self.core is None or self.worker is None:
             self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR,
                                               error="no worker is registered"))
@@ -151,6 +206,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return
         self._owners[request_id] = session
         session.request_ids.add(request_id)
+        self.requests.added(request_id, add.trace_context, len(add.prompt_token_ids), add.n or 1)
         self._work.set()
 
     def _abort(self, request_ids: list[str]) -> None:
@@ -169,6 +225,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         per_session: dict[int, tuple[RouterSession, list]] = {}
         ended: list[str] = []
         for out in outputs:
+            if out.request_id == READINESS_REQUEST_ID:
+                if out.finished and self._probe is not None and not self._probe.done():
+                    self._probe.set_result(out.error if out.finish_reason == FinishReason.ERROR else "")
+                continue
+            if out.new_token_ids:
+                self.requests.produced(out.request_id)
+            if out.finished and (self.core is None or self.core.get_group(out.request_id) is None):
+                self.requests.finished(out.request_id, out.finish_reason.name.lower(), out.error)
             session = self._owners.get(out.request_id)
             if session is None:
                 continue
@@ -197,9 +261,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self._work.clear()
                 await self._work.wait()
                 continue
+            start = time.perf_counter()
+            step_span = self._step_span(plan)
             try:
                 result = await worker.execute(plan)
             except WorkerLost as err:
+                step_span.end()
                 logger.error("%s", err)
                 self._num_worker_failures += 1
                 await self._drop_worker(str(err))
@@ -212,8 +279,36 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self._dispatch(core.fail_requests(ids, f"internal scheduler error: {err}"))
             if result.error:
                 logger.error("step %d failed on the worker: %s", plan.step_id, result.error)
+                step_span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR, result.error))
+            step_span.end()
+            self.metrics.step_time.record(time.perf_counter() - start)
+            self.metrics.step_tokens.record(plan.total_scheduled_tokens)
+            self.metrics.stats = core.stats()
             # Let session readers run between steps so aborts and adds land promptly.
             await asyncio.sleep(0)
+
+    def _step_span(self, plan):
+        """The step's span (linked to its requests); puts trace contexts into the plan."""
+        group_ids = []
+        for r in plan.new_requests + plan.cached_requests:
+            seq = self.core.get_request(r.request_id)
+            group_ids.append(seq.group.request_id if seq is not None else r.request_id)
+        self.requests.scheduled(group_ids)
+        if not tracing.enabled():
+            return tracing.trace.INVALID_SPAN
+        prefill = sum(r.num_scheduled_tokens for r in plan.new_requests)
+        span = tracing.start_span("scheduler.step", parent=tracing.otel_context.Context(),
+                                  links=self.requests.links(dict.fromkeys(group_ids)), attributes={
+            "llmserve.step_id": plan.step_id,
+            "llmserve.batch_size": len(plan.new_requests) + len(plan.cached_requests),
+            "llmserve.num_new_requests": len(plan.new_requests),
+            "llmserve.num_scheduled_tokens": plan.total_scheduled_tokens,
+            "llmserve.num_new_request_tokens": prefill,
+            "llmserve.num_swap_out": len(plan.swap_out), "llmserve.num_swap_in": len(plan.swap_in)})
+        plan.trace_context = tracing.context_to_map(span)
+        for r, group_id in zip(plan.new_requests, group_ids):
+            r.trace_context = self.requests.prefill_context(group_id)
+        return span
 
     # --- introspection -------------------------------------------------------
 
@@ -223,8 +318,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return wire.scheduler_stats_to_pb(self.core.stats(), worker_ready=self.worker is not None)
 
     async def GetServingInfo(self, request, context):
-        if self.worker is None or self.core is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no worker is registered yet")
+        if self.worker is None or self.core is None or not self.ready:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no worker is ready yet")
         return scheduler_pb2.ServingInfo(
             worker=wire.worker_info_to_pb(self.worker.info),
             num_kv_blocks=self.core.stats().num_total_blocks,
@@ -245,6 +340,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     s.num_swapped_out_blocks, s.num_cached_blocks,
                 )
 
+    async def drain(self) -> None:
+        """SIGTERM: refuse new requests, let running ones finish for up to the shutdown
+        timeout, then fail the rest (their routers answer UNAVAILABLE)."""
+        self.draining = True
+        await self.server.set_serving(False)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_timeout_s
+        while self._owners and self.worker is not None and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self._owners and self.core is not None:
+            left = list(self._owners)
+            logger.warning("shutdown timeout: failing %d requests", len(left))
+            self._dispatch(self.core.fail_requests(
+                left, f"unavailable: the scheduler is shutting down (still running after the"
+                      f" {self.config.shutdown_timeout_s:.0f} s shutdown timeout)"))
+        await asyncio.sleep(0.1)  # Let the session writers send the last outputs.
+        self.requests.close_all("scheduler shut down")
+
     async def shutdown(self) -> None:
         if self.core is not None:
             self._abort(list(self._owners))
@@ -255,6 +368,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
 
 async def serve(config: SchedulerServiceConfig, stop_event: asyncio.Event) -> None:
+    setup_tracing("llmserve-scheduler")
     server = ServiceServer("llmserve.internal.v1.Scheduler", config.host, config.port)
     servicer = SchedulerServicer(config, server)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server.server)
@@ -262,7 +376,10 @@ async def serve(config: SchedulerServiceConfig, stop_event: asyncio.Event) -> No
     stats_task = asyncio.create_task(servicer.log_stats_forever())
     try:
         await stop_event.wait()
+        await servicer.drain()
     finally:
         stats_task.cancel()
         await servicer.shutdown()
         await server.stop(grace=2.0)
+        shutdown_metrics()
+        shutdown_tracing()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve import wire
 from llmserve.grpc_server import insecure_channel
@@ -34,6 +35,15 @@ class WorkerLink:
         if result.step_id != plan.step_id:
             raise WorkerLost(f"worker {self.address} answered step {result.step_id}, expected {plan.step_id}")
         return result
+
+    async def alive(self) -> bool:
+        """False when the worker cannot be reached (its process is gone). A slow answer
+        from a busy worker still counts as alive."""
+        try:
+            await health_pb2_grpc.HealthStub(self._channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        except grpc.aio.AioRpcError as err:
+            return err.code() != grpc.StatusCode.UNAVAILABLE
+        return True
 
     async def close(self) -> None:
         self._call.cancel()

@@ -23,6 +23,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.grpc_server import SERVING, ServiceServer, insecure_channel
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
 from llmserve.plan import StepResult
+from llmserve.telemetry import WorkerMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
+from llmserve.telemetry import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +49,14 @@ class WorkerConfig:
     max_num_batched_tokens: int = 512  # Size of the profiling forward.
     gpu_memory_utilization: float = 0.9
     register_timeout_s: float = 120.0
+    metrics_port: int = 0  # Prometheus endpoint (0 = off).
+    shutdown_timeout_s: float = 30.0  # After SIGTERM: how long to keep executing for a draining scheduler.
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, runner):
+    def __init__(self, runner, metrics: WorkerMetrics | None = None):
         self.runner = runner
+        self.metrics = metrics
         # One scheduler drives a worker; a second concurrent stream would interleave plans.
         self._stream_lock = asyncio.Lock()
 
@@ -72,15 +77,51 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def _execute(self, plan_pb) -> StepResult:
         start = time.perf_counter()
+        span = tracing.trace.INVALID_SPAN
         try:
             plan = wire.step_plan_from_pb(plan_pb)
+            span = self._step_span(plan)
             # In a thread: torch releases the GIL, so health checks stay responsive.
             result = await asyncio.to_thread(self.runner.execute, plan)
         except Exception as exc:  # A bad plan or a failed forward fails the step, not the worker.
             logger.exception("step %d failed", plan_pb.step_id)
             result = StepResult(step_id=plan_pb.step_id, error=f"{type(exc).__name__}: {exc}")
         result.execute_seconds = time.perf_counter() - start
+        if self.metrics is not None:
+            self.metrics.step_time.record(result.execute_seconds)
+        if span.is_recording():
+            self._end_spans(span, plan, result)
         return result
+
+    @staticmethod
+    def _step_span(plan):
+        if not tracing.enabled():
+            return tracing.trace.INVALID_SPAN
+        return tracing.start_span("worker.step", parent=tracing.context_from_map(plan.trace_context) or
+                                  tracing.otel_context.Context(), attributes={
+            "llmserve.step_id": plan.step_id,
+            "llmserve.batch_size": len(plan.new_requests) + len(plan.cached_requests),
+            "llmserve.num_new_requests": len(plan.new_requests),
+            "llmserve.num_scheduled_tokens": plan.total_scheduled_tokens,
+        })
+
+    @staticmethod
+    def _end_spans(span, plan, result: StepResult) -> None:
+        """Ends the step span and, for each request first seen here, a worker.prefill span
+        in that request's own trace (same interval as the step)."""
+        start_ns = span.start_time
+        for r in plan.new_requests:
+            if r.trace_context:
+                prefill = tracing.start_span("worker.prefill", parent=tracing.context_from_map(r.trace_context),
+                                             start_time=start_ns, attributes={
+                    "llmserve.request_id": r.request_id, "llmserve.step_id": plan.step_id,
+                    "llmserve.num_scheduled_tokens": r.num_scheduled_tokens,
+                    "llmserve.num_computed_tokens": r.num_computed_tokens})
+                prefill.end()
+        span.set_attribute("llmserve.num_sampled", len(result.sampled))
+        if result.error:
+            span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR, result.error))
+        span.end()
 
     async def Describe(self, request, context):
         return wire.worker_info_to_pb(self.runner.info)
@@ -130,6 +171,8 @@ def load_runner(config: WorkerConfig):
 
 
 async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
+    setup_tracing("llmserve-worker")
+    metrics = WorkerMetrics(setup_metrics("worker", config.metrics_port, config.host))
     start = time.perf_counter()
     runner = await asyncio.to_thread(load_runner, config)
     info = runner.info
@@ -139,18 +182,34 @@ async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
         info.block_size, info.max_model_len,
     )
     server = ServiceServer("llmserve.internal.v1.Worker", config.host, config.port)
-    servicer = WorkerServicer(runner)
+    servicer = WorkerServicer(runner, metrics)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     await server.start()
-    await server.set_serving(True)
     address = f"{config.advertise_host}:{server.port}"
     try:
         await register_with_scheduler(config, address, runner)
+        # NOT_SERVING until the model is loaded and the scheduler knows this worker.
+        await server.set_serving(True)
         watchdog = asyncio.create_task(_stay_registered(config, address, runner, servicer))
         await stop_event.wait()
         watchdog.cancel()
+        await _drain(server, servicer, config.shutdown_timeout_s)
     finally:
         await server.stop(grace=2.0)
+        shutdown_metrics()
+        shutdown_tracing()
+
+
+async def _drain(server: ServiceServer, servicer: WorkerServicer, timeout_s: float) -> None:
+    """SIGTERM: keep executing steps while the scheduler drains its requests (it closes the
+    stream when done), up to the shutdown timeout and a little more."""
+    await server.set_serving(False)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s + 5.0
+    if servicer.driven:
+        logger.info("waiting for the scheduler to finish its requests (up to %.0f s)", timeout_s)
+    while servicer.driven and loop.time() < deadline:
+        await asyncio.sleep(0.05)
 
 
 async def _stay_registered(config: WorkerConfig, address: str, runner, servicer: WorkerServicer) -> None:

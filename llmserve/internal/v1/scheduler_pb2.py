@@ -26,37 +26,41 @@ from llmserve.v1 import generation_pb2 as llmserve_dot_v1_dot_generation__pb2
 from llmserve.internal.v1 import worker_pb2 as llmserve_dot_internal_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$llmserve/internal/v1/scheduler.proto\x12\x14llmserve.internal.v1\x1a\x1cllmserve/v1/generation.proto\x1a!llmserve/internal/v1/worker.proto\"\xc4\x01\n\x0fSamplingOptions\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x15\n\x08logprobs\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"\x90\x01\n\nAddRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x37\n\x08sampling\x18\x03 \x01(\x0b\x32%.llmserve.internal.v1.SamplingOptions\x12\t\n\x01n\x18\x04 \x01(\x05\x12\x10\n\x08priority\x18\x05 \x01(\x05\"$\n\rAbortRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"~\n\rRouterMessage\x12/\n\x03\x61\x64\x64\x18\x01 \x01(\x0b\x32 .llmserve.internal.v1.AddRequestH\x00\x12\x34\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32#.llmserve.internal.v1.AbortRequestsH\x00\x42\x06\n\x04kind\"\xea\x01\n\rRequestOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rnew_token_ids\x18\x02 \x03(\x05\x12,\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1a.llmserve.v1.TokenLogprobs\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.llmserve.v1.FinishReason\x12\x19\n\x11num_cached_tokens\x18\x05 \x01(\x05\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x15\n\rstop_token_id\x18\x07 \x01(\x05\x12\r\n\x05index\x18\x08 \x01(\x05\"G\n\x0fSchedulerUpdate\x12\x34\n\x07outputs\x18\x01 \x03(\x0b\x32#.llmserve.internal.v1.RequestOutput\"X\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12.\n\x04info\x18\x02 \x01(\x0b\x32 .llmserve.internal.v1.WorkerInfo\"\x18\n\x16RegisterWorkerResponse\"\x11\n\x0fGetStatsRequest\"\xf9\x04\n\x0eSchedulerStats\x12\x13\n\x0bnum_waiting\x18\x01 \x01(\x05\x12\x13\n\x0bnum_running\x18\x02 \x01(\x05\x12\x18\n\x10num_total_blocks\x18\x03 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x04 \x01(\x05\x12\x17\n\x0fnum_preemptions\x18\x05 \x01(\x03\x12\x11\n\tnum_steps\x18\x06 \x01(\x03\x12\x14\n\x0cnum_finished\x18\x07 \x01(\x03\x12\x13\n\x0bnum_aborted\x18\x08 \x01(\x03\x12\x14\n\x0cworker_ready\x18\t \x01(\x08\x12\x1b\n\x13prompt_tokens_total\x18\n \x01(\x03\x12\x1f\n\x17generation_tokens_total\x18\x0b \x01(\x03\x12\x13\n\x0bnum_swapped\x18\x0c \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\r \x01(\x02\x12\x1c\n\x14prefix_cache_queries\x18\x0e \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\x0f \x01(\x03\x12!\n\x19num_preemptions_recompute\x18\x10 \x01(\x03\x12\x1c\n\x14num_preemptions_swap\x18\x11 \x01(\x03\x12\x1e\n\x16num_swapped_out_blocks\x18\x12 \x01(\x03\x12\x19\n\x11num_cached_blocks\x18\x13 \x01(\x05\x12\x16\n\x0enum_cpu_blocks\x18\x14 \x01(\x05\x12\x1b\n\x13num_free_cpu_blocks\x18\x15 \x01(\x05\x12\x1c\n\x14num_allocated_blocks\x18\x16 \x01(\x03\x12\x16\n\x0enum_cow_copies\x18\x17 \x01(\x03\x12\x12\n\nnum_failed\x18\x18 \x01(\x03\"\x17\n\x15GetServingInfoRequest\"V\n\x0bServingInfo\x12\x30\n\x06worker\x18\x01 \x01(\x0b\x32 .llmserve.internal.v1.WorkerInfo\x12\x15\n\rnum_kv_blocks\x18\x02 \x01(\x05\x32\x8e\x03\n\tScheduler\x12Y\n\x07Session\x12#.llmserve.internal.v1.RouterMessage\x1a%.llmserve.internal.v1.SchedulerUpdate(\x01\x30\x01\x12k\n\x0eRegisterWorker\x12+.llmserve.internal.v1.RegisterWorkerRequest\x1a,.llmserve.internal.v1.RegisterWorkerResponse\x12W\n\x08GetStats\x12%.llmserve.internal.v1.GetStatsRequest\x1a$.llmserve.internal.v1.SchedulerStats\x12`\n\x0eGetServingInfo\x12+.llmserve.internal.v1.GetServingInfoRequest\x1a!.llmserve.internal.v1.ServingInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$llmserve/internal/v1/scheduler.proto\x12\x14llmserve.internal.v1\x1a\x1cllmserve/v1/generation.proto\x1a!llmserve/internal/v1/worker.proto\"\xc4\x01\n\x0fSamplingOptions\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x15\n\x08logprobs\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"\x90\x02\n\nAddRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x37\n\x08sampling\x18\x03 \x01(\x0b\x32%.llmserve.internal.v1.SamplingOptions\x12\t\n\x01n\x18\x04 \x01(\x05\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12I\n\rtrace_context\x18\x0f \x03(\x0b\x32\x32.llmserve.internal.v1.AddRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"$\n\rAbortRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"~\n\rRouterMessage\x12/\n\x03\x61\x64\x64\x18\x01 \x01(\x0b\x32 .llmserve.internal.v1.AddRequestH\x00\x12\x34\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32#.llmserve.internal.v1.AbortRequestsH\x00\x42\x06\n\x04kind\"\xea\x01\n\rRequestOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rnew_token_ids\x18\x02 \x03(\x05\x12,\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1a.llmserve.v1.TokenLogprobs\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.llmserve.v1.FinishReason\x12\x19\n\x11num_cached_tokens\x18\x05 \x01(\x05\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x15\n\rstop_token_id\x18\x07 \x01(\x05\x12\r\n\x05index\x18\x08 \x01(\x05\"G\n\x0fSchedulerUpdate\x12\x34\n\x07outputs\x18\x01 \x03(\x0b\x32#.llmserve.internal.v1.RequestOutput\"X\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12.\n\x04info\x18\x02 \x01(\x0b\x32 .llmserve.internal.v1.WorkerInfo\"\x18\n\x16RegisterWorkerResponse\"\x11\n\x0fGetStatsRequest\"\xf9\x04\n\x0eSchedulerStats\x12\x13\n\x0bnum_waiting\x18\x01 \x01(\x05\x12\x13\n\x0bnum_running\x18\x02 \x01(\x05\x12\x18\n\x10num_total_blocks\x18\x03 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x04 \x01(\x05\x12\x17\n\x0fnum_preemptions\x18\x05 \x01(\x03\x12\x11\n\tnum_steps\x18\x06 \x01(\x03\x12\x14\n\x0cnum_finished\x18\x07 \x01(\x03\x12\x13\n\x0bnum_aborted\x18\x08 \x01(\x03\x12\x14\n\x0cworker_ready\x18\t \x01(\x08\x12\x1b\n\x13prompt_tokens_total\x18\n \x01(\x03\x12\x1f\n\x17generation_tokens_total\x18\x0b \x01(\x03\x12\x13\n\x0bnum_swapped\x18\x0c \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\r \x01(\x02\x12\x1c\n\x14prefix_cache_queries\x18\x0e \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\x0f \x01(\x03\x12!\n\x19num_preemptions_recompute\x18\x10 \x01(\x03\x12\x1c\n\x14num_preemptions_swap\x18\x11 \x01(\x03\x12\x1e\n\x16num_swapped_out_blocks\x18\x12 \x01(\x03\x12\x19\n\x11num_cached_blocks\x18\x13 \x01(\x05\x12\x16\n\x0enum_cpu_blocks\x18\x14 \x01(\x05\x12\x1b\n\x13num_free_cpu_blocks\x18\x15 \x01(\x05\x12\x1c\n\x14num_allocated_blocks\x18\x16 \x01(\x03\x12\x16\n\x0enum_cow_copies\x18\x17 \x01(\x03\x12\x12\n\nnum_failed\x18\x18 \x01(\x03\"\x17\n\x15GetServingInfoRequest\"V\n\x0bServingInfo\x12\x30\n\x06worker\x18\x01 \x01(\x0b\x32 .llmserve.internal.v1.WorkerInfo\x12\x15\n\rnum_kv_blocks\x18\x02 \x01(\x05\x32\x8e\x03\n\tScheduler\x12Y\n\x07Session\x12#.llmserve.internal.v1.RouterMessage\x1a%.llmserve.internal.v1.SchedulerUpdate(\x01\x30\x01\x12k\n\x0eRegisterWorker\x12+.llmserve.internal.v1.RegisterWorkerRequest\x1a,.llmserve.internal.v1.RegisterWorkerResponse\x12W\n\x08GetStats\x12%.llmserve.internal.v1.GetStatsRequest\x1a$.llmserve.internal.v1.SchedulerStats\x12`\n\x0eGetServingInfo\x12+.llmserve.internal.v1.GetServingInfoRequest\x1a!.llmserve.internal.v1.ServingInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmserve.internal.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_ADDREQUEST_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_ADDREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGOPTIONS']._serialized_start=128
   _globals['_SAMPLINGOPTIONS']._serialized_end=324
   _globals['_ADDREQUEST']._serialized_start=327
-  _globals['_ADDREQUEST']._serialized_end=471
-  _globals['_ABORTREQUESTS']._serialized_start=473
-  _globals['_ABORTREQUESTS']._serialized_end=509
-  _globals['_ROUTERMESSAGE']._serialized_start=511
-  _globals['_ROUTERMESSAGE']._serialized_end=637
-  _globals['_REQUESTOUTPUT']._serialized_start=640
-  _globals['_REQUESTOUTPUT']._serialized_end=874
-  _globals['_SCHEDULERUPDATE']._serialized_start=876
-  _globals['_SCHEDULERUPDATE']._serialized_end=947
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=949
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=1037
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1039
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1063
-  _globals['_GETSTATSREQUEST']._serialized_start=1065
-  _globals['_GETSTATSREQUEST']._serialized_end=1082
-  _globals['_SCHEDULERSTATS']._serialized_start=1085
-  _globals['_SCHEDULERSTATS']._serialized_end=1718
-  _globals['_GETSERVINGINFOREQUEST']._serialized_start=1720
-  _globals['_GETSERVINGINFOREQUEST']._serialized_end=1743
-  _globals['_SERVINGINFO']._serialized_start=1745
-  _globals['_SERVINGINFO']._serialized_end=1831
-  _globals['_SCHEDULER']._serialized_start=1834
-  _globals['_SCHEDULER']._serialized_end=2232
+  _globals['_ADDREQUEST']._serialized_end=599
+  _globals['_ADDREQUEST_TRACECONTEXTENTRY']._serialized_start=548
+  _globals['_ADDREQUEST_TRACECONTEXTENTRY']._serialized_end=599
+  _globals['_ABORTREQUESTS']._serialized_start=601
+  _globals['_ABORTREQUESTS']._serialized_end=637
+  _globals['_ROUTERMESSAGE']._serialized_start=639
+  _globals['_ROUTERMESSAGE']._serialized_end=765
+  _globals['_REQUESTOUTPUT']._serialized_start=768
+  _globals['_REQUESTOUTPUT']._serialized_end=1002
+  _globals['_SCHEDULERUPDATE']._serialized_start=1004
+  _globals['_SCHEDULERUPDATE']._serialized_end=1075
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=1077
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=1165
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1167
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1191
+  _globals['_GETSTATSREQUEST']._serialized_start=1193
+  _globals['_GETSTATSREQUEST']._serialized_end=1210
+  _globals['_SCHEDULERSTATS']._serialized_start=1213
+  _globals['_SCHEDULERSTATS']._serialized_end=1846
+  _globals['_GETSERVINGINFOREQUEST']._serialized_start=1848
+  _globals['_GETSERVINGINFOREQUEST']._serialized_end=1871
+  _globals['_SERVINGINFO']._serialized_start=1873
+  _globals['_SERVINGINFO']._serialized_end=1959
+  _globals['_SCHEDULER']._serialized_start=1962
+  _globals['_SCHEDULER']._serialized_end=2360
 # @@protoc_insertion_point(module_scope)

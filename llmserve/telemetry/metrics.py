@@ -1,0 +1,204 @@
+"""Metrics: OpenTelemetry instruments exported on a Prometheus scrape endpoint per service.
+
+`--metrics-port 0` (the default) installs nothing: the instruments come from the API's
+no-op meter and cost a method call. Every metric is declared once in METRICS below; the
+README table and the tests read the same list.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from opentelemetry import metrics as otel_metrics
+from opentelemetry.metrics import NoOpMeter, Observation
+
+logger = logging.getLogger(__name__)
+
+METER_NAME = "llmserve"
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0,
+                   40.0, 80.0, 160.0, 320.0)
+PER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5,
+                     0.75, 1.0, 2.5, 5.0)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # OpenTelemetry instrument name.
+    kind: str  # counter | histogram | gauge (observable) | observable_counter
+    service: str  # router | scheduler | worker
+    description: str
+    unit: str = ""  # "s" -> Prometheus suffix _seconds
+    buckets: tuple[float, ...] | None = None
+    labels: tuple[str, ...] = ()
+
+    @property
+    def prometheus_name(self) -> str:
+        """The name the Prometheus endpoint serves (without _bucket/_sum/_count)."""
+        name = self.name.replace(".", "_")
+        if self.unit == "s":
+            name += "_seconds"
+        if self.kind in ("counter", "observable_counter"):
+            name += "_total"
+        return name
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    # router: per request, as the client sees it
+    MetricSpec("llmserve.time_to_first_token", "histogram", "router",
+               "request arrival at the router to its first token out", "s", LATENCY_BUCKETS),
+    MetricSpec("llmserve.time_per_output_token", "histogram", "router",
+               "mean gap between a request's output tokens after the first", "s", PER_TOKEN_BUCKETS),
+    MetricSpec("llmserve.e2e_request_latency", "histogram", "router",
+               "request arrival to its last token", "s", LATENCY_BUCKETS, ("finish_reason",)),
+    MetricSpec("llmserve.prompt_tokens", "counter", "router", "prompt tokens of admitted requests"),
+    MetricSpec("llmserve.generation_tokens", "counter", "router", "tokens streamed to clients"),
+    MetricSpec("llmserve.requests", "counter", "router", "finished requests",
+               labels=("finish_reason",)),
+    # scheduler: queues, KV cache, steps
+    MetricSpec("llmserve.queue_time", "histogram", "scheduler",
+               "request arrival at the scheduler to its first scheduled step", "s", LATENCY_BUCKETS),
+    MetricSpec("llmserve.num_requests_running", "gauge", "scheduler", "sequences running"),
+    MetricSpec("llmserve.num_requests_waiting", "gauge", "scheduler", "sequences waiting"),
+    MetricSpec("llmserve.num_requests_swapped", "gauge", "scheduler", "sequences swapped out to CPU"),
+    MetricSpec("llmserve.kv_cache_usage", "gauge", "scheduler", "fraction of KV blocks in use (0..1)"),
+    MetricSpec("llmserve.prefix_cache_hit_rate", "gauge", "scheduler",
+               "prefix-cache hit tokens / queried tokens since start (0..1)"),
+    MetricSpec("llmserve.prefix_cache_queries", "observable_counter", "scheduler",
+               "prompt tokens looked up in the prefix cache"),
+    MetricSpec("llmserve.prefix_cache_hits", "observable_counter", "scheduler",
+               "prompt tokens found in the prefix cache"),
+    MetricSpec("llmserve.preemptions", "observable_counter", "scheduler",
+               "preemptions when KV blocks ran out", labels=("mode",)),
+    MetricSpec("llmserve.step_time", "histogram", "scheduler",
+               "one engine step: plan, worker round trip, output update", "s", PER_TOKEN_BUCKETS),
+    MetricSpec("llmserve.step_tokens", "histogram", "scheduler", "tokens computed in one step",
+               buckets=TOKEN_BUCKETS),
+    # worker
+    MetricSpec("llmserve.worker_step_time", "histogram", "worker",
+               "one step on the worker (block moves, forward, sampling)", "s", PER_TOKEN_BUCKETS),
+)
+SPECS = {spec.name: spec for spec in METRICS}
+
+_started: dict[str, object] = {}  # One endpoint per process.
+
+
+def setup_metrics(service: str, port: int, host: str = "0.0.0.0"):
+    """Starts the Prometheus endpoint for `service` on `port` and returns its meter;
+    port 0 returns the no-op meter (nothing installed)."""
+    if not port:
+        return NoOpMeter(METER_NAME)
+    if "meter" in _started:
+        return _started["meter"]
+    import prometheus_client
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+    views = [View(instrument_name=s.name, aggregation=ExplicitBucketHistogramAggregation(list(s.buckets)))
+             for s in METRICS if s.buckets]
+    reader = PrometheusMetricReader(scope_info_enabled=False)
+    provider = MeterProvider(metric_readers=[reader], views=views,
+                             resource=Resource.create({SERVICE_NAME: f"llmserve-{service}"}))
+    otel_metrics.set_meter_provider(provider)
+    server, thread = prometheus_client.start_http_server(port, addr=host)
+    _started.update(meter=provider.get_meter(METER_NAME), provider=provider, server=server, thread=thread)
+    logger.info("metrics: Prometheus endpoint on http://%s:%d/metrics", host, port)
+    return _started["meter"]
+
+
+def shutdown_metrics() -> None:
+    server = _started.pop("server", None)
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    provider = _started.pop("provider", None)
+    if provider is not None:
+        provider.shutdown()
+    _started.clear()
+
+
+def _instrument(meter, name: str, callbacks: list[Callable] | None = None):
+    spec = SPECS[name]
+    if spec.kind == "counter":
+        return meter.create_counter(name, unit=spec.unit, description=spec.description)
+    if spec.kind == "histogram":
+        return meter.create_histogram(name, unit=spec.unit, description=spec.description)
+    if spec.kind == "gauge":
+        return meter.create_observable_gauge(name, callbacks, unit=spec.unit, description=spec.description)
+    return meter.create_observable_counter(name, callbacks, unit=spec.unit, description=spec.description)
+
+
+class RouterMetrics:
+    def __init__(self, meter):
+        self.ttft = _instrument(meter, "llmserve.time_to_first_token")
+        self.tpot = _instrument(meter, "llmserve.time_per_output_token")
+        self.e2e = _instrument(meter, "llmserve.e2e_request_latency")
+        self.prompt_tokens = _instrument(meter, "llmserve.prompt_tokens")
+        self.generation_tokens = _instrument(meter, "llmserve.generation_tokens")
+        self.requests = _instrument(meter, "llmserve.requests")
+        for counter in (self.prompt_tokens, self.generation_tokens):
+            counter.add(0)  # Served as 0 from the start, not only after the first request.
+
+    def request_finished(self, arrival: float, first_token: float | None, num_tokens: int,
+                         finish_reason: str) -> None:
+        """Records one request's latencies (perf_counter times) and its outcome."""
+        now = time.perf_counter()
+        labels = {"finish_reason": finish_reason}
+        self.e2e.record(now - arrival, labels)
+        self.requests.add(1, labels)
+        if first_token is not None and num_tokens > 1:
+            self.tpot.record((now - first_token) / (num_tokens - 1))
+
+
+class SchedulerMetrics:
+    """Histograms recorded as steps run; gauges read the last stats snapshot, which the
+    engine loop replaces after every step (the scrape thread never touches the core)."""
+
+    def __init__(self, meter):
+        self.stats = None  # The latest SchedulerStats (or None before a worker registers).
+        self.queue_time = _instrument(meter, "llmserve.queue_time")
+        self.step_time = _instrument(meter, "llmserve.step_time")
+        self.step_tokens = _instrument(meter, "llmserve.step_tokens")
+        for name, attr in (("llmserve.num_requests_running", "num_running"),
+                           ("llmserve.num_requests_waiting", "num_waiting"),
+                           ("llmserve.num_requests_swapped", "num_swapped"),
+                           ("llmserve.kv_cache_usage", "kv_cache_usage"),
+                           ("llmserve.prefix_cache_hit_rate", "prefix_cache_hit_rate"),
+                           ("llmserve.prefix_cache_queries", "prefix_cache_queries"),
+                           ("llmserve.prefix_cache_hits", "prefix_cache_hits")):
+            _instrument(meter, name, [self._observe(attr)])
+        _instrument(meter, "llmserve.preemptions", [self._observe_preemptions])
+
+    def _observe(self, attr: str) -> Callable:
+        def callback(options):
+            stats = self.stats
+            return [] if stats is None else [Observation(getattr(stats, attr))]
+        return callback
+
+    def _observe_preemptions(self, options):
+        stats = self.stats
+        if stats is None:
+            return []
+        return [Observation(stats.num_preemptions_recompute, {"mode": "recompute"}),
+                Observation(stats.num_preemptions_swap, {"mode": "swap"})]
+
+
+class WorkerMetrics:
+    def __init__(self, meter):
+        self.step_time = _instrument(meter, "llmserve.worker_step_time")
+
+
+def markdown_table() -> str:
+    """The README's metrics table."""
+    rows = ["| metric (Prometheus) | type | service | labels | meaning |", "|---|---|---|---|---|"]
+    for s in METRICS:
+        kind = {"observable_counter": "counter"}.get(s.kind, s.kind)
+        rows.append(f"| `{s.prometheus_name}` | {kind} | {s.service} | {', '.join(s.labels) or '-'} "
+                    f"| {s.description} |")
+    return "\n".join(rows)

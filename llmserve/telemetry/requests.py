@@ -1,0 +1,170 @@
+"""Per-request telemetry: the router's request span (with tokenize and detokenize
+children) and metrics, and the scheduler's queue / prefill spans of each request.
+
+    trace of one Generate call
+    llmserve.generate (router, SERVER; parent = the client's traceparent if sent)
+    ├── router.tokenize
+    ├── scheduler.request                       (context sent in AddRequest.trace_context)
+    │   ├── scheduler.queue                     arrival → first scheduled step
+    │   └── scheduler.prefill                   first scheduled step → first token
+    │       └── worker.prefill                  (context sent in NewRequestData.trace_context)
+    └── router.detokenize                       first → last output (time spent in attributes)
+
+Steps live in traces of their own (scheduler.step → worker.step), linked to the
+requests they carry.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+
+from opentelemetry import trace
+
+from llmserve.telemetry import tracing
+from llmserve.telemetry.metrics import RouterMetrics, SchedulerMetrics
+
+
+class RouterRequest:
+    """One Generate call at the router: its span, TTFT, and the metrics at the end."""
+
+    def __init__(self, metrics: RouterMetrics, metadata, model: str):
+        self.metrics = metrics
+        self.arrival = time.perf_counter()
+        self.first_token: float | None = None
+        self.num_tokens = 0
+        self.span = tracing.start_span(
+            "llmserve.generate", parent=tracing.context_from_metadata(metadata), kind=trace.SpanKind.SERVER,
+            attributes={"llmserve.model": model},
+        )
+        self._detok_span: trace.Span | None = None
+        self._detok_seconds = 0.0
+        self._detok_end_ns = 0
+
+    def admitted(self, request_id: str, prompt_tokens: int) -> None:
+        self.span.set_attribute("llmserve.request_id", request_id)
+        self.span.set_attribute("llmserve.prompt_tokens", prompt_tokens)
+        self.metrics.prompt_tokens.add(prompt_tokens)
+
+    def trace_context(self) -> dict[str, str]:
+        """What the scheduler needs to put its spans under this request's span."""
+        return tracing.context_to_map(self.span)
+
+    def tokenize_span(self):
+        return tracing.span("router.tokenize", parent=self.span)
+
+    def detokenizing(self) -> "_Detokenizing":
+        return _Detokenizing(self)
+
+    def tokens_out(self, num_tokens: int) -> None:
+        if num_tokens and self.first_token is None:
+            self.first_token = time.perf_counter()
+            ttft = self.first_token - self.arrival
+            self.metrics.ttft.record(ttft)
+            self.span.set_attribute("llmserve.ttft_s", ttft)
+        self.num_tokens += num_tokens
+        self.metrics.generation_tokens.add(num_tokens)
+
+    def finish(self, finish_reason: str, error: str = "") -> None:
+        self.metrics.request_finished(self.arrival, self.first_token, self.num_tokens, finish_reason)
+        if self._detok_span is not None:
+            self._detok_span.set_attribute("llmserve.detokenize_s", self._detok_seconds)
+            self._detok_span.end(end_time=self._detok_end_ns)
+        s = self.span
+        s.set_attribute("llmserve.completion_tokens", self.num_tokens)
+        s.set_attribute("llmserve.finish_reason", finish_reason)
+        if error:
+            s.set_status(trace.Status(trace.StatusCode.ERROR, error))
+        s.end()
+
+
+class _Detokenizing:
+    """Times one detokenization; the first opens the request's router.detokenize span."""
+
+    def __init__(self, request: RouterRequest):
+        self.request = request
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+        r = self.request
+        if r._detok_span is None and tracing.enabled():
+            r._detok_span = tracing.start_span("router.detokenize", parent=r.span)
+        return self
+
+    def __exit__(self, *exc):
+        r = self.request
+        r._detok_seconds += time.perf_counter() - self.start
+        r._detok_end_ns = time.time_ns()
+
+
+class _Live:
+    __slots__ = ("arrival", "request", "queue", "prefill")
+
+    def __init__(self, arrival: float, request: trace.Span, queue: trace.Span):
+        self.arrival, self.request, self.queue = arrival, request, queue
+        self.prefill: trace.Span | None = None
+
+
+class SchedulerRequests:
+    """The scheduler's per-request spans and queue-time metric, keyed by public request id."""
+
+    def __init__(self, metrics: SchedulerMetrics):
+        self.metrics = metrics
+        self._live: dict[str, _Live] = {}
+
+    def added(self, request_id: str, trace_context: Mapping[str, str], prompt_tokens: int, n: int) -> None:
+        parent = tracing.context_from_map(trace_context)
+        request = tracing.start_span("scheduler.request", parent=parent, attributes={
+            "llmserve.request_id": request_id, "llmserve.prompt_tokens": prompt_tokens, "llmserve.n": n})
+        queue = tracing.start_span("scheduler.queue", parent=request)
+        self._live[request_id] = _Live(time.perf_counter(), request, queue)
+
+    def scheduled(self, request_ids: Iterable[str]) -> None:
+        """Requests in a step about to run: the first time ends their queue wait."""
+        for request_id in request_ids:
+            live = self._live.get(request_id)
+            if live is None or live.prefill is not None:
+                continue
+            self.metrics.queue_time.record(time.perf_counter() - live.arrival)
+            live.queue.end()
+            live.prefill = tracing.start_span("scheduler.prefill", parent=live.request)
+
+    def produced(self, request_id: str) -> None:
+        """A token came out: the prefill (however many steps it took) is over."""
+        live = self._live.get(request_id)
+        if live is not None and live.prefill is not None and live.prefill.is_recording():
+            live.prefill.end()
+
+    def finished(self, request_id: str, finish_reason: str, error: str = "") -> None:
+        live = self._live.pop(request_id, None)
+        if live is None:
+            return
+        for s in (live.queue, live.prefill):
+            if s is not None and s.is_recording():
+                s.end()
+        live.request.set_attribute("llmserve.finish_reason", finish_reason)
+        if error:
+            live.request.set_status(trace.Status(trace.StatusCode.ERROR, error))
+        live.request.end()
+
+    def prefill_context(self, request_id: str) -> dict[str, str]:
+        """Trace context for the worker's span of this request's prefill."""
+        live = self._live.get(request_id)
+        if live is None or not tracing.enabled():
+            return {}
+        return tracing.context_to_map(live.prefill or live.request)
+
+    def links(self, request_ids: Iterable[str]) -> list[trace.Link]:
+        """Span links from a step to the requests it carries."""
+        if not tracing.enabled():
+            return []
+        links = []
+        for request_id in request_ids:
+            live = self._live.get(request_id)
+            if live is not None and (link := tracing.link_to(live.request)) is not None:
+                links.append(link)
+        return links
+
+    def close_all(self, reason: str) -> None:
+        for request_id in list(self._live):
+            self.finished(request_id, "abort", reason)

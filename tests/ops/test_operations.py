@@ -1,0 +1,240 @@
+"""Operating a real three-process cluster: one trace across all services, Prometheus
+metrics that follow the requests, health transitions in order, SIGTERM drains."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from llmserve.client import LLMServeClient
+from llmserve.launcher import ClusterSpec, LocalCluster, free_port
+from llmserve.model_store import default_model_dir
+from llmserve.telemetry import metrics as metric_specs
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+async def health(address: str) -> int | None:
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+            return reply.status
+    except grpc.aio.AioRpcError:
+        return None  # Not listening (yet / any more).
+
+
+def scrape(port: int) -> dict[str, float]:
+    """name{labels} -> value of every sample on a Prometheus endpoint."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
+def total(samples: dict[str, float], name: str) -> float:
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return default_model_dir()
+
+
+@pytest.mark.slow
+async def test_trace_metrics_and_health(model_dir, tmp_path):
+    span_file = tmp_path / "spans.jsonl"
+    ports = {name: free_port() for name in ("router", "scheduler", "worker")}
+    spec = ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
+                       worker_port=free_port(), log_dir=tmp_path,
+                       router_args=["--metrics-port", str(ports["router"])],
+                       scheduler_args=["--metrics-port", str(ports["scheduler"])],
+                       worker_args=["--metrics-port", str(ports["worker"]), "--kv-cache-memory", "64MiB"])
+    addresses = {"worker": f"localhost:{spec.worker_port}", "scheduler": f"localhost:{spec.scheduler_port}",
+                 "router": f"localhost:{spec.router_port}"}
+    os.environ["LLMSERVE_TEST_SPAN_FILE"] = str(span_file)
+    cluster = LocalCluster(spec)
+    try:
+        for name in ("router", "scheduler", "worker"):
+            cluster.spawn(name)
+        # --- start-up: worker, then scheduler (after a readiness step), then router ---
+        first_serving: dict[str, tuple[int, int]] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 300
+        poll = 0
+        while len(first_serving) < 3:
+            assert loop.time() < deadline, f"not all SERVING: {first_serving}"
+            for position, name in enumerate(("worker", "scheduler", "router")):
+                status = await health(addresses[name])
+                if status == SERVING:
+                    first_serving.setdefault(name, (poll, position))
+                else:
+                    assert name not in first_serving, f"{name} went back to {status} during start-up"
+            for name, proc in cluster.processes.items():
+                assert proc.poll() is None, f"{name} exited: " + cluster._log_hint(name)
+            poll += 1
+            await asyncio.sleep(0.1)
+        assert first_serving["worker"] < first_serving["scheduler"] < first_serving["router"], first_serving
+        async with grpc.aio.insecure_channel(addresses["scheduler"]) as ch:
+            from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+            stats = await scheduler_pb2_grpc.SchedulerStub(ch).GetStats(scheduler_pb2.GetStatsRequest())
+            assert stats.num_steps >= 1  # The readiness request ran a step before SERVING.
+
+        # --- one traced Generate --------------------------------------------------
+        before = scrape(ports["router"])
+        async with LLMServeClient(addresses["router"]) as client:
+            streamed = 0
+            request_id = ""
+            async for delta in client.generate("The capital of France is", max_tokens=12, temperature=0.0,
+                                               ignore_eos=True, metadata=(("traceparent", TRACEPARENT),)):
+                streamed += len(delta.token_ids)
+                request_id = delta.request_id
+        assert streamed == 12
+        await asyncio.sleep(0.5)
+        spans = [json.loads(line) for line in span_file.read_text().splitlines()]
+        trace_id = TRACEPARENT.split("-")[1]
+        mine = [s for s in spans if s["trace_id"] == trace_id]
+        by_name = {s["name"]: s for s in mine}
+        assert {s["service"] for s in mine} == {"llmserve-router", "llmserve-scheduler", "llmserve-worker"}
+        root = by_name["llmserve.generate"]
+        assert root["parent_span_id"] == TRACEPARENT.split("-")[2]  # The client's traceparent honoured.
+        a = root["attributes"]
+        assert a["llmserve.request_id"] == request_id and a["llmserve.model"]
+        assert a["llmserve.completion_tokens"] == 12 and a["llmserve.finish_reason"] == "length"
+        assert a["llmserve.prompt_tokens"] > 0 and a["llmserve.ttft_s"] > 0
+        ids = {s["span_id"]: s for s in mine}
+        for s in mine:  # Parent links intact: every span's parent is in the trace (or is the client's).
+            assert s is root or s["parent_span_id"] in ids, s
+        parent = lambda name: ids[by_name[name]["parent_span_id"]]["name"]  # noqa: E731
+        assert parent("router.tokenize") == parent("router.detokenize") == "llmserve.generate"
+        assert parent("scheduler.request") == "llmserve.generate"
+        assert parent("scheduler.queue") == parent("scheduler.prefill") == "scheduler.request"
+        assert parent("worker.prefill") == "scheduler.prefill"
+        request_span = by_name["scheduler.request"]["span_id"]
+        steps = [s for s in spans if s["name"] == "scheduler.step"
+                 and any(link["span_id"] == request_span for link in s["links"])]
+        assert len(steps) >= 12  # Prefill + 11 decode steps (at least), each linked to the request.
+        assert all(s["attributes"]["llmserve.batch_size"] >= 1 for s in steps)
+        worker_steps = [s for s in spans if s["name"] == "worker.step"
+                        and s["parent_span_id"] in {st["span_id"] for st in steps}]
+        assert len(worker_steps) == len(steps)
+        assert all("llmserve.num_scheduled_tokens" in s["attributes"] for s in worker_steps)
+
+        # --- metrics follow the request -------------------------------------------
+        after = {name: scrape(port) for name, port in ports.items()}
+        documented = {name: [s.prometheus_name for s in metric_specs.METRICS if s.service == name]
+                      for name in ports}
+        for name, metric_names in documented.items():
+            for metric in metric_names:
+                assert any(k.split("{")[0].removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
+                           == metric for k in after[name]), f"{name} does not serve {metric}"
+        r = after["router"]
+        assert total(r, "llmserve_generation_tokens_total") - total(before, "llmserve_generation_tokens_total") == 12
+        assert total(r, "llmserve_prompt_tokens_total") - total(before, "llmserve_prompt_tokens_total") \
+            == a["llmserve.prompt_tokens"]
+        assert total(r, "llmserve_time_to_first_token_seconds_count") \
+            - total(before, "llmserve_time_to_first_token_seconds_count") == 1
+        assert r['llmserve_requests_total{finish_reason="length"}'] >= 1
+        s = after["scheduler"]
+        assert total(s, "llmserve_step_time_seconds_count") >= 12
+        assert total(s, "llmserve_queue_time_seconds_count") >= 1
+        assert s["llmserve_num_requests_running"] == 0 and s["llmserve_kv_cache_usage"] == 0
+        assert total(after["worker"], "llmserve_worker_step_time_seconds_count") >= 12
+
+        # --- a lost worker: scheduler, then router, NOT_SERVING -------------------
+        cluster.processes["worker"].send_signal(signal.SIGKILL)
+        cluster.processes["worker"].wait()
+        order = []
+        deadline = loop.time() + 30
+        while len(order) < 2:
+            assert loop.time() < deadline, order
+            for name in ("scheduler", "router"):
+                if name not in order and await health(addresses[name]) == NOT_SERVING:
+                    order.append(name)
+            await asyncio.sleep(0.05)
+        assert order == ["scheduler", "router"]
+    finally:
+        os.environ.pop("LLMSERVE_TEST_SPAN_FILE", None)
+        cluster.stop()
+
+
+@pytest.mark.slow
+async def test_sigterm_drains_streams_and_exits_cleanly(tmp_path):
+    """`llmserve up` gets SIGTERM during 8 streams: they all finish, new calls are
+    refused with UNAVAILABLE, every process exits 0, none is left behind."""
+    port, sched_port, worker_port = free_port(), free_port(), free_port()
+    log = open(tmp_path / "up.log", "wb")
+    up = subprocess.Popen([sys.executable, "-m", "llmserve.cli", "up", "--port", str(port),
+                           "--scheduler-port", str(sched_port), "--worker-port", str(worker_port),
+                           "--kv-cache-memory", "64MiB", "--shutdown-timeout", "60"],
+                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    address = f"localhost:{port}"
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 300
+        while await health(address) != SERVING:
+            assert up.poll() is None and loop.time() < deadline, (tmp_path / "up.log").read_text()[-3000:]
+            await asyncio.sleep(0.25)
+        children = [int(p) for p in subprocess.run(["pgrep", "-P", str(up.pid)], capture_output=True,
+                                                    text=True).stdout.split()]
+        assert len(children) == 3
+        async with LLMServeClient(address) as client:
+            started = asyncio.Event()
+            counts = [0] * 8
+
+            async def stream(i: int):
+                finish = None
+                async for delta in client.generate(f"Story number {i}:", max_tokens=24, temperature=0.0,
+                                                   ignore_eos=True):
+                    counts[i] += len(delta.token_ids)
+                    if all(counts):
+                        started.set()
+                    finish = delta.finish_reason or finish
+                return finish
+
+            tasks = [asyncio.create_task(stream(i)) for i in range(8)]
+            await asyncio.wait_for(started.wait(), 120)
+            t0 = time.monotonic()
+            up.send_signal(signal.SIGTERM)
+            while await health(address) == SERVING:
+                await asyncio.sleep(0.05)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await client.complete("Hi", max_tokens=2)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            finishes = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        assert finishes == ["length"] * 8 and counts == [24] * 8
+        assert up.wait(timeout=90) == 0, (tmp_path / "up.log").read_text()[-3000:]
+        assert time.monotonic() - t0 < 60
+        text = (tmp_path / "up.log").read_text()
+        for name in ("router", "scheduler", "worker"):
+            assert f"{name} exited with code 0" in text, text[-3000:]
+        for pid in children:
+            assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), f"child {pid} is still running"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        log.close()
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True

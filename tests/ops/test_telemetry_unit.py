@@ -1,0 +1,91 @@
+"""The telemetry package alone: tracing from OTEL_* variables, W3C propagation through
+text maps, the span file, the Prometheus names, and the cluster config file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from llmserve.telemetry import metrics, tracing
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_tracing_is_off_without_exporters(monkeypatch):
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    monkeypatch.delenv(tracing.SPAN_FILE_ENV, raising=False)
+    assert tracing.exporter_names() == []
+    assert not tracing.setup_tracing("llmserve-test")
+    assert not tracing.enabled()
+    assert tracing.start_span("x") is tracing.trace.INVALID_SPAN
+    assert tracing.context_to_map() == {}
+    assert tracing.context_from_map({"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}) is None
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert tracing.exporter_names() == []
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp,console")
+    assert tracing.exporter_names() == ["otlp", "console"]
+
+
+def test_span_file_and_propagation(tmp_path):
+    """In a fresh process: a client traceparent is honoured, a child crosses a text map."""
+    span_file = tmp_path / "spans.jsonl"
+    script = textwrap.dedent("""
+        from llmserve.telemetry import tracing
+        assert tracing.setup_tracing("svc-a")
+        md = [("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]
+        root = tracing.start_span("root", parent=tracing.context_from_metadata(md))
+        carried = tracing.context_to_map(root)
+        assert carried["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
+        child = tracing.start_span("child", parent=tracing.context_from_map(carried),
+                                   links=[tracing.link_to(root)])
+        child.end(); root.end()
+        tracing.shutdown_tracing()
+    """)
+    env = dict(os.environ, LLMSERVE_TEST_SPAN_FILE=str(span_file), OTEL_TRACES_EXPORTER="none")
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=60)
+    spans = {s["name"]: s for s in map(json.loads, span_file.read_text().splitlines())}
+    assert spans["root"]["trace_id"] == spans["child"]["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+    assert spans["root"]["parent_span_id"] == "b7ad6b7169203331"
+    assert spans["child"]["parent_span_id"] == spans["root"]["span_id"]
+    assert spans["child"]["links"][0]["span_id"] == spans["root"]["span_id"]
+    assert spans["root"]["service"] == "svc-a"
+
+
+def test_prometheus_names_are_unique_and_documented():
+    names = [s.prometheus_name for s in metrics.METRICS]
+    assert len(names) == len(set(names))
+    assert all(n.startswith("llmserve_") for n in names)
+    readme = (ROOT / "README.md").read_text()
+    assert metrics.markdown_table() in readme, "README's metrics table is stale: paste markdown_table()"
+
+
+def test_cluster_config_file(tmp_path, monkeypatch):
+    from llmserve.cli import apply_env_defaults, build_parser, load_up_config
+    from llmserve.config_file import ConfigError
+
+    monkeypatch.delenv("LLMSERVE_MAX_NUM_SEQS", raising=False)
+    monkeypatch.setenv("LLMSERVE_BLOCK_SIZE", "32")
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text("max-num-seqs: 7\nkv_cache_memory: 1GiB\nno-prefix-caching: true\nblock-size: 8\n")
+    parser = build_parser()
+    apply_env_defaults(parser)
+    args = load_up_config(parser, ["up", "--config", str(cfg), "--port", "6001"])
+    assert (args.max_num_seqs, args.kv_cache_memory, args.no_prefix_caching) == (7, 2**30, True)
+    assert args.block_size == 32  # The environment wins over the file,
+    assert args.port == 6001  # and the command line over both.
+    toml = tmp_path / "cluster.toml"
+    toml.write_text('max-num-seqs = 9\ndtype = "bfloat16"\n')
+    args = load_up_config(build_parser(), ["up", "--config", str(toml)])
+    assert (args.max_num_seqs, args.dtype) == (9, "bfloat16")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max-num-sequences: 3\n")
+    with pytest.raises(ConfigError, match="unknown option"):
+        load_up_config(build_parser(), ["up", "--config", str(bad)])
+    # The example file in the repository loads.
+    load_up_config(build_parser(), ["up", "--config", str(ROOT / "cluster.yaml")])
