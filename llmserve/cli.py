@@ -74,6 +74,19 @@ def _add_ops_flags(p: argparse.ArgumentParser) -> None:
                    help="after SIGTERM, seconds in-flight streams may run on before they are aborted")
 
 
+def _add_parallel_flags(p: argparse.ArgumentParser, group_member: bool) -> None:
+    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks (attention heads split)")
+    p.add_argument("--pp-size", type=int, default=1, help="pipeline stages (layers split)")
+    if not group_member:
+        return
+    p.add_argument("--rank", type=int, default=None,
+                   help="this worker's rank in the group, pp_rank * tp_size + tp_rank (default: $RANK)")
+    p.add_argument("--dist-init", default=None,
+                   help="rendezvous tcp://HOST:PORT, served by rank 0 (default: $MASTER_ADDR:$MASTER_PORT)")
+    p.add_argument("--dist-timeout", type=float, default=60.0,
+                   help="seconds to wait for every rank to join, and for any collective")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmserve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -84,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(up)
     _add_scheduler_flags(up)
     _add_worker_flags(up)
+    _add_parallel_flags(up, group_member=False)
     up.add_argument("--port", type=int, default=50051, help="the router's (public) port")
     up.add_argument("--scheduler-port", type=int, default=50052)
     up.add_argument("--worker-port", type=int, default=50053)
@@ -117,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--port", type=int, default=50053, help="0 picks a free port")
     worker.add_argument("--advertise-host", default="localhost", help="host the scheduler dials back")
     worker.add_argument("--scheduler", default="localhost:50052", help="scheduler address to register with")
+    _add_parallel_flags(worker, group_member=True)
     _add_ops_flags(worker)
 
     from llmserve.bench.cli import add_bench_parser
@@ -222,6 +237,8 @@ def cmd_worker(args) -> int:
         swap_space_bytes=int(args.swap_space * 2**30), max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
         metrics_port=args.metrics_port, shutdown_timeout_s=args.shutdown_timeout,
+        tp_size=args.tp_size, pp_size=args.pp_size, rank=args.rank, dist_init=args.dist_init,
+        dist_timeout_s=args.dist_timeout,
     ))
 
 

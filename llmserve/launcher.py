@@ -42,6 +42,9 @@ class ClusterSpec:
     shutdown_timeout_s: float = 30.0  # The children's own drain time; stop() waits a bit longer.
     log_dir: Path | None = None  # Children's stderr goes here (else inherited).
     log_level: str = "INFO"
+    tp_size: int = 1  # A TP x PP group: one worker process per rank ("worker-0", "worker-1", ...).
+    pp_size: int = 1
+    dist_port: int | None = None  # Rendezvous port of the group (a free one when None).
 
     def commands(self) -> dict[str, list[str]]:
         base = [sys.executable, "-m", "llmserve.cli", "--log-level", self.log_level]
@@ -49,14 +52,25 @@ class ClusterSpec:
         if self.model_name:
             model += ["--served-model-name", self.model_name]
         scheduler_addr = f"localhost:{self.scheduler_port}"
-        return {
+        worker = base + ["worker", *model, "--host", "127.0.0.1", "--scheduler", scheduler_addr, *self.worker_args]
+        commands = {
             "scheduler": base + ["scheduler", "--host", "127.0.0.1", "--port", str(self.scheduler_port),
                                  *self.scheduler_args],
-            "worker": base + ["worker", *model, "--host", "127.0.0.1", "--port", str(self.worker_port),
-                              "--scheduler", scheduler_addr, *self.worker_args],
-            "router": base + ["router", *model, "--host", "127.0.0.1", "--port", str(self.router_port),
-                              "--scheduler", scheduler_addr, *self.router_args],
         }
+        world = self.tp_size * self.pp_size
+        if world == 1:
+            commands["worker"] = worker + ["--port", str(self.worker_port)]
+        else:
+            if self.dist_port is None:
+                self.dist_port = free_port()
+            for rank in range(world):  # rank 0 on worker_port, the others on free ports
+                commands[f"worker-{rank}"] = worker + [
+                    "--port", str(self.worker_port if rank == 0 else 0), "--tp-size", str(self.tp_size),
+                    "--pp-size", str(self.pp_size), "--rank", str(rank),
+                    "--dist-init", f"tcp://127.0.0.1:{self.dist_port}"]
+        commands["router"] = base + ["router", *model, "--host", "127.0.0.1", "--port", str(self.router_port),
+                                     "--scheduler", scheduler_addr, *self.router_args]
+        return commands
 
 
 class LocalCluster:
@@ -89,7 +103,12 @@ class LocalCluster:
             self.spec.log_dir.mkdir(parents=True, exist_ok=True)
             stderr = open(self.spec.log_dir / f"{name}.log", "ab")
         cmd = self.spec.commands()[name]
-        self.processes[name] = subprocess.Popen(cmd, env=dict(os.environ), stderr=stderr, stdin=subprocess.DEVNULL)
+        env = dict(os.environ)
+        world = self.spec.tp_size * self.spec.pp_size
+        if name.startswith("worker-") and "OMP_NUM_THREADS" not in env:
+            # NOTE: ranks of one group share this host's cores; don't oversubscribe them.
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // world))
+        self.processes[name] = subprocess.Popen(cmd, env=env, stderr=stderr, stdin=subprocess.DEVNULL)
         return self.processes[name]
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -125,7 +144,8 @@ class LocalCluster:
         if timeout_s is None:
             timeout_s = self.spec.shutdown_timeout_s + 15.0
         # Router first, so clients stop arriving; then the engine; the worker last.
-        for name in ("router", "scheduler", "worker"):
+        workers = sorted(n for n in self.processes if n.startswith("worker"))
+        for name in ("router", "scheduler", *workers):
             proc = self.processes.get(name)
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -179,7 +199,8 @@ def run_local_cluster(args) -> int:
     worker_args += ops["worker"]
     spec = ClusterSpec(router_args=ops["router"], shutdown_timeout_s=args.shutdown_timeout,model_dir=model_dir, router_port=args.port, scheduler_port=args.scheduler_port,
                        worker_port=args.worker_port, model_name=args.served_model_name,
-                       scheduler_args=scheduler_args, worker_args=worker_args, log_level=args.log_level)
+                       scheduler_args=scheduler_args, worker_args=worker_args, log_level=args.log_level,
+                       tp_size=args.tp_size, pp_size=args.pp_size)
     cluster = LocalCluster(spec)
     # Ctrl-C reaches the whole foreground process group; the children shut down on it
     # by themselves, and stop() below makes sure none is left behind. SIGTERM reaches

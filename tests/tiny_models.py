@@ -24,15 +24,26 @@ ROPE = {
 }
 
 
-def make_tiny_model(out_dir: Path, kind: str, tied: bool, seed: int = 0) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+def make_tiny_model(out_dir: Path, kind: str, tied: bool, seed: int = 0, **overrides) -> Path:
+    """kind: llama | llama3 | qwen2 | gemma; overrides replace TINY's values (e.g.
+    num_key_value_heads=1, num_hidden_layers=4)."""
+    from transformers import GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
+    base = {**TINY, **overrides}
     if kind in ROPE:
-        cfg = LlamaConfig(**TINY, tie_word_embeddings=tied, rope_parameters=ROPE[kind])
+        cfg = LlamaConfig(**base, tie_word_embeddings=tied, rope_parameters=ROPE[kind])
         model = LlamaForCausalLM(cfg)
+    elif kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU; head_dim set explicitly
+        cfg = GemmaConfig(**base, head_dim=base["hidden_size"] // base["num_attention_heads"],
+                          hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True)
+        model = GemmaForCausalLM(cfg)
+        with torch.no_grad():  # random norm gains (HF initializes them to 0, i.e. gain 1)
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.normal_(0, 0.3)
     else:
-        cfg = Qwen2Config(**TINY, tie_word_embeddings=tied)
+        cfg = Qwen2Config(**base, tie_word_embeddings=tied)
         model = Qwen2ForCausalLM(cfg)
         with torch.no_grad():  # random (non-zero) q/k/v biases so they matter
             for layer in model.model.layers:

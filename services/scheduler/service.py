@@ -25,7 +25,7 @@ from llmserve.grpc_server import ServiceServer
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.outputs import FinishReason, RequestOutput
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
-from llmserve.scheduler.worker_link import WorkerLink, WorkerLost
+from llmserve.scheduler.worker_link import WorkerGroup, WorkerLink, WorkerLost
 from llmserve.sampling import SamplingParams
 from llmserve.telemetry import SchedulerMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
 from llmserve.telemetry import tracing
@@ -48,6 +48,7 @@ class SchedulerServiceConfig:
     enable_prefix_caching: bool = True
     preemption_mode: str = "auto"  # swap | recompute | auto
     log_stats_interval_s: float = 10.0
+    step_timeout_s: float = 300.0  # A worker group must answer a step within this, or is lost.
     metrics_port: int = 0  # Prometheus endpoint (0 = off).
     shutdown_timeout_s: float = 30.0  # After SIGTERM: how long running requests may go on.
 
@@ -73,6 +74,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._work = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._num_worker_failures = 0
+        # A TP x PP group registers rank by rank: rank -> (address, info), until complete.
+        self._pending_ranks: dict[int, tuple[str, object]] = {}
+        self._pending_topology: tuple[int, int] | None = None
         self.metrics = SchedulerMetrics(setup_metrics("scheduler", config.metrics_port, config.host))
         self.requests = SchedulerRequests(self.metrics)
         self.draining = False  # After SIGTERM: no new requests.
@@ -83,6 +87,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def RegisterWorker(self, request, context):
         info = wire.worker_info_from_pb(request.info)
+        tp, pp = max(1, request.tp_size), max(1, request.pp_size)
+        group = None
+        if tp * pp > 1:
+            group = await self._register_rank(request, info, tp, pp, context)
+            if group is None:  # the group is not complete yet
+                return scheduler_pb2.RegisterWorkerResponse()
+            info = group.info
         if self.worker is not None:
             # A restarted worker replaces the old one; requests on the old one are lost.
             await self._drop_worker("replaced by a new registration")
@@ -97,7 +108,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         )
         self.core = Scheduler(core_config, num_blocks=info.num_kv_blocks, eos_token_ids=info.eos_token_ids,
                               num_cpu_blocks=info.num_cpu_blocks)
-        self.worker = WorkerLink(request.address, info)
+        self.worker = group or WorkerLink(request.address, info)
         self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
         asyncio.create_task(self._prove_ready(self.worker), name="readiness-probe")
         asyncio.create_task(self._watch_worker(self.worker), name="worker-watchdog")
@@ -107,6 +118,31 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             info.num_kv_blocks * info.block_size, info.num_cpu_blocks, info.max_model_len,
         )
         return scheduler_pb2.RegisterWorkerResponse()
+
+    async def _register_rank(self, request, info, tp: int, pp: int, context) -> WorkerGroup | None:
+        """One rank of a TP x PP group. Returns the group once all tp*pp ranks have
+        registered (plans then go to every rank; tokens come from the last stage's TP
+        rank 0), None before. Ranks serving another model are refused."""
+        world = tp * pp
+        if not 0 <= request.rank < world:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rank {request.rank} outside 0..{world - 1}")
+        if self._pending_topology != (tp, pp):  # a new group (or a re-started one) begins
+            self._pending_ranks, self._pending_topology = {}, (tp, pp)
+        for rank, (_, other) in self._pending_ranks.items():
+            if rank != request.rank and other.model_path != info.model_path:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"rank {request.rank} serves {info.model_path!r} but rank {rank} serves "
+                                    f"{other.model_path!r}: every rank of a group must load the same model")
+        self._pending_ranks[request.rank] = (request.address, info)
+        missing = [r for r in range(world) if r not in self._pending_ranks]
+        if missing:
+            logger.info("rank %d of a tp=%d x pp=%d group registered (%s); waiting for rank(s) %s",
+                        request.rank, tp, pp, request.address, missing)
+            return None
+        ranks, self._pending_ranks, self._pending_topology = self._pending_ranks, {}, None
+        links = [WorkerLink(*ranks[r]) for r in range(world)]
+        logger.info("worker group complete: tp=%d x pp=%d, driver rank %d", tp, pp, (pp - 1) * tp)
+        return WorkerGroup(links, driver=(pp - 1) * tp, step_timeout_s=self.config.step_timeout_s)
 
     async def _prove_ready(self, worker: WorkerLink) -> None:
         """Readiness: one 1-token request through the worker before turning SERVING, so

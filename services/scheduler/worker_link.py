@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -48,3 +51,40 @@ class WorkerLink:
     async def close(self) -> None:
         self._call.cancel()
         await self._channel.close()
+
+
+class WorkerGroup:
+    """A TP x PP group of workers driven SPMD: every rank receives every plan; the
+    sampled tokens come from the driver (the last PP stage's TP rank 0). Any rank lost,
+    or a step not answered by every rank within `step_timeout_s`, loses the whole group."""
+
+    def __init__(self, links: list[WorkerLink], driver: int, step_timeout_s: float):
+        self.links, self.driver, self.step_timeout_s = links, driver, step_timeout_s
+        d = links[driver]
+        # NOTE: each rank sized its cache from the same budget and they agreed on the
+        # minimum at start-up; the min here also covers ranks started with other flags.
+        self.info = replace(d.info, num_kv_blocks=min(l.info.num_kv_blocks for l in links),
+                            num_cpu_blocks=min(l.info.num_cpu_blocks for l in links))
+        self.address = ",".join(l.address for l in links)
+
+    async def execute(self, plan: StepPlan) -> StepResult:
+        tasks = [asyncio.ensure_future(l.execute(plan)) for l in self.links]
+        done, pending = await asyncio.wait(tasks, timeout=self.step_timeout_s, return_when=asyncio.FIRST_EXCEPTION)
+        for t in pending:
+            t.cancel()
+        for t in done:
+            if t.exception() is not None:
+                raise t.exception()
+        if pending:
+            late = [self.links[i].address for i, t in enumerate(tasks) if t in pending]
+            raise WorkerLost(f"worker(s) {', '.join(late)} did not answer step {plan.step_id} "
+                             f"within {self.step_timeout_s:.0f} s")
+        return tasks[self.driver].result()
+
+    async def alive(self) -> bool:
+        """False as soon as one rank cannot be reached: the group cannot step without it."""
+        return all(await asyncio.gather(*(l.alive() for l in self.links)))
+
+    async def close(self) -> None:
+        for l in self.links:
+            await l.close()

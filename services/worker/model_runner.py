@@ -15,7 +15,9 @@ from llmserve.worker_info import WorkerInfo
 from llmserve.worker import kv_cache as kvc
 from llmserve.worker.attention import backend_class, install_backend
 from llmserve.worker.input_batch import InputBatch
-from llmserve.worker.models.llama import head_dim_of
+from llmserve.worker.distributed import DistInit, init_parallel
+from llmserve.worker.models.decoder import head_dim_of, local_kv_heads
+from llmserve.worker.pipeline import forward_step, share_sampled
 from llmserve.worker.models.loader import load_config, load_model, parse_dtype
 from llmserve.worker.sampler import Sampler
 
@@ -52,19 +54,27 @@ class ModelRunner:
         swap_space_bytes: int = 0,
         max_num_batched_tokens: int = 512,
         gpu_memory_utilization: float = 0.9,
+        dist: DistInit | None = None,
     ):
         self.model_dir = Path(model_dir)
         self.dtype = parse_dtype(dtype)
         self.block_size = block_size
         self.config = load_config(self.model_dir)
-        self.model = load_model(self.model_dir, self.dtype, self.config)
+        # TP x PP group: join (the ranks must serve the same model the same way), then
+        # build this rank's shard only. A world of 1 initializes nothing.
+        self.parallel = init_parallel(
+            dist or DistInit(),
+            payload={"model_path": str(self.model_dir.resolve()), "dtype": str(self.dtype), "block_size": block_size},
+            agree_on=("model_path", "dtype", "block_size"))
+        self.model = load_model(self.model_dir, self.dtype, self.config, parallel=self.parallel)
         cfg = self.config
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         window = getattr(cfg, "sliding_window", None)
         if window and getattr(cfg, "use_sliding_window", True):
             # NOTE: no sliding-window attention: cap the length where full attention is exact.
             self.max_model_len = min(self.max_model_len, window)
-        num_layers, kvh, hd = cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim_of(cfg)
+        # NOTE: this rank caches its own layers and its own KV heads only.
+        num_layers, kvh, hd = self.model.num_local_layers, local_kv_heads(cfg, self.parallel.tp.size), head_dim_of(cfg)
         # "auto": Triton where the KV cache lives on CUDA, torch elsewhere.
         self.attention_backend = backend_class(attention_backend, torch.empty(0).device)
         install_backend(self.model, self.attention_backend)
@@ -72,10 +82,12 @@ class ModelRunner:
         if num_kv_blocks is None:
             num_kv_blocks = self._blocks_from_profile(
                 block_bytes, kv_cache_memory_bytes, max_num_batched_tokens, gpu_memory_utilization)
+        # Every rank sized its cache from the same budget; all allocate the smallest count.
+        num_kv_blocks = self.parallel.min_over_world(num_kv_blocks)
         self.num_kv_blocks = num_kv_blocks
         self.kv_caches = kvc.allocate_kv_caches(num_layers, num_kv_blocks, block_size, kvh, hd, self.dtype)
         # NOTE: swap space lives in host memory (pinned would speed up GPU copies).
-        self.num_cpu_blocks = swap_space_bytes // block_bytes
+        self.num_cpu_blocks = self.parallel.min_over_world(swap_space_bytes // block_bytes)
         self.cpu_kv_caches = kvc.allocate_kv_caches(
             num_layers, self.num_cpu_blocks, block_size, kvh, hd, self.dtype, zeroed=False) if self.num_cpu_blocks else []
         self.batch = InputBatch(block_size, num_kv_blocks, self.max_model_len, self.attention_backend)
@@ -91,6 +103,7 @@ class ModelRunner:
             eos_token_ids=eos_token_ids(self.model_dir, cfg),
             bos_token_id=cfg.bos_token_id if getattr(cfg, "bos_token_id", None) is not None else -1,
             num_cpu_blocks=self.num_cpu_blocks,
+            tensor_parallel_size=self.parallel.tp.size,
         )
         logger.info("# KV blocks: %d (%d CPU swap blocks), max concurrency for %d-token requests: %.2fx",
                     num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
@@ -121,8 +134,8 @@ class ModelRunner:
         bs, cfg = self.block_size, self.config
         lens = [min(self.max_model_len, num_tokens - start) for start in range(0, num_tokens, self.max_model_len)]
         num_blocks = sum(-(-n // bs) for n in lens)
-        caches = kvc.allocate_kv_caches(cfg.num_hidden_layers, num_blocks, bs, cfg.num_key_value_heads,
-                                        head_dim_of(cfg), self.dtype)
+        caches = kvc.allocate_kv_caches(self.model.num_local_layers, num_blocks, bs,
+                                        local_kv_heads(cfg, self.parallel.tp.size), head_dim_of(cfg), self.dtype)
         batch = InputBatch(bs, num_blocks, self.max_model_len, self.attention_backend)
         plan, next_block = StepPlan(step_id=-1), 0
         for i, n in enumerate(lens):
@@ -132,8 +145,9 @@ class ModelRunner:
                                                     blocks, 0, n))
         with torch.inference_mode():
             inp = batch.build_inputs(batch.apply_plan(plan))
-            hidden = self.model(inp.input_ids, inp.positions, caches, inp.meta)
-            self.model.compute_logits(hidden[inp.sample_indices])
+            # NOTE: every rank profiles in lockstep (the same collectives as a real step).
+            forward_step(self.model, self.parallel, inp.input_ids, inp.positions, caches, inp.meta,
+                         inp.sample_indices)
 
     @property
     def info(self) -> WorkerInfo:
@@ -166,16 +180,20 @@ class ModelRunner:
 
     def _run(self, rows) -> list[SampledToken]:
         inp = self.batch.build_inputs(rows)
-        hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.meta)  # [T, hidden]
+        # [S, vocab] on the last PP stage; None elsewhere (hidden states went to the next stage)
+        logits = forward_step(self.model, self.parallel, inp.input_ids, inp.positions, self.kv_caches,
+                              inp.meta, inp.sample_indices)
         for st, n in rows:
             st.num_computed_tokens += n
         if not inp.sample_states:
             return []
-        logits = self.model.compute_logits(hidden[inp.sample_indices])  # [S, vocab]
         states = inp.sample_states
-        tokens, logprobs = self.sampler(
-            logits, [s.sampling for s in states], [s.num_output_tokens for s in states]
-        )
+        tokens, logprobs = None, [None] * len(states)
+        if self.parallel.is_driver:  # sampling happens on the last stage's TP rank 0 only
+            tokens, logprobs = self.sampler(
+                logits, [s.sampling for s in states], [s.num_output_tokens for s in states]
+            )
+        tokens = share_sampled(self.parallel, tokens, len(states))  # every rank appends the same ids
         out = []
         for st, tok, lp in zip(states, tokens, logprobs):
             st.token_ids.append(tok)

@@ -49,13 +49,21 @@ class WorkerConfig:
     max_num_batched_tokens: int = 512  # Size of the profiling forward.
     gpu_memory_utilization: float = 0.9
     register_timeout_s: float = 120.0
+    tp_size: int = 1  # A TP x PP group: each rank is its own worker service (SPMD).
+    pp_size: int = 1
+    rank: int | None = None  # None: $RANK (0 when unset)
+    dist_init: str | None = None  # tcp://HOST:PORT; None: $MASTER_ADDR/$MASTER_PORT
+    dist_timeout_s: float = 60.0  # joining, and every collective
     metrics_port: int = 0  # Prometheus endpoint (0 = off).
     shutdown_timeout_s: float = 30.0  # After SIGTERM: how long to keep executing for a draining scheduler.
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, runner, metrics: WorkerMetrics | None = None):
+    def __init__(self, runner, metrics: WorkerMetrics | None = None, on_fatal=None):
         self.runner = runner
+        # Called when this rank's process group broke (a peer died, a collective timed
+        # out): the group cannot step again, so the worker shuts down.
+        self.on_fatal = on_fatal
         self.metrics = metrics
         # One scheduler drives a worker; a second concurrent stream would interleave plans.
         self._stream_lock = asyncio.Lock()
@@ -86,6 +94,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except Exception as exc:  # A bad plan or a failed forward fails the step, not the worker.
             logger.exception("step %d failed", plan_pb.step_id)
             result = StepResult(step_id=plan_pb.step_id, error=f"{type(exc).__name__}: {exc}")
+            # NOTE: a plan is rejected (ValueError) identically on every rank, before any
+            # collective; anything else may have left the ranks out of step.
+            if not isinstance(exc, ValueError) and self._in_group() and self.on_fatal is not None:
+                logger.error("rank %d: the parallel group is broken; stopping", self.runner.parallel.rank)
+                self.on_fatal()
         result.execute_seconds = time.perf_counter() - start
         if self.metrics is not None:
             self.metrics.step_time.record(result.execute_seconds)
@@ -123,14 +136,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR, result.error))
         span.end()
 
+    def _in_group(self) -> bool:
+        parallel = getattr(self.runner, "parallel", None)
+        return parallel is not None and parallel.world.size > 1
+
     async def Describe(self, request, context):
         return wire.worker_info_to_pb(self.runner.info)
 
 
 async def register_with_scheduler(config: WorkerConfig, address: str, runner) -> None:
     """Retries until the scheduler accepts the registration (it may start after us)."""
+    parallel = runner.parallel
     request = scheduler_pb2.RegisterWorkerRequest(
-        address=address, info=wire.worker_info_to_pb(runner.info)
+        address=address, info=wire.worker_info_to_pb(runner.info),
+        rank=parallel.rank, tp_size=parallel.tp.size, pp_size=parallel.pp.size,
     )
     deadline = time.monotonic() + config.register_timeout_s
     async with insecure_channel(config.scheduler_address) as channel:
@@ -153,7 +172,12 @@ async def register_with_scheduler(config: WorkerConfig, address: str, runner) ->
 
 
 def load_runner(config: WorkerConfig):
+    from llmserve.worker.distributed import DistInit
     from llmserve.worker.model_runner import ModelRunner
+
+    dist = None
+    if config.tp_size * config.pp_size > 1:
+        dist = DistInit.from_env(config.tp_size, config.pp_size, config.rank, config.dist_init, config.dist_timeout_s)
 
     return ModelRunner(
         config.model_dir,
@@ -167,6 +191,7 @@ def load_runner(config: WorkerConfig):
         swap_space_bytes=config.swap_space_bytes,
         max_num_batched_tokens=config.max_num_batched_tokens,
         gpu_memory_utilization=config.gpu_memory_utilization,
+        dist=dist,
     )
 
 
@@ -182,7 +207,7 @@ async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
         info.block_size, info.max_model_len,
     )
     server = ServiceServer("llmserve.internal.v1.Worker", config.host, config.port)
-    servicer = WorkerServicer(runner, metrics)
+    servicer = WorkerServicer(runner, metrics, on_fatal=stop_event.set)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     await server.start()
     address = f"{config.advertise_host}:{server.port}"

@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from llmserve.worker.distributed import GroupHandle
 from llmserve.worker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from llmserve.worker.layers.rotary import RotaryEmbedding, rope_parameters
 from llmserve.worker.models.loader import load_model
@@ -77,19 +78,19 @@ def test_rope_parameters_and_errors():
 def test_tp_weight_loaders_narrow_to_rank_shard():
     # 4 q heads, 2 kv heads, head_dim 2, on rank 1 of 2: q heads 2-3, kv head 1
     full_q, full_k = torch.arange(8.0).view(8, 1), torch.arange(100.0, 104.0).view(4, 1)
-    qkv = QKVParallelLinear(1, 2, 4, 2, tp_size=2, tp_rank=1)
+    qkv = QKVParallelLinear(1, 2, 4, 2, tp=GroupHandle.detached(2, 1))
     qkv.weight_loader(qkv.weight, full_q, "q")
     qkv.weight_loader(qkv.weight, full_k, "k")
     qkv.weight_loader(qkv.weight, full_k + 10, "v")
     assert qkv.weight.flatten().tolist() == [4, 5, 6, 7, 102, 103, 112, 113]
     # 1 kv head, tp 2: the kv head is replicated on both ranks
-    rep = QKVParallelLinear(1, 2, 4, 1, tp_size=2, tp_rank=1)
+    rep = QKVParallelLinear(1, 2, 4, 1, tp=GroupHandle.detached(2, 1))
     rep.weight_loader(rep.weight, full_k[:2], "k")
     assert rep.weight[4:6].flatten().tolist() == [100, 101]
-    gu = MergedColumnParallelLinear(1, [4, 4], tp_size=2, tp_rank=1)
+    gu = MergedColumnParallelLinear(1, [4, 4], tp=GroupHandle.detached(2, 1))
     gu.weight_loader(gu.weight, torch.arange(4.0).view(4, 1), 0)
     gu.weight_loader(gu.weight, torch.arange(10.0, 14.0).view(4, 1), 1)
     assert gu.weight.flatten().tolist() == [2, 3, 12, 13]
-    row = RowParallelLinear(4, 1, tp_size=2, tp_rank=1)
+    row = RowParallelLinear(4, 1, tp=GroupHandle.detached(2, 1))
     row.weight_loader(row.weight, torch.arange(4.0).view(1, 4))
     assert row.weight.flatten().tolist() == [2, 3]

@@ -92,12 +92,18 @@ class SchedulerUpdate(_message.Message):
     def __init__(self, outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("address", "info")
+    __slots__ = ("address", "info", "rank", "tp_size", "pp_size")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PP_SIZE_FIELD_NUMBER: _ClassVar[int]
     address: str
     info: _worker_pb2.WorkerInfo
-    def __init__(self, address: _Optional[str] = ..., info: _Optional[_Union[_worker_pb2.WorkerInfo, _Mapping]] = ...) -> None: ...
+    rank: int
+    tp_size: int
+    pp_size: int
+    def __init__(self, address: _Optional[str] = ..., info: _Optional[_Union[_worker_pb2.WorkerInfo, _Mapping]] = ..., rank: _Optional[int] = ..., tp_size: _Optional[int] = ..., pp_size: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ()

@@ -1,4 +1,4 @@
-"""Activations on fused projections."""
+"""Activations on fused projections, looked up by the config's `hidden_act`."""
 
 from __future__ import annotations
 
@@ -13,3 +13,23 @@ class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
+
+
+class GeluTanhAndMul(nn.Module):
+    """GeGLU with the tanh approximation (Gemma): x [T, 2*d] -> gelu(gate) * up: [T, d]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]
+
+
+GATED_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "silu": SiluAndMul,
+    "gelu_pytorch_tanh": GeluTanhAndMul,
+}
+
+
+def gated_activation(name: str) -> nn.Module:
+    if name not in GATED_ACTIVATIONS:
+        raise ValueError(f"unsupported hidden_act {name!r} (supported: {', '.join(GATED_ACTIVATIONS)})")
+    return GATED_ACTIVATIONS[name]()

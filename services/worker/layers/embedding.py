@@ -10,13 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmserve.worker.distributed import SINGLE, GroupHandle
+
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, tp_size: int = 1, tp_rank: int = 0):
+    def __init__(self, vocab_size: int, hidden_size: int, tp: GroupHandle = SINGLE):
         super().__init__()
-        self.vocab_size, self.tp_size, self.tp_rank = vocab_size, tp_size, tp_rank
-        self.shard_size = -(-vocab_size // tp_size)
-        self.vocab_start = tp_rank * self.shard_size
+        self.tp = tp
+        self.vocab_size, self.tp_size, self.tp_rank = vocab_size, tp.size, tp.rank
+        self.shard_size = -(-vocab_size // tp.size)
+        self.vocab_start = tp.rank * self.shard_size
         # weight: [shard_size, hidden]
         self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
@@ -28,12 +31,6 @@ class VocabParallelEmbedding(nn.Module):
         param.data.zero_()
         param.data[:n].copy_(loaded.narrow(0, self.vocab_start, n))
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO(tensor-parallel): torch.distributed.all_reduce(x) when tp_size > 1.
-        if self.tp_size > 1:
-            raise NotImplementedError("VocabParallelEmbedding: all-reduce is not wired yet")
-        return x
-
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # input_ids: [T] -> [T, hidden]
         if self.tp_size == 1:
@@ -41,7 +38,8 @@ class VocabParallelEmbedding(nn.Module):
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.shard_size)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
-        return self.all_reduce(out.masked_fill(outside[:, None], 0.0))
+        # Each token's row lives on exactly one rank; the others contribute zeros.
+        return self.tp.all_reduce(out.masked_fill(outside[:, None], 0.0))
 
 
 class ParallelLMHead(VocabParallelEmbedding):
@@ -52,9 +50,9 @@ class ParallelLMHead(VocabParallelEmbedding):
     Parameter. Call `process_weights_after_loading()` after loading to refresh w_t.
     """
 
-    def __init__(self, vocab_size: int, hidden_size: int, tp_size: int = 1, tp_rank: int = 0,
+    def __init__(self, vocab_size: int, hidden_size: int, tp: GroupHandle = SINGLE,
                  tied_to: VocabParallelEmbedding | None = None):
-        super().__init__(vocab_size, hidden_size, tp_size, tp_rank)
+        super().__init__(vocab_size, hidden_size, tp)
         if tied_to is not None:
             self.weight = tied_to.weight
         self.register_buffer("w_t", torch.empty(0), persistent=False)
@@ -63,11 +61,10 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.w_t = self.weight.detach().t().contiguous()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [S, hidden] -> logits [S, vocab] (this rank's shard, padding cut off)
+        # hidden: [S, hidden] -> logits [S, vocab] on every TP rank (shards all-gathered,
+        # padding cut off), so sampling on TP rank 0 sees the whole vocabulary.
         if self.w_t.numel() == 0:
             self.process_weights_after_loading()
-        logits = hidden @ self.w_t
-        if self.tp_size > 1:
-            # TODO(tensor-parallel): all-gather the vocab shards across ranks.
-            raise NotImplementedError("ParallelLMHead: all-gather is not wired yet")
+        logits = hidden @ self.w_t  # [S, shard_size]
+        logits = self.tp.all_gather(logits, dim=-1)  # [S, tp * shard_size]
         return logits[:, : self.vocab_size]

@@ -19,10 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmserve.worker.distributed import SINGLE, GroupHandle
 
-def _divide(a: int, b: int) -> int:
+
+def _divide(a: int, b: int, what: str = "") -> int:
     if a % b:
-        raise ValueError(f"{a} is not divisible by tensor-parallel size {b}")
+        what = what or "dimension"
+        raise ValueError(f"{what} ({a}) must be divisible by tensor parallel size ({b})")
     return a // b
 
 
@@ -35,9 +38,10 @@ def _copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
 class LinearBase(nn.Module):
     """y = x @ W.T (+ b). Parameters carry a `weight_loader` attribute used by the loader."""
 
-    def __init__(self, out_features: int, in_features: int, bias: bool, tp_size: int, tp_rank: int):
+    def __init__(self, out_features: int, in_features: int, bias: bool, tp: GroupHandle):
         super().__init__()
-        self.tp_size, self.tp_rank = tp_size, tp_rank
+        self.tp = tp
+        self.tp_size, self.tp_rank = tp.size, tp.rank
         # weight: [out_features (this rank), in_features (this rank)]
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
@@ -65,8 +69,8 @@ class LinearBase(nn.Module):
 class ReplicatedLinear(LinearBase):
     """Every rank holds the full weight."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_size: int = 1, tp_rank: int = 0):
-        super().__init__(output_size, input_size, bias, tp_size, tp_rank)
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp: GroupHandle = SINGLE):
+        super().__init__(output_size, input_size, bias, tp)
 
     def weight_loader(self, param, loaded, shard_id=None):
         _copy_checked(param.data, loaded, "ReplicatedLinear")
@@ -75,8 +79,8 @@ class ReplicatedLinear(LinearBase):
 class ColumnParallelLinear(LinearBase):
     """Output dim split across ranks; each rank returns its slice (no gather here)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_size: int = 1, tp_rank: int = 0):
-        super().__init__(_divide(output_size, tp_size), input_size, bias, tp_size, tp_rank)
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp: GroupHandle = SINGLE):
+        super().__init__(_divide(output_size, tp.size), input_size, bias, tp)
 
     def weight_loader(self, param, loaded, shard_id=None):
         size = param.shape[0]
@@ -86,9 +90,9 @@ class ColumnParallelLinear(LinearBase):
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel matrices fused along the output dim (gate_proj, up_proj)."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, tp_size: int = 1, tp_rank: int = 0):
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, tp: GroupHandle = SINGLE):
         self.output_sizes = list(output_sizes)
-        super().__init__(input_size, sum(output_sizes), bias, tp_size, tp_rank)
+        super().__init__(input_size, sum(output_sizes), bias, tp)
 
     def weight_loader(self, param, loaded, shard_id=None):
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
@@ -109,21 +113,23 @@ class QKVParallelLinear(ColumnParallelLinear):
         total_num_heads: int,
         total_num_kv_heads: int,
         bias: bool = False,
-        tp_size: int = 1,
-        tp_rank: int = 0,
+        tp: GroupHandle = SINGLE,
     ):
         self.head_dim = head_dim
-        self.num_heads = _divide(total_num_heads, tp_size)
-        if total_num_kv_heads >= tp_size:
-            self.num_kv_heads = _divide(total_num_kv_heads, tp_size)
+        self.num_heads = _divide(total_num_heads, tp.size, "Total number of attention heads")
+        if total_num_kv_heads >= tp.size:
+            self.num_kv_heads = _divide(total_num_kv_heads, tp.size, "Total number of KV heads")
             self.num_kv_replicas = 1
         else:  # NOTE: fewer kv heads than ranks: each kv head lives on tp_size/kv ranks.
             self.num_kv_heads = 1
-            self.num_kv_replicas = _divide(tp_size, total_num_kv_heads)
+            if tp.size % total_num_kv_heads:
+                raise ValueError(f"tensor parallel size ({tp.size}) must be a multiple of the number "
+                                 f"of KV heads ({total_num_kv_heads}) when it exceeds it")
+            self.num_kv_replicas = tp.size // total_num_kv_heads
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
-        LinearBase.__init__(self, out, hidden_size, bias, tp_size, tp_rank)
+        LinearBase.__init__(self, out, hidden_size, bias, tp)
 
     def weight_loader(self, param, loaded, shard_id=None):
         if shard_id == "q":
@@ -142,10 +148,10 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(LinearBase):
-    """Input dim split across ranks; partial sums must be all-reduced (hook below)."""
+    """Input dim split across ranks; partial sums are all-reduced over the TP group."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_size: int = 1, tp_rank: int = 0):
-        super().__init__(output_size, _divide(input_size, tp_size), bias, tp_size, tp_rank)
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp: GroupHandle = SINGLE):
+        super().__init__(output_size, _divide(input_size, tp.size), bias, tp)
 
     def weight_loader(self, param, loaded, shard_id=None):
         if param.dim() == 1:  # bias: full on every rank, added once after the reduce
@@ -155,10 +161,8 @@ class RowParallelLinear(LinearBase):
         _copy_checked(param.data, loaded.narrow(1, self.tp_rank * size, size), "RowParallelLinear")
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO(tensor-parallel): torch.distributed.all_reduce(x) when tp_size > 1.
-        if self.tp_size > 1:
-            raise NotImplementedError("RowParallelLinear: tensor-parallel all-reduce is not wired yet")
-        return x
+        """Sum of the ranks' partial products (in place over the TP group)."""
+        return self.tp.all_reduce(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in/tp] -> [T, out]

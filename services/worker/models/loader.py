@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -42,14 +42,18 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(model_dir: Path, keep: Callable[[str], bool] | None = None
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every checkpoint tensor; names `keep` rejects are never read
+    (a pipeline stage reads only its own layers)."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
     for f in files:
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():
-                yield name, st.get_tensor(name)
+                if keep is None or keep(name):
+                    yield name, st.get_tensor(name)
 
 
 def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id: Any = None) -> None:
@@ -62,6 +66,7 @@ def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) 
     """Route each checkpoint tensor to its parameter's weight_loader; fused parameters
     (qkv_proj, gate_up_proj) receive one call per shard. Errors on missing/unexpected."""
     params = dict(model.named_parameters())
+    local_name = getattr(model, "local_weight_name", lambda n: n)
     mapping: dict[str, tuple[str, Any]] = getattr(model, "packed_modules_mapping", {})
     tied = getattr(model.config, "tie_word_embeddings", False)
     loaded: set[tuple[str, Any]] = set()
@@ -70,10 +75,12 @@ def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) 
         for ckpt_name, tensor in weights:
             if ckpt_name.endswith(_IGNORED_SUFFIXES) or (tied and ckpt_name == "lm_head.weight"):
                 continue
-            name, shard_id = ckpt_name, None
+            name, shard_id = local_name(ckpt_name), None
+            if name is None:  # held by another pipeline stage
+                continue
             for frag, (fused, sid) in mapping.items():
-                if f".{frag}." in ckpt_name:
-                    name, shard_id = ckpt_name.replace(f".{frag}.", f".{fused}."), sid
+                if f".{frag}." in name:
+                    name, shard_id = name.replace(f".{frag}.", f".{fused}."), sid
                     break
             param = params.get(name)
             if param is None:
@@ -99,12 +106,15 @@ def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) 
             hook()
 
 
-def load_model(model_dir: Path, dtype: str | torch.dtype = "float32", config: Any = None) -> nn.Module:
-    """Build the registered class for config.json's architecture and load its weights."""
+def load_model(model_dir: Path, dtype: str | torch.dtype = "float32", config: Any = None,
+               parallel: Any = None) -> nn.Module:
+    """Build the registered class for config.json's architecture (this rank's shard when
+    `parallel`, a ParallelState, says so) and load its weights."""
     config = config if config is not None else load_config(model_dir)
     torch_dtype = parse_dtype(dtype)
     cls = model_class(config)
     with _default_dtype(torch_dtype):
-        model = cls(config)
-    load_weights(model, iter_safetensors(model_dir))
+        model = cls(config) if parallel is None else cls(config, parallel)
+    keep = getattr(model, "local_weight_name", None)
+    load_weights(model, iter_safetensors(model_dir, None if keep is None else (lambda n: keep(n) is not None)))
     return model.eval()

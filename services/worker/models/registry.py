@@ -11,6 +11,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("llmserve.worker.models.llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("llmserve.worker.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("llmserve.worker.models.llama", "Qwen2ForCausalLM"),
+    "GemmaForCausalLM": ("llmserve.worker.models.gemma", "GemmaForCausalLM"),
 }
 
 

@@ -1,0 +1,41 @@
+"""One step's forward on one rank of a TP x PP group (SPMD: every rank runs the same
+plan, so every rank knows T, the step's token count, and S, its sampled rows).
+
+    first stage:  input_ids ─▶ layers ─▶ send(hidden, residual) ─▶
+    middle stage: recv ─▶ layers ─▶ send ─▶
+    last stage:   recv ─▶ layers ─▶ norm ─▶ LM head (all-gather over TP) ─▶ logits [S, V]
+
+Sampling happens on the driver (last stage, TP rank 0) only; `share_sampled` then gives
+every rank the sampled ids so each rank's request states stay identical.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llmserve.worker.distributed import ParallelState
+
+
+def forward_step(model: nn.Module, parallel: ParallelState, input_ids: torch.Tensor, positions: torch.Tensor,
+                 kv_caches: list[torch.Tensor], meta, sample_indices: torch.Tensor) -> torch.Tensor | None:
+    """This rank's part of the step. Returns logits [S, vocab] on every last-stage rank
+    (None elsewhere, or when nothing is sampled)."""
+    intermediate = None
+    if not parallel.is_first_stage:
+        p = next(model.parameters())
+        intermediate = parallel.recv_from_prev_stage(input_ids.shape[0], model.config.hidden_size, p.dtype, p.device)
+    out = model(input_ids, positions, kv_caches, meta, intermediate)
+    if not parallel.is_last_stage:
+        parallel.send_to_next_stage(*out)
+        return None
+    if sample_indices.numel() == 0:
+        return None
+    return model.compute_logits(out[sample_indices])  # [S, vocab]
+
+
+def share_sampled(parallel: ParallelState, tokens: list[int] | None, num_sampled: int) -> list[int]:
+    """The driver's sampled ids on every rank (`tokens` is ignored off the driver)."""
+    if parallel.world.size == 1:
+        return list(tokens or [])
+    return parallel.broadcast_from_driver(list(tokens) if parallel.is_driver else [0] * num_sampled)

@@ -1,0 +1,74 @@
+"""Real clusters (router + scheduler + a TP/PP group of worker processes, gloo):
+greedy output equals HF's; killing one rank mid-generation fails the in-flight requests
+with UNAVAILABLE within a bounded time and the scheduler reports NOT_SERVING."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from llmserve.client import LLMServeClient
+from llmserve.launcher import ClusterSpec, LocalCluster, free_port
+from tests.e2e.test_failures import wait_health
+
+from .conftest import hf_greedy
+
+PROMPTS = [[504, 3458, 282, 4649, 314], [1, 2533, 17, 90, 1200, 11, 7, 2201]]
+MAX_TOKENS = 6
+
+
+def _start(model_dir, log_dir, tp: int, pp: int) -> LocalCluster:
+    spec = ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
+                       worker_port=free_port(), tp_size=tp, pp_size=pp, log_dir=log_dir,
+                       worker_args=["--num-kv-blocks", "128", "--swap-space", "0",
+                                    "--max-num-batched-tokens", "64"])
+    return LocalCluster(spec).start(timeout_s=240)
+
+
+async def _greedy(client: LLMServeClient, prompt: list[int], max_tokens: int) -> list[int]:
+    ids: list[int] = []
+    async for delta in client.generate(token_ids=prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True):
+        ids += delta.token_ids
+    return ids
+
+
+@pytest.mark.slow
+async def test_tp2_cluster_matches_hf_then_rank_loss_fails_requests(served_tiny_model, tmp_path):
+    cluster = _start(served_tiny_model, tmp_path, tp=2, pp=1)
+    try:
+        async with LLMServeClient(cluster.router_address) as client:
+            info = await client.model_info()
+            assert info.tensor_parallel_size == 2
+            got = await asyncio.gather(*(_greedy(client, p, MAX_TOKENS) for p in PROMPTS))
+            assert got == [hf_greedy(served_tiny_model, p, MAX_TOKENS) for p in PROMPTS]
+
+            tasks = [asyncio.create_task(_greedy(client, p, 400)) for p in PROMPTS]
+            await asyncio.sleep(1.5)  # both mid-generation
+            assert not any(t.done() for t in tasks)
+            cluster.processes["worker-1"].send_signal(signal.SIGKILL)
+            start = time.monotonic()
+            for task in tasks:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await asyncio.wait_for(task, timeout=30)
+                assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "worker" in err.value.details()
+            assert time.monotonic() - start < 30
+            await wait_health(cluster.scheduler_address, health_pb2.HealthCheckResponse.NOT_SERVING, 10)
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
+async def test_pp2_cluster_matches_hf(served_tiny_model, tmp_path):
+    cluster = _start(served_tiny_model, tmp_path, tp=1, pp=2)
+    try:
+        async with LLMServeClient(cluster.router_address) as client:
+            got = await asyncio.gather(*(_greedy(client, p, MAX_TOKENS) for p in PROMPTS))
+            assert got == [hf_greedy(served_tiny_model, p, MAX_TOKENS) for p in PROMPTS]
+    finally:
+        cluster.stop()
