@@ -26,7 +26,7 @@ class StepRecord:
     num_scheduled_tokens: int
     num_sampled: int
     num_seqs: int
-    live_tokens: int  # Tokens whose KV is held by running requests after the step.
+    live_tokens: int  # Slots holding computed tokens of running sequences (shared blocks once).
     allocated_slots: int  # Blocks in use x block size after the step.
     # Query-key pairs attention computed: a row with c cached and n new tokens adds
     # n*c + n(n+1)/2 (causal). For attention FLOPs in MFU.
@@ -93,9 +93,20 @@ class InProcessEngine:
         self.steps.append(self._record(plan, len(result.sampled), time.perf_counter() - start))
         return outputs
 
+    def _live_slots(self) -> int:
+        """Physical slots holding computed tokens of running sequences; a block shared
+        by several sequences (prefix cache, n > 1) counts once."""
+        kv, filled = self.scheduler.kv, {}
+        for request in self.scheduler.running:
+            for i, block in enumerate(kv.get_block_ids(request.request_id)):
+                n = min(kv.block_size, request.num_computed_tokens - i * kv.block_size)
+                if n > 0:
+                    filled[block] = max(filled.get(block, 0), n)
+        return sum(filled.values())
+
     def _record(self, plan: StepPlan, num_sampled: int, seconds: float) -> StepRecord:
         sched = self.scheduler
-        live = sum(r.num_computed_tokens for r in sched.running)
+        live = self._live_slots()
         used_blocks = sched.kv.num_total_blocks - sched.kv.num_free_blocks
         rows = [(r.num_computed_tokens, r.num_scheduled_tokens) for r in plan.new_requests + plan.cached_requests]
         return StepRecord(
