@@ -51,6 +51,18 @@ class AttentionMetadata:
         return self.query_start_loc[-1]
 
 
+def row_layout(query_lens: list[int]) -> tuple[list[int], int]:
+    """(query_start_loc [N + 1], number of leading decode rows) for a step whose rows are
+    ordered decodes (1 query token) first, as the input batch builds them."""
+    qsl = [0]
+    for n in query_lens:
+        qsl.append(qsl[-1] + n)
+    num_decodes = 0
+    while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
+        num_decodes += 1
+    return qsl, num_decodes
+
+
 class AttentionBackend(abc.ABC):
     """Per-layer attention over the paged cache. Metadata is built once per step by
     `build_metadata` and passed to every layer."""

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from llmserve.worker.attention import cpu_ops
-from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadata, PrefillSeq
+from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadata, PrefillSeq, row_layout
 
 
 class TorchPagedAttention(AttentionBackend):
@@ -17,12 +17,7 @@ class TorchPagedAttention(AttentionBackend):
 
     @staticmethod
     def build_metadata(query_lens, seq_lens, block_tables, slot_mapping, block_size) -> AttentionMetadata:
-        qsl = [0]
-        for n in query_lens:
-            qsl.append(qsl[-1] + n)
-        num_decodes = 0
-        while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
-            num_decodes += 1
+        qsl, num_decodes = row_layout(query_lens)
         dec_table = dec_mask = None
         if num_decodes:
             dec_table, dec_mask = _decode_tensors(block_tables[:num_decodes], seq_lens[:num_decodes], block_size)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadata
+from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadata, row_layout
 
 # NOTE: flash-decoding only pays when (decode rows x kv heads) leaves the GPU's SMs idle
 # and contexts are long; each split then covers at least _SPLIT_MIN_TOKENS keys.
@@ -45,12 +45,7 @@ class TritonPagedAttention(AttentionBackend):
     def build_metadata(query_lens, seq_lens, block_tables, slot_mapping, block_size) -> TritonAttentionMetadata:
         """Tensors land on slot_mapping's device. Rows must be ordered decodes first."""
         dev = slot_mapping.device
-        qsl = [0]
-        for n in query_lens:
-            qsl.append(qsl[-1] + n)
-        num_decodes = 0
-        while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
-            num_decodes += 1
+        qsl, num_decodes = row_layout(query_lens)
         if any(n < 1 for n in query_lens[num_decodes:]):
             raise ValueError(f"query lengths must be >= 1: {query_lens}")
         max_blocks = max((-(-n // block_size) for n in seq_lens), default=0)
