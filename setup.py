@@ -24,5 +24,5 @@ setup(
     package_dir=PACKAGE_ROOTS,
     packages=all_packages(),
     # C++ sources built on first use by torch's extension builder.
-    package_data={"llmserve.worker": ["attention/csrc/*.cpp"]},
+    package_data={"llmserve.worker": ["cpu_kernels/csrc/*.cpp"]},
 )

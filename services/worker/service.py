@@ -10,6 +10,7 @@ allocates blocks: block ids arrive in the plan.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass
@@ -67,6 +68,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.metrics = metrics
         # One scheduler drives a worker; a second concurrent stream would interleave plans.
         self._stream_lock = asyncio.Lock()
+        # NOTE: every step runs on this one thread. OpenMP keeps a thread team per calling
+        # thread; steps landing on different executor threads could leave several teams
+        # of spinning threads competing for the same cores.
+        self._compute_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="step")
 
     @property
     def driven(self) -> bool:
@@ -90,7 +95,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             plan = wire.step_plan_from_pb(plan_pb)
             span = self._step_span(plan)
             # In a thread: torch releases the GIL, so health checks stay responsive.
-            result = await asyncio.to_thread(self.runner.execute, plan)
+            result = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self.runner.execute, plan)
         except Exception as exc:  # A bad plan or a failed forward fails the step, not the worker.
             logger.exception("step %d failed", plan_pb.step_id)
             result = StepResult(step_id=plan_pb.step_id, error=f"{type(exc).__name__}: {exc}")

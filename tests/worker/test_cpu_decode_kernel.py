@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmserve.worker.attention import cpu_ops
+from llmserve.worker import cpu_kernels
 from llmserve.worker.attention.torch_paged import TorchPagedAttention
 
 
@@ -34,7 +34,7 @@ def dense_reference(q, cache, tables, seq_lens, block_size):
     return torch.stack(outs)
 
 
-@pytest.mark.skipif(not cpu_ops.load(), reason="no C++ compiler for the CPU kernels")
+@pytest.mark.skipif(not cpu_kernels.load(), reason="no C++ compiler for the CPU kernels")
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("g", [1, 3, 4])
 @pytest.mark.parametrize("block_size,head_dim", [(16, 64), (32, 128)])
@@ -46,7 +46,7 @@ def test_cpu_decode_kernel_matches_gather_path_and_dense(dtype, tol, g, block_si
     meta = TorchPagedAttention.build_metadata([1] * len(seq_lens), seq_lens, tables,
                                               torch.zeros(len(seq_lens), dtype=torch.long), block_size)
     out = torch.full_like(q, float("nan"))
-    out[:] = cpu_ops.paged_attention_decode(q, cache, meta.decode_block_table, meta.decode_seq_lens, backend.scale)
+    out[:] = cpu_kernels.paged_attention_decode(q, cache, meta.decode_block_table, meta.decode_seq_lens, backend.scale)
     gathered = backend._decode_gather(q, cache, meta)
     dense = dense_reference(q, cache, tables, seq_lens, block_size)
     for got in (out.float(), gathered.float()):

@@ -6,14 +6,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from llmserve.worker.attention import cpu_ops
+from llmserve.worker import cpu_kernels
 from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadata, PrefillSeq, row_layout
 
 
 class TorchPagedAttention(AttentionBackend):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        cpu_ops.load()  # Build the CPU kernels at model load, not during the first request.
+        cpu_kernels.load()  # Build the CPU kernels at model load, not during the first request.
 
     @staticmethod
     def build_metadata(query_lens, seq_lens, block_tables, slot_mapping, block_size) -> AttentionMetadata:
@@ -45,9 +45,9 @@ class TorchPagedAttention(AttentionBackend):
 
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         # q: [B, H, D] -> [B, H, D]
-        if kv_cache.device.type == "cpu" and cpu_ops.load():
+        if kv_cache.device.type == "cpu" and cpu_kernels.load():
             # Reads K/V blocks in place: ~4x faster than the gather below (memory-bound).
-            return cpu_ops.paged_attention_decode(q, kv_cache, meta.decode_block_table, meta.decode_seq_lens,
+            return cpu_kernels.paged_attention_decode(q, kv_cache, meta.decode_block_table, meta.decode_seq_lens,
                                                       self.scale)
         return self._decode_gather(q, kv_cache, meta)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from llmserve.worker import cpu_kernels
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6):
@@ -21,7 +23,19 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Without residual: norm(x). With residual: s = x + residual; return (norm(s), s)."""
+        """Without residual: norm(x). With residual: s = x + residual; return (norm(s), s).
+        On CPU the fused kernel does it in one pass (and may overwrite x and residual)."""
+        if type(self)._norm is RMSNorm._norm and x.dim() == 2 and x.dtype == self.weight.dtype \
+                and cpu_kernels.usable_for(x):
+            if residual is None:
+                return cpu_kernels.rms_norm(x, self.weight, self.eps)
+            return cpu_kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
+        return self.forward_native(x, residual)
+
+    def forward_native(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The plain torch path (any device); the reference for the fused kernels."""
         if residual is None:
             return self._norm(x)
         s = x + residual

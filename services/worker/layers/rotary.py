@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from llmserve.worker import cpu_kernels
+
 
 def rope_parameters(config: Any) -> dict:
     """transformers 5 keeps RoPE settings in `config.rope_parameters`; older configs use
@@ -65,3 +67,22 @@ def apply_rotary(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) ->
     cos, sin = cos_sin
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def apply_rotary_qkv(qkv: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], num_heads: int,
+                     num_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused projection output -> rotated q, k and v.
+
+    qkv: [T, (H + 2*KVH) * D] laid out [q | k | v] -> q [T, H, D], k [T, KVH, D], v [T, KVH, D]
+    (views of qkv). On CPU the q and k heads are rotated in place in one pass.
+    """
+    T = qkv.shape[0]
+    cos, sin = cos_sin
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    if qkv.dim() == 2 and qkv.stride(-1) == 1 and cos.dtype == qkv.dtype and cpu_kernels.usable_for(qkv):
+        cpu_kernels.rotary_neox_(qkv, cos.reshape(T, -1), sin.reshape(T, -1), num_heads + num_kv_heads, head_dim)
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        return q.view(T, num_heads, head_dim), k.view(T, num_kv_heads, head_dim), v.view(T, num_kv_heads, head_dim)
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q, k = q.view(T, num_heads, head_dim), k.view(T, num_kv_heads, head_dim)
+    return apply_rotary(q, cos_sin), apply_rotary(k, cos_sin), v.view(T, num_kv_heads, head_dim)

@@ -24,7 +24,7 @@ from llmserve.worker.layers.activation import gated_activation
 from llmserve.worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from llmserve.worker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from llmserve.worker.layers.norm import RMSNorm
-from llmserve.worker.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
+from llmserve.worker.layers.rotary import RotaryEmbedding, apply_rotary_qkv, rope_parameters
 
 _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -66,11 +66,8 @@ class Attention(nn.Module):
     def forward(self, rope, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         # hidden: [T, hidden_size]; rope: (cos, sin) for this step's positions
         T = hidden.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
-        q = q.view(T, self.num_heads, self.head_dim)  # [T, H/tp, D]
-        k = k.view(T, self.num_kv_heads, self.head_dim)  # [T, KVH/tp, D]
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        # q: [T, H/tp, D]; k, v: [T, KVH/tp, D]
+        q, k, v = apply_rotary_qkv(self.qkv_proj(hidden), rope, self.num_heads, self.num_kv_heads, self.head_dim)
         o = self.attn.forward(q, k, v, kv_cache, meta)  # [T, H/tp, D]
         return self.o_proj(o.view(T, -1))  # all-reduce #1 of the layer
 

@@ -116,7 +116,7 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& kv_cach
 
 }  // namespace
 
-TORCH_LIBRARY(llmserve_cpu, m) {
+TORCH_LIBRARY_FRAGMENT(llmserve_cpu, m) {
   m.def("paged_attention_decode(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale) -> Tensor");
 }
 

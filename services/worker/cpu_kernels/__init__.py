@@ -1,0 +1,95 @@
+"""CPU kernels in C++ (built on first use with torch's extension builder).
+
+On CPU, decode attention over a paged KV cache is memory-bound; gathering each
+sequence's blocks into a contiguous tensor first (what plain torch must do) moves
+every K/V byte three times: `paged_attention_decode` reads the blocks in place.
+The element-wise ops (RMSNorm with the residual add, SiLU-and-multiply, rotary
+embedding) each replace a chain of torch ops with one pass over the activations.
+
+Every op has a plain torch equivalent in the layers, used when `available()` is False
+(no compiler, `LLMSERVE_DISABLE_CPU_KERNELS=1`) and as the reference in tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp"]
+
+
+def _build_dir() -> Path:
+    # -march=native code is only valid on the CPU it was built for: key the cache on it,
+    # and on the sources, so an edited kernel is rebuilt rather than loaded stale.
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
+    cpu_key = hashlib.sha1(flags.split("\nflags", 1)[-1].split("\n", 1)[0].encode()).hexdigest()[:10]
+    src_key = hashlib.sha1(b"".join(s.read_bytes() for s in _SOURCES)).hexdigest()[:10]
+    root = Path(os.environ.get("LLMSERVE_CACHE", Path.home() / ".cache" / "llmserve"))
+    path = root / "torch_extensions" / f"{torch.__version__}-{cpu_key}-{src_key}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@lru_cache(maxsize=1)
+def load() -> bool:
+    """Builds (once per machine) and loads the ops; False if that is impossible here."""
+    if os.environ.get("LLMSERVE_DISABLE_CPU_KERNELS") == "1":
+        return False
+    try:
+        from torch.utils.cpp_extension import load as build
+
+        build(name="llmserve_cpu_kernels", sources=[str(s) for s in _SOURCES], build_directory=str(_build_dir()),
+              extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"], is_python_module=False,
+              verbose=False)
+        return True
+    except Exception as err:  # No compiler, no headers: the torch path still works.
+        logger.warning("CPU kernels unavailable (%s); using plain torch ops", err)
+        return False
+
+
+def usable_for(x: torch.Tensor) -> bool:
+    """True when the fused element-wise CPU ops apply to this activation tensor.
+
+    float32 only: in 16-bit dtypes the torch path rounds op by op exactly as HF
+    transformers does, and greedy bfloat16 outputs are checked against HF's; the fused
+    kernels (float32 statistics summed in another order) flip rare near-ties there.
+    """
+    return x.device.type == "cpu" and x.dtype == torch.float32 and load()
+
+
+def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, H, D], kv_cache [2, NB, BS, KVH, D], block_tables [B, max_blocks] int64, seq_lens [B] int64."""
+    return torch.ops.llmserve_cpu.paged_attention_decode(q.contiguous(), kv_cache, block_tables, seq_lens, scale)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, H] -> weight * x / rms(x)  [T, H]"""
+    return torch.ops.llmserve_cpu.rms_norm(x, weight, eps)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """s = x + residual; returns (rms_norm(s), s), written over x and residual."""
+    x, residual = x.contiguous(), residual.contiguous()
+    torch.ops.llmserve_cpu.fused_add_rms_norm_(x, residual, weight, eps)
+    return x, residual
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [T, 2d] laid out [gate | up] -> silu(gate) * up  [T, d]"""
+    return torch.ops.llmserve_cpu.silu_and_mul(x)
+
+
+def rotary_neox_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, head_dim: int) -> None:
+    """In place on the first `heads` heads of each row of x [T, >= heads*D] (e.g. the q and
+    k heads of a fused qkv output); cos, sin [T, D/2]."""
+    torch.ops.llmserve_cpu.rotary_neox_(x, cos, sin, heads, head_dim)
