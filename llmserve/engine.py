@@ -28,9 +28,13 @@ class StepRecord:
     num_seqs: int
     live_tokens: int  # Slots holding computed tokens of running sequences (shared blocks once).
     allocated_slots: int  # Blocks in use x block size after the step.
+    # Slots of the blocks holding at least one live token: the least any allocator with
+    # this block size needs for these sequences (live / this = the granularity bound).
+    live_block_slots: int = 0
     # Query-key pairs attention computed: a row with c cached and n new tokens adds
     # n*c + n(n+1)/2 (causal). For attention FLOPs in MFU.
     attention_pairs: int = 0
+    kv_tokens_read: int = 0  # Cached tokens attention read (context of every scheduled row).
 
 
 @dataclass
@@ -93,29 +97,32 @@ class InProcessEngine:
         self.steps.append(self._record(plan, len(result.sampled), time.perf_counter() - start))
         return outputs
 
-    def _live_slots(self) -> int:
-        """Physical slots holding computed tokens of running sequences; a block shared
-        by several sequences (prefix cache, n > 1) counts once."""
+    def _live_slots(self) -> tuple[int, int]:
+        """Physical slots holding computed tokens of running sequences, and the slots of
+        the blocks holding them; a block shared by several sequences (prefix cache,
+        n > 1) counts once."""
         kv, filled = self.scheduler.kv, {}
         for request in self.scheduler.running:
             for i, block in enumerate(kv.get_block_ids(request.request_id)):
                 n = min(kv.block_size, request.num_computed_tokens - i * kv.block_size)
                 if n > 0:
                     filled[block] = max(filled.get(block, 0), n)
-        return sum(filled.values())
+        return sum(filled.values()), len(filled) * kv.block_size
 
     def _record(self, plan: StepPlan, num_sampled: int, seconds: float) -> StepRecord:
         sched = self.scheduler
-        live = self._live_slots()
+        live, live_block_slots = self._live_slots()
         used_blocks = sched.kv.num_total_blocks - sched.kv.num_free_blocks
         rows = [(r.num_computed_tokens, r.num_scheduled_tokens) for r in plan.new_requests + plan.cached_requests]
         return StepRecord(
             attention_pairs=sum(n * c + n * (n + 1) // 2 for c, n in rows),
+            kv_tokens_read=sum(c for c, _ in rows),
             seconds=seconds,
             num_scheduled_tokens=plan.total_scheduled_tokens,
             num_sampled=num_sampled,
             num_seqs=len(plan.new_requests) + len(plan.cached_requests),
             live_tokens=live,
+            live_block_slots=live_block_slots,
             allocated_slots=used_blocks * sched.kv.block_size,
         )
 

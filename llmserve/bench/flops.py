@@ -1,4 +1,5 @@
-"""Model FLOPs and the machine's matmul peak, for MFU (model FLOP utilisation).
+"""Model FLOPs and the machine's matmul peak, for MFU (model FLOP utilisation); model
+bytes and the machine's memory bandwidth, for the roofline floor of a run.
 
 Achieved model FLOP/s counts only the work the model needs (vLLM/PaLM convention):
   2 x (parameters of the linear layers) per computed token
@@ -6,6 +7,11 @@ Achieved model FLOP/s counts only the work the model needs (vLLM/PaLM convention
 + 4 x heads x head_dim x layers per query-key pair attention scores (QK^T and AV).
 It is divided by a matmul peak measured in the same process on the same dtype, so the
 ratio needs no datasheet.
+
+Roofline floor: a step cannot take less than max(FLOPs / peak, bytes / bandwidth), where
+bytes = every linear weight once + the LM head when logits are computed + the K/V of
+every attended token + the K/V written. Summed over a run's steps it is the time a
+perfect implementation would need on this machine for the same schedule.
 """
 
 from __future__ import annotations
@@ -38,6 +44,39 @@ class ModelFlops:
     def step_flops(self, computed_tokens: int, logits_tokens: int, attention_pairs: int) -> int:
         return (2 * self.linear_params * computed_tokens + 2 * self.lm_head_params * logits_tokens
                 + self.attention_flops_per_pair * attention_pairs)
+
+
+@dataclass(frozen=True)
+class ModelBytes:
+    linear_bytes: int  # All linear weights of all layers, read once per step.
+    lm_head_bytes: int
+    kv_bytes_per_token: int  # K and V of one token over all layers.
+
+    @classmethod
+    def from_config(cls, cfg, dtype: torch.dtype) -> "ModelBytes":
+        size = torch.finfo(dtype).bits // 8
+        flops = ModelFlops.from_config(cfg)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(linear_bytes=flops.linear_params * size, lm_head_bytes=flops.lm_head_params * size,
+                   kv_bytes_per_token=2 * cfg.num_key_value_heads * head_dim * cfg.num_hidden_layers * size)
+
+    def step_bytes(self, computed_tokens: int, logits_tokens: int, kv_tokens_read: int) -> int:
+        return (self.linear_bytes + (self.lm_head_bytes if logits_tokens else 0)
+                + self.kv_bytes_per_token * (kv_tokens_read + computed_tokens))
+
+
+def measure_memory_bandwidth(nbytes: int = 2**30, seconds: float = 1.0) -> float:
+    """Bytes/s of streaming reads from a buffer larger than the last-level cache (best of
+    several passes): the bandwidth decode steps are bound by."""
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)
+    buf.sum()  # Warm-up (and fault the pages in).
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        buf.sum()
+        best = max(best, nbytes / (time.perf_counter() - start))
+    return best
 
 
 def measure_matmul_peak(dtype: torch.dtype = torch.float32, size: int = 2048, seconds: float = 1.5) -> float:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from llmserve.bench.flops import ModelFlops, measure_matmul_peak
+from llmserve.bench.flops import ModelBytes, ModelFlops, measure_matmul_peak, measure_memory_bandwidth
 from llmserve.bench.report import machine_info, plot_throughput, write_json
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 from llmserve.engine import InProcessEngine
@@ -19,6 +19,11 @@ from llmserve.sampling import SamplingParams
 
 def _sampling(r: BenchRequest) -> SamplingParams:
     return SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True)
+
+
+def _time_weighted(steps, value) -> float:
+    total = sum(s.seconds for s in steps if s.allocated_slots)
+    return sum(s.seconds * value(s) for s in steps if s.allocated_slots) / total if total else 0.0
 
 
 def run_in_process(engine: InProcessEngine, requests: list[BenchRequest]) -> dict:
@@ -30,7 +35,6 @@ def run_in_process(engine: InProcessEngine, requests: list[BenchRequest]) -> dic
     seconds = time.perf_counter() - start
     steps = engine.steps
     out_tokens = sum(len(c.output_token_ids) for c in done.values())
-    step_time = sum(s.seconds for s in steps)
     flops = ModelFlops.from_config(engine.runner.config)
     model_flops = sum(flops.step_flops(s.num_scheduled_tokens, s.num_sampled, s.attention_pairs) for s in steps)
     block_size = engine.scheduler.kv.block_size
@@ -42,14 +46,30 @@ def run_in_process(engine: InProcessEngine, requests: list[BenchRequest]) -> dic
         "num_steps": len(steps),
         "computed_tokens": sum(s.num_scheduled_tokens for s in steps),
         # Time-weighted: at each step, slots holding live tokens / slots in allocated blocks.
-        "kv_utilisation": sum(s.seconds * s.live_tokens / s.allocated_slots for s in steps if s.allocated_slots)
-        / step_time,
+        "kv_utilisation": _time_weighted(steps, lambda s: s.live_tokens / s.allocated_slots),
+        # Its ceiling at this block size: live tokens / slots of the blocks holding them
+        # (only the unfilled tail of each sequence's last block is lost).
+        "kv_utilisation_bound": _time_weighted(steps, lambda s: s.live_tokens / max(s.live_block_slots, 1)),
         "peak_blocks_in_use": max(s.allocated_slots for s in steps) // block_size,
         "num_preemptions": engine.scheduler.stats().num_preemptions,
         "prefix_cache_hit_rate": engine.scheduler.stats().prefix_cache_hit_rate,
         "model_tflop": model_flops / 1e12,
         "achieved_gflop_per_s": model_flops / seconds / 1e9,
         "outputs": {rid: c.output_token_ids for rid, c in done.items()},
+    }
+
+
+def roofline(engine: InProcessEngine, peak_flops: float, bandwidth: float, dtype: torch.dtype, result: dict) -> dict:
+    """The run's roofline floor: per step max(FLOPs / peak, bytes / bandwidth), summed."""
+    flops = ModelFlops.from_config(engine.runner.config)
+    model_bytes = ModelBytes.from_config(engine.runner.config, dtype)
+    floor = sum(max(flops.step_flops(s.num_scheduled_tokens, s.num_sampled, s.attention_pairs) / peak_flops,
+                    model_bytes.step_bytes(s.num_scheduled_tokens, s.num_sampled, s.kv_tokens_read) / bandwidth)
+                for s in engine.steps)
+    return {
+        "roofline_floor_seconds": floor,
+        "roofline_fraction": floor / result["seconds"],  # 1.0 = as fast as this machine allows
+        "mfu_at_roofline": result["model_tflop"] * 1e12 / (floor * peak_flops),
     }
 
 
@@ -109,13 +129,17 @@ def bench_throughput(args) -> int:
               "machine": machine_info(), "dtype": args.dtype, "command": " ".join(args.argv), "results": {}}
     print(f"workload {args.workload}: {summary(requests)}", flush=True)
     peak = measure_matmul_peak(torch_dtype)
+    bandwidth = measure_memory_bandwidth()
     report["matmul_peak_gflop_per_s"] = peak / 1e9
+    report["memory_bandwidth_gb_per_s"] = bandwidth / 1e9
     engine = InProcessEngine.from_model_dir(
         model_dir, dtype=args.dtype, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=not args.no_chunked_prefill,
         enable_prefix_caching=not args.no_prefix_caching, preemption_mode=args.preemption_mode)
     result = run_in_process(engine, requests)
+    engine_block_size = engine.scheduler.kv.block_size
     result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / peak
+    result.update(roofline(engine, peak, bandwidth, torch_dtype, result))
     report["results"]["engine"] = result
     del engine
     _print_row("llmserve in-process", result)
@@ -143,6 +167,10 @@ def bench_throughput(args) -> int:
         _print_row(label, hf, result)
     print(f"matmul peak ({args.dtype}): {peak / 1e9:.0f} GFLOP/s; engine achieved "
           f"{result['achieved_gflop_per_s']:.0f} GFLOP/s = MFU {100 * result['mfu']:.0f}%", flush=True)
+    print(f"roofline (memory {bandwidth / 1e9:.0f} GB/s): floor {result['roofline_floor_seconds']:.1f} s, engine at "
+          f"{100 * result['roofline_fraction']:.0f}% of it; MFU at the floor {100 * result['mfu_at_roofline']:.0f}%; "
+          f"KV utilisation bound at block size {engine_block_size}: {100 * result['kv_utilisation_bound']:.1f}%",
+          flush=True)
     for r in report["results"].values():
         r.pop("outputs", None)
     out = Path(args.output_dir)

@@ -31,6 +31,10 @@ def test_bench_throughput_smoke(tmp_path):
     engine, grpc_run, hf = (report["results"][k] for k in ("engine", "grpc", "hf"))
     assert engine["output_tokens"] == report["workload"]["output_tokens"] == hf["output_tokens"]
     assert 0 < engine["mfu"] < 1 and 0 < engine["kv_utilisation"] <= 1
+    # Utilisation cannot beat its block-granularity ceiling; the roofline floor is real time.
+    assert engine["kv_utilisation"] <= engine["kv_utilisation_bound"] + 1e-9
+    assert engine["roofline_floor_seconds"] > 0 and 0 < engine["mfu_at_roofline"] <= 1
+    assert report["memory_bandwidth_gb_per_s"] > 0
     assert engine["peak_blocks_in_use"] > 0 and report["matmul_peak_gflop_per_s"] > 0
     # Greedy: the same tokens whichever way they were produced.
     assert grpc_run["same_tokens_as_engine"] == 1.0
