@@ -38,8 +38,9 @@ def dense_reference(q, cache, tables, seq_lens, block_size):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("g", [1, 3, 4])
 @pytest.mark.parametrize("block_size,head_dim", [(16, 64), (32, 128)])
-def test_cpu_decode_kernel_matches_gather_path_and_dense(dtype, tol, g, block_size, head_dim):
-    seq_lens = [1, 17, 40, 129, 5]
+# Many sequences: one work item per sequence; one: split by KV head across threads.
+@pytest.mark.parametrize("seq_lens", [[1, 17, 40, 129, 5], [300]])
+def test_cpu_decode_kernel_matches_gather_path_and_dense(dtype, tol, g, block_size, head_dim, seq_lens):
     kvh = 2
     q, cache, tables = paged_case(seq_lens, kvh, g, head_dim, block_size, dtype)
     backend = TorchPagedAttention(kvh * g, head_dim, kvh)

@@ -7,9 +7,13 @@
 //   seq_lens [B] int64                     tokens of context (incl. the new one)
 //   out      [B, H, D]
 //
-// Work item = (sequence, kv head): its g = H / KVH query heads share every K/V row
-// loaded, so each K and V byte of the sequence is read once per step. Two passes:
-// scores for all positions (q.k, g at a time), then a softmax-weighted sum of V.
+// Work item = one sequence, all its heads (when there are enough sequences). A block's K (and V) for all KV heads is one
+// contiguous run of block_size * KVH * D elements, so each is streamed front to back
+// once per step; per-head work items would read it as 256-byte pieces at a KVH-fold
+// stride, which the hardware prefetchers turn into wasted bandwidth. While a block is
+// processed, the next block's rows are prefetched (blocks are scattered in memory, so
+// the streamers cannot guess them). Two passes: scores for all positions, then a
+// softmax-weighted sum of V; the g = H / KVH query heads of a KV head share each row.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -21,6 +25,12 @@
 
 namespace {
 
+// Touches the cache lines of `bytes` bytes from p (read, keep in L2).
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 2);
+}
+
 // HEAD_DIM > 0 fixes the head size at compile time (fully unrolled inner loops);
 // 0 reads it from `head_dim`.
 template <typename T, int64_t HEAD_DIM>
@@ -31,56 +41,70 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
   const int64_t g = H / KVH;
   const int64_t row = KVH * D;                            // elements per token slot
   const int64_t v_offset = num_blocks * block_size * row;  // kv[1] starts here
-  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(g * D), acc(g * D), scores;
+  // Few sequences (a lone long decode): one item per (sequence, KV head) so every
+  // thread has work, at the cost of the strided reads described above.
+  const int64_t splits = B < 2 * at::get_num_threads() ? KVH : 1;
+  const int64_t heads_per_item = KVH / splits;
+  at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(H * D), acc(H * D), scores;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / KVH, h = item % KVH;
+      const int64_t b = item / splits;
+      const int64_t kh0 = (item % splits) * heads_per_item, kh1 = kh0 + heads_per_item;
       const int64_t len = seq_lens[b];
-      scores.assign(g * len, 0.f);
-      for (int64_t j = 0; j < g; ++j)
-        for (int64_t d = 0; d < D; ++d)
-          qf[j * D + d] = static_cast<float>(q[(b * H + h * g + j) * D + d]) * scale;
-      // Pass 1: scores[j][p] = q_j . k_p, block by block (one table lookup per block).
+      const int64_t* table = tables + b * max_blocks;
+      scores.assign(H * len, 0.f);
+      for (int64_t i = 0; i < H * D; ++i) qf[i] = static_cast<float>(q[b * H * D + i]) * scale;
       const int64_t n_blocks = (len + block_size - 1) / block_size;
+      // Pass 1: scores[h][p] = q_h . k_p (h over all query heads, k of its KV head).
       for (int64_t blk = 0; blk < n_blocks; ++blk) {
-        const T* base = kv + tables[b * max_blocks + blk] * block_size * row + h * D;
+        const T* base = kv + table[blk] * block_size * row;
+        if (blk + 1 < n_blocks) prefetch_bytes(kv + table[blk + 1] * block_size * row, block_size * row * sizeof(T));
+        else prefetch_bytes(kv + v_offset + table[0] * block_size * row, block_size * row * sizeof(T));
         const int64_t first = blk * block_size, n = std::min(block_size, len - first);
         for (int64_t t = 0; t < n; ++t) {
-          const T* k = base + t * row;
-          for (int64_t j = 0; j < g; ++j) {
-            const float* qj = qf.data() + j * D;
-            float s = 0.f;
-            for (int64_t d = 0; d < D; ++d) s += qj[d] * static_cast<float>(k[d]);
-            scores[j * len + first + t] = s;
+          for (int64_t kh = kh0; kh < kh1; ++kh) {
+            const T* k = base + t * row + kh * D;
+            for (int64_t j = 0; j < g; ++j) {
+              const int64_t h = kh * g + j;
+              const float* qh = qf.data() + h * D;
+              float s = 0.f;
+              for (int64_t d = 0; d < D; ++d) s += qh[d] * static_cast<float>(k[d]);
+              scores[h * len + first + t] = s;
+            }
           }
         }
       }
       // Softmax per query head.
-      for (int64_t j = 0; j < g; ++j) {
-        float* sj = scores.data() + j * len;
-        const float m = *std::max_element(sj, sj + len);
+      for (int64_t h = kh0 * g; h < kh1 * g; ++h) {
+        float* sh = scores.data() + h * len;
+        const float m = *std::max_element(sh, sh + len);
         float sum = 0.f;
-        for (int64_t p = 0; p < len; ++p) sum += (sj[p] = std::exp(sj[p] - m));
+        for (int64_t p = 0; p < len; ++p) sum += (sh[p] = std::exp(sh[p] - m));
         const float inv = 1.f / sum;
-        for (int64_t p = 0; p < len; ++p) sj[p] *= inv;
+        for (int64_t p = 0; p < len; ++p) sh[p] *= inv;
       }
-      // Pass 2: out_j = sum_p softmax_j[p] * v_p
+      // Pass 2: out_h = sum_p softmax_h[p] * v_p
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t blk = 0; blk < n_blocks; ++blk) {
-        const T* base = kv + v_offset + tables[b * max_blocks + blk] * block_size * row + h * D;
+        const T* base = kv + v_offset + table[blk] * block_size * row;
+        if (blk + 1 < n_blocks)
+          prefetch_bytes(kv + v_offset + table[blk + 1] * block_size * row, block_size * row * sizeof(T));
+        else if (splits == 1 && b + 1 < end && seq_lens[b + 1] > 0)  // the next sequence's first K block
+          prefetch_bytes(kv + tables[(b + 1) * max_blocks] * block_size * row, block_size * row * sizeof(T));
         const int64_t first = blk * block_size, n = std::min(block_size, len - first);
         for (int64_t t = 0; t < n; ++t) {
-          const T* v = base + t * row;
-          for (int64_t j = 0; j < g; ++j) {
-            const float w = scores[j * len + first + t];
-            float* aj = acc.data() + j * D;
-            for (int64_t d = 0; d < D; ++d) aj[d] += w * static_cast<float>(v[d]);
+          for (int64_t kh = kh0; kh < kh1; ++kh) {
+            const T* v = base + t * row + kh * D;
+            for (int64_t j = 0; j < g; ++j) {
+              const int64_t h = kh * g + j;
+              const float w = scores[h * len + first + t];
+              float* ah = acc.data() + h * D;
+              for (int64_t d = 0; d < D; ++d) ah[d] += w * static_cast<float>(v[d]);
+            }
           }
         }
       }
-      for (int64_t j = 0; j < g; ++j)
-        for (int64_t d = 0; d < D; ++d)
-          out[(b * H + h * g + j) * D + d] = static_cast<T>(acc[j * D + d]);
+      for (int64_t i = kh0 * g * D; i < kh1 * g * D; ++i) out[b * H * D + i] = static_cast<T>(acc[i]);
     }
   });
 }
