@@ -43,7 +43,9 @@ def _ms(seconds: float) -> str:
     return f"{1000 * seconds:8.2f} ms"
 
 
-def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: int = 5) -> dict:
+def decoding_engine(model_dir, dtype: str, batch: int, context: int) -> InProcessEngine:
+    """An in-process engine with `batch` sequences of `context` prompt tokens, all past
+    their prefill: every further step is a pure decode step at that batch size."""
     engine = InProcessEngine.from_model_dir(model_dir, dtype=dtype, kv_cache_memory_bytes=2**30,
                                             max_num_batched_tokens=max(4096, batch * (context + 16)))
     for i, r in enumerate(random_workload(batch, (context, context), (1000, 1000), 49152, seed=1)):
@@ -51,6 +53,24 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
                                                                       ignore_eos=True))
     while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
         engine.step()
+    return engine
+
+
+def time_decode_step(model_dir, dtype: str, batch: int, context: int, steps: int = 9) -> float:
+    """Median seconds of a whole in-process decode step (schedule, forward, sample,
+    update; no profiler) at this batch size and context."""
+    engine = decoding_engine(model_dir, dtype, batch, context)
+    engine.step()  # Warm-up.
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: int = 5) -> dict:
+    engine = decoding_engine(model_dir, dtype, batch, context)
     runner, sched = engine.runner, engine.scheduler
     times: dict[str, float] = defaultdict(float)
     ops: dict[str, float] = defaultdict(float)

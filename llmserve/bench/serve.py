@@ -59,6 +59,8 @@ def compute_metrics(timings: list[RequestTiming], duration: float) -> dict:
         "tpot_ms": {k: v * ms for k, v in percentiles([t.tpot for t in ok if t.tpot is not None]).items()},
         "itl_ms": {k: v * ms for k, v in percentiles(itls).items()},
         "e2e_ms": {k: v * ms for k, v in percentiles([t.end - t.start for t in ok]).items()},
+        # Requests in flight, time-averaged over the run: the batch size the engine ran at.
+        "mean_concurrency": sum(t.end - t.start for t in ok) / duration if duration else 0.0,
     }
 
 
@@ -114,6 +116,8 @@ def bench_serve(args) -> int:
         if cluster is not None:
             cluster.stop()
     metrics = compute_metrics(timings, duration)
+    if args.launch and metrics["completed"]:
+        compare_with_decode_step(metrics, model_dir, args.dtype, requests)
     report = {"kind": "serve", "workload": {"name": args.workload, **summary(requests)}, "machine": machine_info(),
               "dtype": args.dtype, "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
               "command": " ".join(args.argv), "metrics": metrics}
@@ -127,6 +131,19 @@ def bench_serve(args) -> int:
     return 0 if metrics["failed"] == 0 else 1
 
 
+def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: list[BenchRequest]) -> None:
+    """Times an in-process decode step at the run's mean batch size and mean context (same
+    machine, right after the run) and sets TPOT median / that step: what serving
+    through the cluster, with arrivals and prefills in between, adds per token."""
+    from llmserve.bench.profile_step import time_decode_step
+
+    batch = max(1, round(metrics["mean_concurrency"]))
+    context = round(statistics.fmean(len(r.prompt_token_ids) + r.output_len / 2 for r in requests))
+    step = time_decode_step(model_dir, dtype, batch, context)
+    metrics["decode_step_ms"] = {"batch": batch, "context": context, "median": 1000 * step}
+    metrics["tpot_median_over_decode_step"] = metrics["tpot_ms"]["median"] / (1000 * step)
+
+
 def print_metrics(m: dict) -> None:
     print(f"completed {m['completed']}, failed {m['failed']}, duration {m['duration_s']:.1f} s")
     print(f"request throughput {m['request_throughput']:.2f} req/s, output {m['output_token_throughput']:.1f} tok/s,"
@@ -134,3 +151,8 @@ def print_metrics(m: dict) -> None:
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         s = m[name]
         print(f"{name[:-3].upper():>5} ms: mean {s['mean']:8.1f}  median {s['median']:8.1f}  p99 {s['p99']:8.1f}")
+    if "decode_step_ms" in m:
+        d = m["decode_step_ms"]
+        print(f"in-process decode step at batch {d['batch']}, context {d['context']}: {d['median']:.1f} ms; "
+              f"TPOT median / step = {m['tpot_median_over_decode_step']:.2f}x (mean concurrency "
+              f"{m['mean_concurrency']:.1f})")

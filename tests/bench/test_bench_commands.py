@@ -49,3 +49,6 @@ def test_bench_serve_smoke(tmp_path):
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         assert 0 < m[name]["median"] <= m[name]["p99"]
     assert m["output_token_throughput"] > 0 and m["request_throughput"] > 0
+    # --launch: TPOT is set against an in-process decode step at the run's batch size.
+    assert 0 < m["mean_concurrency"] <= 6 and m["decode_step_ms"]["batch"] == max(1, round(m["mean_concurrency"]))
+    assert m["decode_step_ms"]["median"] > 0 and m["tpot_median_over_decode_step"] > 0
