@@ -56,9 +56,11 @@ def test_bfloat16_close_to_float32(tiny_llama_dir):
     outs = []
     for dtype in ("float32", "bfloat16"):
         m = load_model(tiny_llama_dir, dtype)
-        assert m.lm_head.w_t.dtype == m.model.layers[0].self_attn.qkv_proj.weight.dtype
+        head = m.lm_head.w_packed if m.lm_head.w_packed is not None else m.lm_head.w_t  # the head's product copy
+        assert head.dtype == m.model.layers[0].self_attn.qkv_proj.weight.dtype == getattr(torch, dtype)
+        assert (m.lm_head.w_packed is not None) == (dtype == "float32")  # oneDNN-packed in float32 on CPU
         cfg = m.config
-        kv = [torch.zeros(2, 4, 16, 2, 16, dtype=m.lm_head.w_t.dtype) for _ in range(cfg.num_hidden_layers)]
+        kv = [torch.zeros(2, 4, 16, 2, 16, dtype=getattr(torch, dtype)) for _ in range(cfg.num_hidden_layers)]
         meta = TorchPagedAttention.build_metadata([10], [10], [[2]], torch.arange(32, 42), 16)
         with torch.inference_mode():
             outs.append(m.compute_logits(m(torch.arange(3, 13), torch.arange(10), kv, meta)).float())

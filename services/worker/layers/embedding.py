@@ -42,12 +42,21 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(out.masked_fill(outside[:, None], 0.0))
 
 
+def _onednn_packing_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
 class ParallelLMHead(VocabParallelEmbedding):
-    """logits = hidden @ W.T, computed as hidden @ w_t with w_t a contiguous [hidden, vocab]
-    copy (NOTE: ~2x faster than F.linear on CPU for the 576x49152 head).
+    """logits = hidden @ W.T through a second copy of W laid out for the product:
+      - float32 on CPU: W reordered into oneDNN's blocked layout (the packing torch's own
+        compiler uses for frozen linears). The head is a [rows <= batch] x [hidden, vocab]
+        product bound by streaming W; measured against `hidden @ w_t` on a 576 x 49152
+        head: 16 rows 14.2 -> 8.2 ms, 63 rows 22.6 -> 18.3 ms (1 row 3.5 -> 4.4 ms).
+      - otherwise: w_t, a contiguous [hidden, vocab] copy (NOTE: ~2x faster than
+        F.linear on CPU for the 576x49152 head).
 
     Tied embeddings: pass `tied_to=embed_tokens`; the weight is then the embedding's own
-    Parameter. Call `process_weights_after_loading()` after loading to refresh w_t.
+    Parameter. Call `process_weights_after_loading()` after loading to refresh the copy.
     """
 
     def __init__(self, vocab_size: int, hidden_size: int, tp: GroupHandle = SINGLE,
@@ -56,15 +65,24 @@ class ParallelLMHead(VocabParallelEmbedding):
         if tied_to is not None:
             self.weight = tied_to.weight
         self.register_buffer("w_t", torch.empty(0), persistent=False)
+        self.w_packed: torch.Tensor | None = None  # opaque oneDNN tensor, [shard_size, hidden]
 
     def process_weights_after_loading(self) -> None:
-        self.w_t = self.weight.detach().t().contiguous()
+        w = self.weight.detach()
+        if w.device.type == "cpu" and w.dtype == torch.float32 and _onednn_packing_available():
+            # NOTE: the batch-size hint only tunes the blocking; any row count works.
+            self.w_packed, self.w_t = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 64), torch.empty(0)
+        else:
+            self.w_packed, self.w_t = None, w.t().contiguous()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, hidden] -> logits [S, vocab] on every TP rank (shards all-gathered,
         # padding cut off), so sampling on TP rank 0 sees the whole vocabulary.
-        if self.w_t.numel() == 0:
+        if self.w_packed is None and self.w_t.numel() == 0:
             self.process_weights_after_loading()
-        logits = hidden @ self.w_t  # [S, shard_size]
+        if self.w_packed is not None:
+            logits = torch.ops.mkldnn._linear_pointwise(hidden.contiguous(), self.w_packed, None, "none", [], "")
+        else:
+            logits = hidden @ self.w_t  # [S, shard_size]
         logits = self.tp.all_gather(logits, dim=-1)  # [S, tp * shard_size]
         return logits[:, : self.vocab_size]
