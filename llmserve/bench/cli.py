@@ -24,6 +24,8 @@ def add_bench_parser(sub, add_model_flags, add_scheduler_flags, parse_bytes) -> 
                       help="HF transformers in the same run: static-batch generate (hf) or its continuous "
                            "batching (hf-cb); repeatable")
     tput.add_argument("--hf-batch-size", type=int, default=16)
+    tput.add_argument("--repeat", type=int, default=1,
+                      help="rounds, each running every system in turn; figures are each system's median round")
 
     serve = bench_sub.add_parser("serve", help="online: Poisson arrivals against a cluster")
     common(serve)

@@ -119,6 +119,31 @@ def _same_outputs(a: dict, b: dict) -> float:
     return sum(a[k] == b.get(k) for k in a) / max(len(a), 1)
 
 
+def _run_baseline(baseline: str, model_dir: Path, requests: list[BenchRequest], args, dtype: torch.dtype) -> dict:
+    from llmserve.bench import hf_baseline
+
+    if baseline == "hf":
+        return hf_baseline.run_hf_static(model_dir, requests, batch_size=args.hf_batch_size, dtype=dtype)
+    try:
+        return hf_baseline.run_hf_continuous(model_dir, requests, dtype=dtype)
+    except Exception as err:  # Transformers' CB is young; report rather than lose the run.
+        return {"error": f"{type(err).__name__}: {err}"}
+
+
+def _median_round(rounds: list[dict]) -> dict:
+    """The round with the median throughput, carrying every round's figure."""
+    ok = [r for r in rounds if "error" not in r]
+    if not ok:
+        return rounds[0]
+    ranked = sorted(ok, key=lambda r: r["output_tokens_per_s"])
+    chosen = dict(ranked[(len(ranked) - 1) // 2])
+    chosen["rounds_output_tokens_per_s"] = [r["output_tokens_per_s"] for r in ok]
+    return chosen
+
+
+LABELS = {"engine": "llmserve in-process", "grpc": "llmserve through gRPC", "hf-cb": "HF continuous batching"}
+
+
 def bench_throughput(args) -> int:
     from llmserve.model_store import resolve_model_dir
 
@@ -126,50 +151,56 @@ def bench_throughput(args) -> int:
     requests = workload_from_args(args, model_dir)
     torch_dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     report = {"kind": "throughput", "workload": {"name": args.workload, **summary(requests)},
-              "machine": machine_info(), "dtype": args.dtype, "command": " ".join(args.argv), "results": {}}
+              "machine": machine_info(), "dtype": args.dtype, "command": " ".join(args.argv),
+              "rounds": args.repeat, "results": {}}
     print(f"workload {args.workload}: {summary(requests)}", flush=True)
     peak = measure_matmul_peak(torch_dtype)
     bandwidth = measure_memory_bandwidth()
     report["matmul_peak_gflop_per_s"] = peak / 1e9
     report["memory_bandwidth_gb_per_s"] = bandwidth / 1e9
-    engine = InProcessEngine.from_model_dir(
-        model_dir, dtype=args.dtype, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=not args.no_chunked_prefill,
-        enable_prefix_caching=not args.no_prefix_caching, preemption_mode=args.preemption_mode)
-    result = run_in_process(engine, requests)
-    engine_block_size = engine.scheduler.kv.block_size
-    result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / peak
-    result.update(roofline(engine, peak, bandwidth, torch_dtype, result))
-    report["results"]["engine"] = result
+    scheduler_options = dict(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill=not args.no_chunked_prefill, enable_prefix_caching=not args.no_prefix_caching,
+        preemption_mode=args.preemption_mode)
+    engine = InProcessEngine.from_model_dir(model_dir, dtype=args.dtype, kv_cache_memory_bytes=args.kv_cache_memory,
+                                            **scheduler_options)
+    block_size = engine.scheduler.kv.block_size
+    # NOTE: rounds interleave the systems (engine, gRPC, baselines, engine, ...) so a change
+    # in the machine's load during the run lands on all of them, not on one.
+    rounds: dict[str, list[dict]] = {}
+    for round_index in range(args.repeat):
+        if round_index:  # A fresh scheduler: no prefix-cache hits on the previous round's prompts.
+            engine = InProcessEngine(engine.runner, **scheduler_options)
+        result = run_in_process(engine, requests)
+        result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / peak
+        result.update(roofline(engine, peak, bandwidth, torch_dtype, result))
+        rounds.setdefault("engine", []).append(result)
+        _print_row(f"[{round_index + 1}] {LABELS['engine']}", result)
+        systems = (["grpc"] if args.through_grpc else []) + list(args.baseline)
+        for system in systems:
+            run = run_through_grpc(model_dir, requests, args) if system == "grpc" else \
+                _run_baseline(system, model_dir, requests, args, torch_dtype)
+            if "error" in run:
+                print(f"[{round_index + 1}] {system}: failed: {run['error']}", flush=True)
+            else:
+                run["same_tokens_as_engine"] = _same_outputs(result["outputs"], run["outputs"])
+                _print_row(f"[{round_index + 1}] {LABELS.get(system, f'HF generate, static batch {args.hf_batch_size}')}",
+                           run, result)
+            rounds.setdefault(system, []).append(run)
     del engine
-    _print_row("llmserve in-process", result)
-    if args.through_grpc:
-        grpc_run = run_through_grpc(model_dir, requests, args)
-        grpc_run["same_tokens_as_engine"] = _same_outputs(result["outputs"], grpc_run["outputs"])
-        report["results"]["grpc"] = grpc_run
-        _print_row("llmserve through gRPC", grpc_run, result)
-    for baseline in args.baseline:
-        from llmserve.bench import hf_baseline
-
-        if baseline == "hf":
-            hf = hf_baseline.run_hf_static(model_dir, requests, batch_size=args.hf_batch_size, dtype=torch_dtype)
-            label = f"HF generate, static batch {args.hf_batch_size}"
-        else:
-            try:
-                hf = hf_baseline.run_hf_continuous(model_dir, requests, dtype=torch_dtype)
-            except Exception as err:  # Transformers' CB is young; report rather than lose the run.
-                report["results"][baseline] = {"error": f"{type(err).__name__}: {err}"}
-                print(f"{baseline}: failed: {err}", flush=True)
-                continue
-            label = "HF continuous batching"
-        hf["same_tokens_as_engine"] = _same_outputs(result["outputs"], hf["outputs"])
-        report["results"][baseline] = hf
-        _print_row(label, hf, result)
+    report["results"] = {system: _median_round(runs) for system, runs in rounds.items()}
+    result = report["results"]["engine"]
+    if args.repeat > 1:
+        print(f"medians of {args.repeat} rounds:", flush=True)
+        for system, run in report["results"].items():
+            if "error" not in run:
+                _print_row(LABELS.get(system, f"HF generate, static batch {args.hf_batch_size}"), run,
+                           None if system == "engine" else result)
     print(f"matmul peak ({args.dtype}): {peak / 1e9:.0f} GFLOP/s; engine achieved "
           f"{result['achieved_gflop_per_s']:.0f} GFLOP/s = MFU {100 * result['mfu']:.0f}%", flush=True)
     print(f"roofline (memory {bandwidth / 1e9:.0f} GB/s): floor {result['roofline_floor_seconds']:.1f} s, engine at "
           f"{100 * result['roofline_fraction']:.0f}% of it; MFU at the floor {100 * result['mfu_at_roofline']:.0f}%; "
-          f"KV utilisation bound at block size {engine_block_size}: {100 * result['kv_utilisation_bound']:.1f}%",
+          f"KV utilisation bound at block size {block_size}: {100 * result['kv_utilisation_bound']:.1f}%",
           flush=True)
     for r in report["results"].values():
         r.pop("outputs", None)

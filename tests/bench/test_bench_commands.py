@@ -25,11 +25,15 @@ def run_cli(args: list[str], tmp_path) -> dict:
 
 @pytest.mark.slow
 def test_bench_throughput_smoke(tmp_path):
-    report = run_cli(["bench", "throughput", *SMALL, "--through-grpc", "--baseline", "hf"], tmp_path)
+    report = run_cli(["bench", "throughput", *SMALL, "--through-grpc", "--baseline", "hf", "--repeat", "2"], tmp_path)
     assert report["workload"]["num_requests"] == 6
     assert report["machine"]["torch"] and report["machine"]["git_revision"] is not None
     engine, grpc_run, hf = (report["results"][k] for k in ("engine", "grpc", "hf"))
     assert engine["output_tokens"] == report["workload"]["output_tokens"] == hf["output_tokens"]
+    # Two interleaved rounds; each system reports its median round and every round's figure.
+    assert report["rounds"] == 2
+    for run in (engine, grpc_run, hf):
+        assert len(run["rounds_output_tokens_per_s"]) == 2 and run["output_tokens_per_s"] in run["rounds_output_tokens_per_s"]
     assert 0 < engine["mfu"] < 1 and 0 < engine["kv_utilisation"] <= 1
     # Utilisation cannot beat its block-granularity ceiling; the roofline floor is real time.
     assert engine["kv_utilisation"] <= engine["kv_utilisation_bound"] + 1e-9
