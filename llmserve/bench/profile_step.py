@@ -23,12 +23,14 @@ from llmserve.sampling import SamplingParams
 FAMILIES = [
     ("paged_attention", "attention (paged decode)"),
     ("scaled_dot_product", "attention (SDPA)"),
-    ("aten::index", "KV gather"),
     ("index_copy", "KV cache write"),
+    ("aten::index", "KV gather"),
     ("aten::mm", "matmul"),
     ("aten::addmm", "matmul"),
     ("aten::linear", "matmul"),
     ("aten::bmm", "matmul"),
+    ("_linear_pointwise", "matmul"),
+    ("llmserve_cpu::", "fused element-wise (C++)"),
 ]
 
 
