@@ -11,8 +11,9 @@
 // contiguous run of block_size * KVH * D elements, so each is streamed front to back
 // once per step; per-head work items would read it as 256-byte pieces at a KVH-fold
 // stride, which the hardware prefetchers turn into wasted bandwidth. While a block is
-// processed, the next block's rows are prefetched (blocks are scattered in memory, so
-// the streamers cannot guess them). Two passes: scores for all positions, then a
+// processed, the next block's rows are prefetched one row per row computed (blocks are
+// scattered in memory, so the streamers cannot guess them; issuing a whole block's
+// lines at once overflows the miss queues). Two passes: scores for all positions, then a
 // softmax-weighted sum of V; the g = H / KVH query heads of a KV head share each row.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -29,6 +30,13 @@ namespace {
 inline void prefetch_bytes(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 2);
+}
+
+// The rows [n, block_size) of the block at p: the part of the next block that a
+// current block of only n tokens does not prefetch row by row.
+template <typename T>
+inline void prefetch_rows(const T* p, int64_t n, int64_t block_size, int64_t row) {
+  if (n < block_size) prefetch_bytes(p + n * row, (block_size - n) * row * sizeof(T));
 }
 
 // HEAD_DIM > 0 fixes the head size at compile time (fully unrolled inner loops);
@@ -58,10 +66,13 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
       // Pass 1: scores[h][p] = q_h . k_p (h over all query heads, k of its KV head).
       for (int64_t blk = 0; blk < n_blocks; ++blk) {
         const T* base = kv + table[blk] * block_size * row;
-        if (blk + 1 < n_blocks) prefetch_bytes(kv + table[blk + 1] * block_size * row, block_size * row * sizeof(T));
-        else prefetch_bytes(kv + v_offset + table[0] * block_size * row, block_size * row * sizeof(T));
+        // What this pass reads next: the following K block, or the first V block.
+        const T* next = blk + 1 < n_blocks ? kv + table[blk + 1] * block_size * row
+                                           : kv + v_offset + table[0] * block_size * row;
         const int64_t first = blk * block_size, n = std::min(block_size, len - first);
+        prefetch_rows(next, n, block_size, row);
         for (int64_t t = 0; t < n; ++t) {
+          prefetch_bytes(next + t * row, row * sizeof(T));  // spread over the block's work
           for (int64_t kh = kh0; kh < kh1; ++kh) {
             const T* k = base + t * row + kh * D;
             for (int64_t j = 0; j < g; ++j) {
@@ -87,12 +98,14 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t blk = 0; blk < n_blocks; ++blk) {
         const T* base = kv + v_offset + table[blk] * block_size * row;
-        if (blk + 1 < n_blocks)
-          prefetch_bytes(kv + v_offset + table[blk + 1] * block_size * row, block_size * row * sizeof(T));
-        else if (splits == 1 && b + 1 < end && seq_lens[b + 1] > 0)  // the next sequence's first K block
-          prefetch_bytes(kv + tables[(b + 1) * max_blocks] * block_size * row, block_size * row * sizeof(T));
+        // Next: the following V block, or the next sequence's first K block.
+        const T* next = blk + 1 < n_blocks ? kv + v_offset + table[blk + 1] * block_size * row
+                        : splits == 1 && b + 1 < end && seq_lens[b + 1] > 0 ? kv + tables[(b + 1) * max_blocks] * block_size * row
+                                                                             : nullptr;
         const int64_t first = blk * block_size, n = std::min(block_size, len - first);
+        if (next != nullptr) prefetch_rows(next, n, block_size, row);
         for (int64_t t = 0; t < n; ++t) {
+          if (next != nullptr) prefetch_bytes(next + t * row, row * sizeof(T));
           for (int64_t kh = kh0; kh < kh1; ++kh) {
             const T* v = base + t * row + kh * D;
             for (int64_t j = 0; j < g; ++j) {
