@@ -21,13 +21,17 @@ Sharing (n > 1): the samples of a request hold the same prompt blocks (ref count
 
 Prefix hashes: block i of a token list is identified by
 hash_block(hash of block i-1, its block_size token ids, extra keys), so a hash names the
-whole prefix up to the end of its block.
+whole prefix up to the end of its block. The hash is SHA-256: with a 64-bit
+non-cryptographic hash a client could search for a prompt whose blocks collide with
+another user's and be served their cached KV (vLLM's CVE-2025-25183).
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from llmserve.scheduler.block_pool import BlockPool
@@ -39,9 +43,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def hash_block(parent: Hashable | None, token_ids: tuple[int, ...], extra_keys: tuple = ()) -> int:
-    """The prefix-cache key of a full block, chained from its parent block's key."""
-    return hash((parent, token_ids, extra_keys))
+def hash_block(parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple = ()) -> bytes:
+    """The prefix-cache key of a full block (a 32-byte SHA-256 digest), chained from its
+    parent block's key."""
+    digest = hashlib.sha256(parent or b"")
+    digest.update(array("q", token_ids).tobytes())  # fixed 8 bytes per id: no ambiguity
+    if extra_keys:
+        digest.update(repr(extra_keys).encode())
+    return digest.digest()
 
 
 @dataclass
@@ -72,7 +81,7 @@ class KVCacheManager:
         self.cpu_pool = BlockPool(num_cpu_blocks) if num_cpu_blocks > 0 else None
         self._block_tables: dict[str, list[int]] = {}
         self._cpu_tables: dict[str, list[int]] = {}  # Swapped-out sequences.
-        self._hashes: dict[str, list[int]] = {}  # Hashes of a sequence's full blocks so far.
+        self._hashes: dict[str, list[bytes]] = {}  # Hashes of a sequence's full blocks so far.
         self._num_cached: dict[str, int] = {}  # Leading table blocks offered to the cache.
         self._ops = BlockOps()
         self._replaced: set[str] = set()  # Sequences whose table changed by copy-on-write.
@@ -227,7 +236,7 @@ class KVCacheManager:
             self.pool.cache(table[index], hashes[index])
         self._num_cached[rid] = num_full
 
-    def _block_hashes(self, request: Request) -> list[int]:
+    def _block_hashes(self, request: Request) -> list[bytes]:
         """Hashes of every full block of the sequence's known tokens (memoized)."""
         hashes = self._hashes.setdefault(request.request_id, [])
         num_full = request.num_tokens // self.block_size
@@ -235,8 +244,7 @@ class KVCacheManager:
             tokens, bs = request.all_token_ids, self.block_size
             for index in range(len(hashes), num_full):
                 parent = hashes[-1] if hashes else None
-                hashes.append(hash_block(parent, tuple(tokens[index * bs : (index + 1) * bs]),
-                                         request.extra_keys))
+                hashes.append(hash_block(parent, tokens[index * bs : (index + 1) * bs], request.extra_keys))
         return hashes
 
     def blocks_to_hold(self, requests: Sequence[Request]) -> int:

@@ -1,5 +1,5 @@
 from llmserve.sampling import SamplingParams
-from llmserve.scheduler.kv_cache_manager import KVCacheManager
+from llmserve.scheduler.kv_cache_manager import KVCacheManager, hash_block
 from llmserve.scheduler.request import Request, RequestGroup
 
 
@@ -54,3 +54,16 @@ def test_free_is_idempotent_and_returns_a_copy():
     kv.free(a)
     assert kv.num_free_blocks == 2
     assert kv.usage == 0.0
+
+
+def test_prefix_keys_are_chained_sha256_digests():
+    tokens = list(range(100, 116))
+    key = hash_block(None, tokens)
+    assert isinstance(key, bytes) and len(key) == 32  # SHA-256, not a 64-bit hash()
+    assert hash_block(None, tuple(tokens)) == key  # the same prefix, however it is held
+    # Every input names the block: a token, the parent prefix, the extra keys (LoRA id).
+    assert hash_block(None, tokens[:-1] + [117]) != key
+    assert hash_block(key, tokens) != key and hash_block(key, tokens) != hash_block(hash_block(None, [1] * 16), tokens)
+    assert hash_block(None, tokens, ("lora-a",)) not in (key, hash_block(None, tokens, ("lora-b",)))
+    # Ids are packed at fixed width: [1, 2] and [12] (or 258 = 0x0102) cannot alias.
+    assert hash_block(None, [1, 2]) != hash_block(None, [12]) != hash_block(None, [258])
