@@ -1,11 +1,14 @@
 """bfloat16: greedy outputs of the engine match HF transformers running bfloat16 on the
-equivalence prompts.
+equivalence prompts, checked at every generated token (teacher forcing): HF scores the
+prompt followed by our tokens in one forward, and at each step our token must be HF's
+own choice or within BF16_TIE of it.
 
 Tie rule for bfloat16: bf16 keeps 8 significant bits, so logits around 16-32 are only
 resolved to 0.125-0.25; two summation orders (ours and HF's) can put two candidates
-within one such step of each other in either order. A differing token is accepted only
-if, under HF's own bf16 logits at that step, the two tokens' logprobs are within
-BF16_TIE (one bf16 step at that magnitude); the sequences are not compared past it.
+within one such step of each other in either order. (Comparing two free-running
+generations up to their first difference checks fewer steps and mixes in the rounding
+of HF's incremental decode: a token 0.125 below HF's choice under its full forward
+measured 0.375 below under its generate() logits.)
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ BF16_TIE = 0.25
 
 @pytest.mark.slow
 def test_bf16_greedy_matches_hf_bf16():
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = default_model_dir()
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -35,21 +38,16 @@ def test_bf16_greedy_matches_hf_bf16():
     ours = engine.run([(f"r{i}", p, SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True))
                        for i, p in enumerate(prompts)])
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
-    hf.generation_config.eos_token_id = None
-    config = GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
-                              output_logits=True, return_dict_in_generate=True)
-    identical = 0
+    steps = exact = 0
     for i, prompt in enumerate(prompts):
-        with torch.inference_mode():
-            out = hf.generate(torch.tensor([prompt]), generation_config=config)
-        ref = out.sequences[0, len(prompt):].tolist()
         got = ours[f"r{i}"].output_token_ids
-        assert len(got) == len(ref) == MAX_NEW_TOKENS
-        first = next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), None)
-        if first is None:
-            identical += 1
-            continue
-        logprobs = torch.log_softmax(out.logits[first][0].float(), dim=-1)
-        gap = abs(logprobs[got[first]] - logprobs[ref[first]]).item()
-        assert gap <= BF16_TIE, f"prompt {i}: token {first} differs ({got[first]} vs HF {ref[first]}), gap {gap}"
-    assert identical >= 1  # Not every sequence may end in a tie: the comparison is real.
+        assert len(got) == MAX_NEW_TOKENS
+        with torch.inference_mode():  # logits at the positions that predicted each of our tokens
+            logits = hf(torch.tensor([prompt + got[:-1]])).logits[0, len(prompt) - 1 :].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        gaps = logprobs.max(dim=-1).values - logprobs[torch.arange(len(got)), torch.tensor(got)]
+        worst = int(gaps.argmax())
+        assert gaps[worst] <= BF16_TIE, (f"prompt {i}: token {worst} ({got[worst]}) is {gaps[worst]:.3f} below "
+                                         f"HF's choice {int(logprobs[worst].argmax())}")
+        steps, exact = steps + len(got), exact + int((gaps == 0).sum())
+    assert exact >= 0.9 * steps  # Ties are rare: the comparison is real.

@@ -1,6 +1,4 @@
-"""The fused C++ CPU element-wise ops against the plain torch ops they replace.
-
-The layers route float32 through them; bfloat16 is tested by calling the ops directly."""
+"""The fused C++ CPU element-wise ops against the plain torch ops they replace."""
 
 from __future__ import annotations
 
@@ -89,7 +87,7 @@ def test_kernels_reject_bad_shapes_with_clear_errors():
         cpu_kernels.rotary_neox_(torch.randn(4, 64), torch.ones(4, 32), torch.ones(4, 32), 2, 64)
 
 
-def test_layers_take_the_fused_path_for_float32_only():
+def test_layers_take_the_fused_path_for_float32_and_bfloat16():
     x = torch.randn(3, 64)
-    assert cpu_kernels.usable_for(x)
-    assert not cpu_kernels.usable_for(x.to(torch.bfloat16))
+    assert cpu_kernels.usable_for(x) and cpu_kernels.usable_for(x.to(torch.bfloat16))
+    assert not cpu_kernels.usable_for(x.to(torch.float16))
