@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hypothesis import strategies as st
+
 from llmserve.outputs import FinishReason, RequestOutput, TokenLogprobs
 from llmserve.plan import SampledToken, StepPlan, StepResult
 from llmserve.sampling import SamplingParams
@@ -38,6 +40,32 @@ TokenFn = Callable[[WorkerRequest, int], int]  # (request, step_id) -> token
 def hash_token(request: WorkerRequest, step_id: int) -> int:
     """Depends only on the token list (and seed), so any schedule gives the same outputs."""
     return (sum(request.token_ids) * 31 + len(request.token_ids) + 13 * (request.seed or 0)) % 97
+
+
+PROPERTY_MAX_MODEL_LEN = 24  # Context limit of the property tests' random workloads.
+
+
+def lone_run_tokens(prompt: list[int], max_tokens: int, eos: int, seed: int | None = None) -> list[int]:
+    """The tokens hash_token gives a request running alone with unlimited blocks."""
+    tokens, out = list(prompt), []
+    while True:
+        token = hash_token(WorkerRequest("x", tokens, len(prompt), [], len(tokens), seed), 0)
+        tokens.append(token)
+        out.append(token)
+        if token == eos or len(out) >= max_tokens or len(tokens) >= PROPERTY_MAX_MODEL_LEN:
+            return out
+
+
+def draw_batching_config(draw, max_seqs: int) -> dict:
+    """The batching half of a random SchedulerConfig (hypothesis draws, in this order)."""
+    chunked = draw(st.booleans())
+    return dict(
+        max_model_len=PROPERTY_MAX_MODEL_LEN,
+        block_size=draw(st.sampled_from([1, 2, 4])),
+        max_num_seqs=draw(st.integers(1, max_seqs)),
+        max_num_batched_tokens=draw(st.integers(1, 16) if chunked else st.integers(24, 40)),
+        enable_chunked_prefill=chunked,
+    )
 
 
 def sequence_tokens(sequences: dict[str, list[int]]) -> TokenFn:

@@ -14,20 +14,22 @@ from llmserve.outputs import FinishReason
 from llmserve.scheduler.request import RequestStatus
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
 
-from .scheduler_testkit import FakeWorker, Run, WorkerRequest, hash_token, params, run_until_done, step
-
-MAX_MODEL_LEN = 24
+from .scheduler_testkit import (
+    PROPERTY_MAX_MODEL_LEN,
+    FakeWorker,
+    Run,
+    draw_batching_config,
+    lone_run_tokens,
+    params,
+    run_until_done,
+    step,
+)
 
 
 @st.composite
 def workloads(draw):
-    chunked = draw(st.booleans())
     config = SchedulerConfig(
-        max_model_len=MAX_MODEL_LEN,
-        block_size=draw(st.sampled_from([1, 2, 4])),
-        max_num_seqs=draw(st.integers(1, 6)),
-        max_num_batched_tokens=draw(st.integers(1, 16) if chunked else st.integers(24, 40)),
-        enable_chunked_prefill=chunked,
+        **draw_batching_config(draw, max_seqs=6),
         enable_prefix_caching=draw(st.booleans()),
         preemption_mode=draw(st.sampled_from(["auto", "swap", "recompute"])),
     )
@@ -39,16 +41,6 @@ def workloads(draw):
                         st.integers(1, 10), st.integers(1, 3), st.integers(0, 2), st.booleans())
     events = st.tuples(st.lists(request, max_size=3), st.lists(st.integers(0, 20), max_size=2))
     return config, num_blocks, num_cpu_blocks, eos, draw(st.lists(events, min_size=1, max_size=12))
-
-
-def lone_run_tokens(prompt, max_tokens, eos, seed):
-    tokens, out = list(prompt), []
-    while True:
-        token = hash_token(WorkerRequest("x", tokens, len(prompt), [], len(tokens), seed), 0)
-        tokens.append(token)
-        out.append(token)
-        if token == eos or len(out) >= max_tokens or len(tokens) >= MAX_MODEL_LEN:
-            return out
 
 
 def check_invariants(sched: Scheduler) -> None:
@@ -97,7 +89,7 @@ def test_random_multi_sample_workloads_keep_memory_consistent(workload):
             k = len(added) + len(rejected)
             rid = f"r{k}"
             prompt = prefixes[which][:prefix_len] + [(k * 7 + i) % 50 for i in range(tail_len)]
-            prompt = prompt[: MAX_MODEL_LEN - 1]
+            prompt = prompt[: PROPERTY_MAX_MODEL_LEN - 1]
             seed = k if seeded else None
             too_big = n * -(-len(prompt) // config.block_size) > num_blocks or n > config.max_num_seqs
             try:

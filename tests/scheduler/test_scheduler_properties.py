@@ -3,42 +3,21 @@ request ends exactly once with the tokens a lone run would give, and all blocks 
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from .scheduler_testkit import FakeWorker, Run, WorkerRequest, hash_token, params, run_until_done, step
-
 from llmserve.outputs import FinishReason
 from llmserve.scheduler.request import RequestStatus
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
 
-MAX_MODEL_LEN = 24
+from .scheduler_testkit import FakeWorker, Run, draw_batching_config, lone_run_tokens, params, run_until_done, step
 
 
 @st.composite
 def workloads(draw):
-    chunked = draw(st.booleans())
-    config = SchedulerConfig(
-        max_model_len=MAX_MODEL_LEN,
-        block_size=draw(st.sampled_from([1, 2, 4])),
-        max_num_seqs=draw(st.integers(1, 4)),
-        max_num_batched_tokens=draw(st.integers(1, 16) if chunked else st.integers(24, 40)),
-        enable_chunked_prefill=chunked,
-    )
+    config = SchedulerConfig(**draw_batching_config(draw, max_seqs=4))
     num_blocks = draw(st.integers(1, 16))
     eos = draw(st.integers(0, 96))
     request = st.tuples(st.integers(1, 20), st.integers(1, 12))  # prompt length, max_tokens
     events = st.tuples(st.lists(request, max_size=3), st.lists(st.integers(0, 20), max_size=2))
     return config, num_blocks, eos, draw(st.lists(events, min_size=1, max_size=12))
-
-
-def lone_run_tokens(prompt, max_tokens, eos):
-    """The tokens hash_token gives a request running alone with unlimited blocks."""
-    tokens = list(prompt)
-    out = []
-    while True:
-        token = hash_token(WorkerRequest("x", tokens, len(prompt), [], len(tokens)), 0)
-        tokens.append(token)
-        out.append(token)
-        if token == eos or len(out) >= max_tokens or len(tokens) >= MAX_MODEL_LEN:
-            return out
 
 
 def check_invariants(sched: Scheduler) -> None:
