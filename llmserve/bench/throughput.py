@@ -141,7 +141,9 @@ def _median_round(rounds: list[dict]) -> dict:
     return chosen
 
 
-LABELS = {"engine": "llmserve in-process", "grpc": "llmserve through gRPC", "hf-cb": "HF continuous batching"}
+def _label(system: str, hf_batch_size: int) -> str:
+    return {"engine": "llmserve in-process", "grpc": "llmserve through gRPC", "hf-cb": "HF continuous batching",
+            "hf": f"HF generate, static batch {hf_batch_size}"}[system]
 
 
 def bench_throughput(args) -> int:
@@ -175,7 +177,7 @@ def bench_throughput(args) -> int:
         result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / peak
         result.update(roofline(engine, peak, bandwidth, torch_dtype, result))
         rounds.setdefault("engine", []).append(result)
-        _print_row(f"[{round_index + 1}] {LABELS['engine']}", result)
+        _print_row(f"[{round_index + 1}] {_label('engine', args.hf_batch_size)}", result)
         systems = (["grpc"] if args.through_grpc else []) + list(args.baseline)
         for system in systems:
             run = run_through_grpc(model_dir, requests, args) if system == "grpc" else \
@@ -184,8 +186,7 @@ def bench_throughput(args) -> int:
                 print(f"[{round_index + 1}] {system}: failed: {run['error']}", flush=True)
             else:
                 run["same_tokens_as_engine"] = _same_outputs(result["outputs"], run["outputs"])
-                _print_row(f"[{round_index + 1}] {LABELS.get(system, f'HF generate, static batch {args.hf_batch_size}')}",
-                           run, result)
+                _print_row(f"[{round_index + 1}] {_label(system, args.hf_batch_size)}", run, result)
             rounds.setdefault(system, []).append(run)
     del engine
     report["results"] = {system: _median_round(runs) for system, runs in rounds.items()}
@@ -194,8 +195,7 @@ def bench_throughput(args) -> int:
         print(f"medians of {args.repeat} rounds:", flush=True)
         for system, run in report["results"].items():
             if "error" not in run:
-                _print_row(LABELS.get(system, f"HF generate, static batch {args.hf_batch_size}"), run,
-                           None if system == "engine" else result)
+                _print_row(_label(system, args.hf_batch_size), run, None if system == "engine" else result)
     print(f"matmul peak ({args.dtype}): {peak / 1e9:.0f} GFLOP/s; engine achieved "
           f"{result['achieved_gflop_per_s']:.0f} GFLOP/s = MFU {100 * result['mfu']:.0f}%", flush=True)
     print(f"roofline (memory {bandwidth / 1e9:.0f} GB/s): floor {result['roofline_floor_seconds']:.1f} s, engine at "
