@@ -30,6 +30,7 @@ FAMILIES = [
     ("aten::linear", "matmul"),
     ("aten::bmm", "matmul"),
     ("_linear_pointwise", "matmul"),
+    ("_mkl_linear", "matmul"),
     ("llmserve_cpu::", "fused element-wise (C++)"),
 ]
 

@@ -56,12 +56,13 @@ def test_bfloat16_close_to_float32(tiny_llama_dir):
     outs = []
     for dtype in ("float32", "bfloat16"):
         m = load_model(tiny_llama_dir, dtype)
-        head = m.lm_head.w_packed if m.lm_head.w_packed is not None else m.lm_head.w_t  # the head's product copy
-        assert head.dtype == m.model.layers[0].self_attn.qkv_proj.weight.dtype == getattr(torch, dtype)
-        assert m.lm_head.w_packed is not None  # oneDNN-packed on CPU
-        # bfloat16 layers multiply through oneDNN-packed weights (the dense copy released)
+        # On CPU every product runs on a packed weight (MKL for float32, oneDNN for
+        # bfloat16) and the layers' dense copies are released.
+        kind = {"float32": "mkl", "bfloat16": "onednn"}[dtype]
         qkv = m.model.layers[0].self_attn.qkv_proj
-        assert (qkv.packed is not None and qkv.weight.numel() == 0) == (dtype == "bfloat16")
+        assert m.lm_head.w_packed.kind == qkv.packed.kind == kind
+        assert m.lm_head.w_packed.dtype == qkv.packed.dtype == getattr(torch, dtype)
+        assert qkv.weight.numel() == 0 and m.lm_head.w_t.numel() == 0
         cfg = m.config
         kv = [torch.zeros(2, 4, 16, 2, 16, dtype=getattr(torch, dtype)) for _ in range(cfg.num_hidden_layers)]
         meta = TorchPagedAttention.build_metadata([10], [10], [[2]], torch.arange(32, 42), 16)

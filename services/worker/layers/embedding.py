@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmserve.worker.distributed import SINGLE, GroupHandle
-from llmserve.worker.layers.linear import onednn_packing_available
+from llmserve.worker.layers.packed_weight import PackedWeight
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -45,11 +45,10 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     """logits = hidden @ W.T through a second copy of W laid out for the product:
-      - on CPU (float32, bfloat16): W reordered into oneDNN's blocked layout (the packing
-        torch's own compiler uses for frozen linears). The head is a [rows <= batch] x
-        [hidden, vocab] product bound by streaming W; measured against `hidden @ w_t` on a
-        576 x 49152 head: float32 16 rows 14.2 -> 8.2 ms, 63 rows 22.6 -> 18.3 ms (1 row
-        3.5 -> 4.4 ms); bfloat16 16 rows 3.8 -> 1.8 ms, 63 rows 5.0 -> 3.1 ms.
+      - on CPU (float32, bfloat16): W packed for its GEMM library (see packed_weight.py).
+        The head is a [rows <= batch] x [hidden, vocab] product bound by streaming W.
+        float32, 576 x 49152: 8 rows 15.0 -> 7.3 ms, 56 rows 15.1 -> 12.3 ms against
+        `hidden @ w_t`; bfloat16 16 rows 3.8 -> 1.8 ms, 63 rows 5.0 -> 3.1 ms.
       - otherwise: w_t, a contiguous [hidden, vocab] copy (NOTE: ~2x faster than
         F.linear on CPU for the 576x49152 head).
 
@@ -63,15 +62,12 @@ class ParallelLMHead(VocabParallelEmbedding):
         if tied_to is not None:
             self.weight = tied_to.weight
         self.register_buffer("w_t", torch.empty(0), persistent=False)
-        self.w_packed: torch.Tensor | None = None  # opaque oneDNN tensor, [shard_size, hidden]
+        self.w_packed: PackedWeight | None = None  # [shard_size, hidden], packed
 
     def process_weights_after_loading(self) -> None:
         w = self.weight.detach()
-        if w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and onednn_packing_available():
-            # NOTE: the batch-size hint only tunes the blocking; any row count works.
-            self.w_packed, self.w_t = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 64), torch.empty(0)
-        else:
-            self.w_packed, self.w_t = None, w.t().contiguous()
+        self.w_packed = PackedWeight.pack(w)
+        self.w_t = torch.empty(0) if self.w_packed is not None else w.t().contiguous()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, hidden] -> logits [S, vocab] on every TP rank (shards all-gathered,
@@ -79,7 +75,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if self.w_packed is None and self.w_t.numel() == 0:
             self.process_weights_after_loading()
         if self.w_packed is not None:
-            logits = torch.ops.mkldnn._linear_pointwise(hidden.contiguous(), self.w_packed, None, "none", [], "")
+            logits = self.w_packed.matmul(hidden)
         else:
             logits = hidden @ self.w_t  # [S, shard_size]
         logits = self.tp.all_gather(logits, dim=-1)  # [S, tp * shard_size]

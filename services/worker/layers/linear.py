@@ -20,11 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmserve.worker.distributed import SINGLE, GroupHandle
-
-
-def onednn_packing_available() -> bool:
-    """True when this torch can reorder a linear weight for oneDNN ahead of time."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+from llmserve.worker.layers.packed_weight import PackedWeight
 
 
 def _divide(a: int, b: int, what: str = "") -> int:
@@ -59,31 +55,26 @@ class LinearBase(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
         raise NotImplementedError
 
-    packed: torch.Tensor | None = None  # oneDNN-blocked weight (bfloat16 on CPU), else None
+    packed: PackedWeight | None = None  # the CPU weight in its GEMM library's layout, else None
 
     def process_weights_after_loading(self) -> None:
         w = self.weight
-        if w.device.type != "cpu" or self.packed is not None:  # (already processed)
+        if self.packed is not None:  # (already processed)
             return
-        if w.dtype == torch.bfloat16 and onednn_packing_available():
-            # bfloat16 on CPU: the weight reordered once into oneDNN's blocked layout (what
-            # torch's own compiler does for frozen linears) instead of on every call.
-            # Measured over this model's 120 layer products: decode (4-64 rows) 18-26 ms ->
-            # 11-16 ms, a 512-token prefill unchanged. The dense copy is released (`weight`
-            # becomes empty) so the model is held once.
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), 64)
+        self.packed = PackedWeight.pack(w)
+        if self.packed is not None:
+            # The model is held once: `weight` becomes empty, the packed copy is the weight.
             w.data = torch.empty(0, dtype=w.dtype)
-        elif w.is_contiguous():
-            # NOTE: float32 stays with MKL: for GEMMs with few rows (decode) it runs faster
-            # with the weight stored [in, out] (x @ W.T then needs no transposed operand).
-            # `weight` stays an [out, in] view of that storage, so F.linear is unchanged.
-            # (oneDNN packing measured 25% faster at 16 rows but 14% slower at 64.)
+        elif w.device.type == "cpu" and w.is_contiguous():
+            # NOTE: without packing, MKL runs GEMMs with few rows (decode) faster with the
+            # weight stored [in, out] (x @ W.T then needs no transposed operand). `weight`
+            # stays an [out, in] view of that storage, so F.linear is unchanged.
             w.data = w.data.t().contiguous().t()
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         # x: [num_tokens, in_features] -> [num_tokens, out_features]
         if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, bias, "none", [], "")
+            return self.packed.matmul(x, bias)
         return F.linear(x, self.weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
