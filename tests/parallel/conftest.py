@@ -45,13 +45,13 @@ def references(parallel_models):
     from llmserve.worker.distributed import ParallelState
     from llmserve.worker.models.loader import load_model
 
-    from .harness import greedy
+    from .harness import greedy, resident_weight_shapes
 
     out = {}
     for name, d in parallel_models.items():
         model = load_model(d, "float32")
         tokens, logits = greedy(model, ParallelState(), PROMPTS, STEPS)
-        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        shapes = resident_weight_shapes(model)
         out[name] = (tokens, logits, shapes, [hf_greedy(d, p, STEPS) for p in PROMPTS])
     return out
 

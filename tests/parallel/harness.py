@@ -24,6 +24,25 @@ class RankResult:
     num_kv_caches: int
 
 
+def resident_weight_shapes(model) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> the [out, in] shape this rank multiplies by. A weight held only in
+    its GEMM library's packed layout (its dense Parameter emptied at load) reports the
+    packed operand's shape; an LM head held as its transposed copy reports that."""
+    shapes = {}
+    for module_name, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            full = f"{module_name}.{name}" if module_name else name
+            shape = tuple(p.shape)
+            if name == "weight" and p.numel() == 0:
+                packed = getattr(module, "packed", None) or getattr(module, "w_packed", None)
+                if packed is not None:
+                    shape = (packed.out_features, packed.in_features)
+                elif getattr(module, "w_t", None) is not None and module.w_t.numel():
+                    shape = tuple(module.w_t.t().shape)
+            shapes.setdefault(full, shape)
+    return shapes
+
+
 def greedy(model, parallel, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Prefill every prompt in one step, then `steps - 1` batched decode steps."""
     from llmserve.worker.attention import TorchPagedAttention
@@ -78,7 +97,7 @@ def run_rank(rank: int, tp: int, pp: int, port: int, jobs: list[tuple[str, list[
         for model_dir, prompts, steps in jobs:
             model = load_model(Path(model_dir), "float32", parallel=parallel)
             tokens, logits = greedy(model, parallel, prompts, steps)
-            shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+            shapes = resident_weight_shapes(model)
             from llmserve.worker.models.decoder import head_dim_of, local_kv_heads
             kv_shape = (2, 1, BLOCK, local_kv_heads(model.config, tp), head_dim_of(model.config))
             results.append(RankResult(rank, tokens, logits if parallel.is_driver else None, shapes, kv_shape,

@@ -64,3 +64,29 @@ def test_linear_layer_releases_dense_weight_and_keeps_results():
     torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, dense_w, dense_b), rtol=1e-5, atol=1e-4)
     if layer.packed is not None:
         assert layer.weight.numel() == 0  # held once, packed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_lm_head_holds_one_copy_unless_tied(dtype):
+    """An untied head keeps only its multiply-ready copy; a tied head leaves the embedding's
+    weight in place (the embedding still looks rows up in it)."""
+    from llmserve.worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(300, 48, generator=gen).to(dtype)
+    hidden = torch.randn(5, 48, generator=gen).to(dtype)
+    want = (hidden.double() @ w.double().t()).float()
+
+    untied = ParallelLMHead(300, 48)
+    untied.weight.data = w.clone()
+    untied.process_weights_after_loading()
+    assert untied.weight.numel() == 0
+    torch.testing.assert_close(untied(hidden).float(), want, rtol=2e-2, atol=2e-2 * 48**0.5)
+
+    embed = VocabParallelEmbedding(300, 48)
+    embed.weight.data = w.clone()
+    tied = ParallelLMHead(300, 48, tied_to=embed)
+    tied.process_weights_after_loading()
+    tied.process_weights_after_loading()  # a second call keeps the first copy
+    assert embed.weight.shape == (300, 48) and torch.equal(embed(torch.tensor([7])), w[7:8])
+    torch.testing.assert_close(tied(hidden).float(), want, rtol=2e-2, atol=2e-2 * 48**0.5)

@@ -59,15 +59,22 @@ class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, vocab_size: int, hidden_size: int, tp: GroupHandle = SINGLE,
                  tied_to: VocabParallelEmbedding | None = None):
         super().__init__(vocab_size, hidden_size, tp)
+        self.shares_embedding_weight = tied_to is not None  # the embedding still reads it
         if tied_to is not None:
             self.weight = tied_to.weight
         self.register_buffer("w_t", torch.empty(0), persistent=False)
         self.w_packed: PackedWeight | None = None  # [shard_size, hidden], packed
 
     def process_weights_after_loading(self) -> None:
+        if self.w_packed is not None or self.w_t.numel():  # (already processed)
+            return
         w = self.weight.detach()
         self.w_packed = PackedWeight.pack(w)
         self.w_t = torch.empty(0) if self.w_packed is not None else w.t().contiguous()
+        if not self.shares_embedding_weight:
+            # An untied head multiplies only through its copy: holding the dense weight too
+            # would cost another vocab x hidden (2 GB for a 128k x 4096 float32 head).
+            self.weight.data = torch.empty(0, dtype=w.dtype, device=w.device)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, hidden] -> logits [S, vocab] on every TP rank (shards all-gathered,
