@@ -1,0 +1,44 @@
+"""The worker service runs all of its torch work on one thread."""
+
+import asyncio
+import threading
+
+from llmserve import wire
+from llmserve.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
+from llmserve.worker import service
+
+
+def test_steps_run_on_the_thread_that_loaded_the_model(tiny_llama_dir, monkeypatch):
+    """OpenMP keeps one thread team per calling thread: loading (with its profiling
+    forward) on one thread and stepping on another leaves two teams, and libgomp then
+    stops spin-waiting and the worker no longer fills its cores."""
+    threads = {"load": set(), "step": set()}
+    real_load = service.load_runner
+
+    def recording_load(config):
+        threads["load"].add(threading.get_ident())
+        return real_load(config)
+
+    monkeypatch.setattr(service, "load_runner", recording_load)
+
+    async def run():
+        config = service.WorkerConfig(model_dir=tiny_llama_dir, model_name="tiny", num_kv_blocks=16,
+                                      max_num_batched_tokens=64)
+        servicer = await service.load_servicer(config)
+        real_execute = servicer.runner.execute
+
+        def recording_execute(plan):
+            threads["step"].add(threading.get_ident())
+            return real_execute(plan)
+
+        servicer.runner.execute = recording_execute
+        greedy = WorkerSamplingParams(temperature=0.0)
+        prefill = StepPlan(0, new_requests=[NewRequestData("a", [5, 9, 2, 7, 3], 5, greedy, [3], 0, 5)])
+        decode = StepPlan(1, cached_requests=[CachedRequestData("a", [], 5, 1)])
+        return [await servicer._execute(wire.step_plan_to_pb(p)) for p in (prefill, decode)]
+
+    results = asyncio.run(run())
+    assert [r.error for r in results] == ["", ""]
+    assert [len(r.sampled) for r in results] == [1, 1]
+    assert len(threads["load"]) == 1 and threads["step"] == threads["load"]
+    assert threading.get_ident() not in threads["step"]  # not the event loop's thread
