@@ -5,6 +5,7 @@ cluster over gRPC and through HF transformers."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from pathlib import Path
 
@@ -138,6 +139,9 @@ def _median_round(rounds: list[dict]) -> dict:
     ranked = sorted(ok, key=lambda r: r["output_tokens_per_s"])
     chosen = dict(ranked[(len(ranked) - 1) // 2])
     chosen["rounds_output_tokens_per_s"] = [r["output_tokens_per_s"] for r in ok]
+    if "engine_over_this" in chosen:
+        chosen["rounds_engine_over_this"] = [r["engine_over_this"] for r in ok]
+        chosen["engine_over_this_median"] = statistics.median(chosen["rounds_engine_over_this"])
     return chosen
 
 
@@ -186,6 +190,9 @@ def bench_throughput(args) -> int:
                 print(f"[{round_index + 1}] {system}: failed: {run['error']}", flush=True)
             else:
                 run["same_tokens_as_engine"] = _same_outputs(result["outputs"], run["outputs"])
+                # Paired with this round's engine run: the host's drift between rounds
+                # cancels out of the ratio, not out of a ratio of two medians.
+                run["engine_over_this"] = result["output_tokens_per_s"] / run["output_tokens_per_s"]
                 _print_row(f"[{round_index + 1}] {_label(system, args.hf_batch_size)}", run, result)
             rounds.setdefault(system, []).append(run)
     del engine
@@ -216,7 +223,11 @@ def bench_throughput(args) -> int:
 def _print_row(label: str, result: dict, engine: dict | None = None) -> None:
     line = f"{label:<34} {result['output_tokens']:>6} tokens in {result['seconds']:7.1f} s = " \
            f"{result['output_tokens_per_s']:7.1f} output tok/s"
-    if engine is not None:
+    if engine is not None and "engine_over_this_median" in result:
+        rounds = ", ".join(f"{r:.2f}" for r in result["rounds_engine_over_this"])
+        line += f"  engine/this {result['engine_over_this_median']:.2f}x (median of rounds {rounds})," \
+                f" same tokens {100 * result['same_tokens_as_engine']:.0f}%"
+    elif engine is not None:
         line += f"  engine/this {engine['output_tokens_per_s'] / result['output_tokens_per_s']:.2f}x," \
                 f" same tokens {100 * result['same_tokens_as_engine']:.0f}%"
     if "kv_utilisation" in result:

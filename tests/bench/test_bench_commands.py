@@ -34,6 +34,12 @@ def test_bench_throughput_smoke(tmp_path):
     assert report["rounds"] == 2
     for run in (engine, grpc_run, hf):
         assert len(run["rounds_output_tokens_per_s"]) == 2 and run["output_tokens_per_s"] in run["rounds_output_tokens_per_s"]
+    # Ratios to the engine pair each round with that round's engine run.
+    engine_rounds = engine["rounds_output_tokens_per_s"]
+    for run in (grpc_run, hf):
+        paired = [e / r for e, r in zip(engine_rounds, run["rounds_output_tokens_per_s"])]
+        assert run["rounds_engine_over_this"] == pytest.approx(paired)
+        assert run["engine_over_this_median"] == pytest.approx(sum(paired) / 2)
     assert 0 < engine["mfu"] < 1 and 0 < engine["kv_utilisation"] <= 1
     # Utilisation cannot beat its block-granularity ceiling; the roofline floor is real time.
     assert engine["kv_utilisation"] <= engine["kv_utilisation_bound"] + 1e-9
