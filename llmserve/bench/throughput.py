@@ -193,7 +193,7 @@ def bench_throughput(args) -> int:
                 # Paired with this round's engine run: the host's drift between rounds
                 # cancels out of the ratio, not out of a ratio of two medians.
                 run["engine_over_this"] = result["output_tokens_per_s"] / run["output_tokens_per_s"]
-                _print_row(f"[{round_index + 1}] {_label(system, args.hf_batch_size)}", run, result)
+                _print_row(f"[{round_index + 1}] {_label(system, args.hf_batch_size)}", run)
             rounds.setdefault(system, []).append(run)
     del engine
     report["results"] = {system: _median_round(runs) for system, runs in rounds.items()}
@@ -202,7 +202,7 @@ def bench_throughput(args) -> int:
         print(f"medians of {args.repeat} rounds:", flush=True)
         for system, run in report["results"].items():
             if "error" not in run:
-                _print_row(_label(system, args.hf_batch_size), run, None if system == "engine" else result)
+                _print_row(_label(system, args.hf_batch_size), run)
     print(f"matmul peak ({args.dtype}): {peak / 1e9:.0f} GFLOP/s; engine achieved "
           f"{result['achieved_gflop_per_s']:.0f} GFLOP/s = MFU {100 * result['mfu']:.0f}%", flush=True)
     print(f"roofline (memory {bandwidth / 1e9:.0f} GB/s): floor {result['roofline_floor_seconds']:.1f} s, engine at "
@@ -220,16 +220,16 @@ def bench_throughput(args) -> int:
     return 0
 
 
-def _print_row(label: str, result: dict, engine: dict | None = None) -> None:
+def _print_row(label: str, result: dict) -> None:
+    """One system's figures; a system compared with the engine (a single round, or the
+    median of several with every round's paired ratio) also prints that ratio."""
     line = f"{label:<34} {result['output_tokens']:>6} tokens in {result['seconds']:7.1f} s = " \
            f"{result['output_tokens_per_s']:7.1f} output tok/s"
-    if engine is not None and "engine_over_this_median" in result:
-        rounds = ", ".join(f"{r:.2f}" for r in result["rounds_engine_over_this"])
-        line += f"  engine/this {result['engine_over_this_median']:.2f}x (median of rounds {rounds})," \
-                f" same tokens {100 * result['same_tokens_as_engine']:.0f}%"
-    elif engine is not None:
-        line += f"  engine/this {engine['output_tokens_per_s'] / result['output_tokens_per_s']:.2f}x," \
-                f" same tokens {100 * result['same_tokens_as_engine']:.0f}%"
+    if "engine_over_this" in result:
+        ratio = result.get("engine_over_this_median", result["engine_over_this"])
+        rounds = ", ".join(f"{r:.2f}" for r in result.get("rounds_engine_over_this", []))
+        line += f"  engine/this {ratio:.2f}x" + (f" (median of rounds {rounds})" if rounds else "") + \
+                f", same tokens {100 * result['same_tokens_as_engine']:.0f}%"
     if "kv_utilisation" in result:
         line += f"  KV utilisation {100 * result['kv_utilisation']:.1f}%, peak blocks {result['peak_blocks_in_use']}"
     print(line, flush=True)

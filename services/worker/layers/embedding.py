@@ -65,8 +65,13 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.register_buffer("w_t", torch.empty(0), persistent=False)
         self.w_packed: PackedWeight | None = None  # [shard_size, hidden], packed
 
+    @property
+    def _has_product_copy(self) -> bool:
+        """True once process_weights_after_loading made the copy the head multiplies by."""
+        return self.w_packed is not None or self.w_t.numel() > 0
+
     def process_weights_after_loading(self) -> None:
-        if self.w_packed is not None or self.w_t.numel():  # (already processed)
+        if self._has_product_copy:
             return
         w = self.weight.detach()
         self.w_packed = PackedWeight.pack(w)
@@ -79,7 +84,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, hidden] -> logits [S, vocab] on every TP rank (shards all-gathered,
         # padding cut off), so sampling on TP rank 0 sees the whole vocabulary.
-        if self.w_packed is None and self.w_t.numel() == 0:
+        if not self._has_product_copy:
             self.process_weights_after_loading()
         if self.w_packed is not None:
             logits = self.w_packed.matmul(hidden)
