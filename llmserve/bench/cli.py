@@ -30,6 +30,8 @@ def add_bench_parser(sub, add_model_flags, add_scheduler_flags, parse_bytes) -> 
     serve = bench_sub.add_parser("serve", help="online: Poisson arrivals against a cluster")
     common(serve)
     serve.add_argument("--target", default="localhost:50051", help="router address")
+    serve.add_argument("--scheduler-target", default=None,
+                       help="the cluster's scheduler address: also report its step times (known with --launch)")
     serve.add_argument("--launch", action="store_true", help="start a local cluster for the run")
     serve.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s; inf = all at once")
     serve.add_argument("--max-concurrency", type=int, default=None)

@@ -96,6 +96,49 @@ async def run_load(target: str, requests: list[BenchRequest], request_rate: floa
     return timings, duration
 
 
+async def scheduler_step_times(address: str) -> dict:
+    """The scheduler's lifetime step totals (its public GetStats), as a dict."""
+    import grpc
+
+    from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        stats = await scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
+    return {f: getattr(stats, f) for f in STEP_TIME_FIELDS}
+
+
+STEP_TIME_FIELDS = ("num_decode_steps", "decode_step_seconds", "decode_step_worker_seconds", "decode_step_sequences",
+                    "num_prefill_steps", "prefill_step_seconds", "prefill_step_tokens")
+
+
+def engine_steps(before: dict, after: dict) -> dict:
+    """The cluster's steps during the run (difference of two step-total snapshots): how
+    long its decode steps took at what batch, and what share of its busy time went to
+    steps that carried prompt tokens."""
+    d = {f: after[f] - before[f] for f in STEP_TIME_FIELDS}
+    decodes, prefills = d["num_decode_steps"], d["num_prefill_steps"]
+    busy = d["decode_step_seconds"] + d["prefill_step_seconds"]
+    return {
+        "num_decode_steps": decodes,
+        "num_prefill_steps": prefills,
+        "decode_step_ms": 1000 * d["decode_step_seconds"] / decodes if decodes else math.nan,
+        "decode_step_worker_ms": 1000 * d["decode_step_worker_seconds"] / decodes if decodes else math.nan,
+        "decode_batch": d["decode_step_sequences"] / decodes if decodes else math.nan,
+        "prefill_step_ms": 1000 * d["prefill_step_seconds"] / prefills if prefills else math.nan,
+        "prefill_step_tokens": d["prefill_step_tokens"] / prefills if prefills else math.nan,
+        "prefill_time_share": d["prefill_step_seconds"] / busy if busy else math.nan,
+    }
+
+
+async def measured_load(target: str, scheduler: str | None, requests: list[BenchRequest], args):
+    """run_load, with the scheduler's step totals read before and after when its address
+    is known."""
+    before = await scheduler_step_times(scheduler) if scheduler else None
+    timings, duration = await run_load(target, requests, args.request_rate, args.max_concurrency, args.seed)
+    steps = engine_steps(before, await scheduler_step_times(scheduler)) if scheduler else None
+    return timings, duration, steps
+
+
 def bench_serve(args) -> int:
     from llmserve.bench.throughput import cluster_spec
     from llmserve.launcher import LocalCluster
@@ -104,18 +147,19 @@ def bench_serve(args) -> int:
     model_dir = resolve_model_dir(args.model)
     requests = workload_from_args(args, model_dir)
     cluster = None
-    target = args.target
+    target, scheduler = args.target, args.scheduler_target
     if args.launch:
         spec = cluster_spec(model_dir, args)
         cluster = LocalCluster(spec).start()
-        target = cluster.router_address
+        target, scheduler = cluster.router_address, cluster.scheduler_address
     try:
-        timings, duration = asyncio.run(run_load(target, requests, args.request_rate, args.max_concurrency,
-                                                 args.seed))
+        timings, duration, steps = asyncio.run(measured_load(target, scheduler, requests, args))
     finally:
         if cluster is not None:
             cluster.stop()
     metrics = compute_metrics(timings, duration)
+    if steps is not None:
+        metrics["engine_steps"] = steps
     if args.launch and metrics["completed"]:
         compare_with_decode_step(metrics, model_dir, args.dtype, requests)
     report = {"kind": "serve", "workload": {"name": args.workload, **summary(requests)}, "machine": machine_info(),
@@ -132,16 +176,29 @@ def bench_serve(args) -> int:
 
 
 def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: list[BenchRequest]) -> None:
-    """Times an in-process decode step at the run's mean batch size and mean context (same
+    """Times an in-process decode step at the run's batch size and mean context (same
     machine, right after the run) and sets TPOT median / that step: what serving
-    through the cluster, with arrivals and prefills in between, adds per token."""
+    through the cluster, with arrivals and prefills in between, adds per token.
+
+    The batch is the cluster's mean decode batch when its step totals are known (requests
+    waiting for their first token are in flight but not in a decode batch), else the
+    mean number of requests in flight. With the step totals the ratio splits in two:
+      online decode step / in-process step   the cluster's own decode steps (round trips,
+                                             other processes on the cores, host drift)
+      TPOT median / online decode step       arrivals' prefills sharing the steps
+    """
     from llmserve.bench.profile_step import time_decode_step
 
-    batch = max(1, round(metrics["mean_concurrency"]))
+    steps = metrics.get("engine_steps")
+    known = steps is not None and steps["num_decode_steps"] > 0
+    batch = max(1, round(steps["decode_batch"] if known else metrics["mean_concurrency"]))
     context = round(statistics.fmean(len(r.prompt_token_ids) + r.output_len / 2 for r in requests))
-    step = time_decode_step(model_dir, dtype, batch, context)
-    metrics["decode_step_ms"] = {"batch": batch, "context": context, "median": 1000 * step}
-    metrics["tpot_median_over_decode_step"] = metrics["tpot_ms"]["median"] / (1000 * step)
+    step_ms = 1000 * time_decode_step(model_dir, dtype, batch, context)
+    metrics["decode_step_ms"] = {"batch": batch, "context": context, "median": step_ms}
+    metrics["tpot_median_over_decode_step"] = metrics["tpot_ms"]["median"] / step_ms
+    if known:
+        metrics["online_decode_step_over_in_process"] = steps["decode_step_ms"] / step_ms
+        metrics["tpot_median_over_online_decode_step"] = metrics["tpot_ms"]["median"] / steps["decode_step_ms"]
 
 
 def print_metrics(m: dict) -> None:
@@ -156,3 +213,12 @@ def print_metrics(m: dict) -> None:
         print(f"in-process decode step at batch {d['batch']}, context {d['context']}: {d['median']:.1f} ms; "
               f"TPOT median / step = {m['tpot_median_over_decode_step']:.2f}x (mean concurrency "
               f"{m['mean_concurrency']:.1f})")
+    if "engine_steps" in m:
+        e = m["engine_steps"]
+        print(f"cluster steps: {e['num_decode_steps']} decode, mean {e['decode_step_ms']:.1f} ms at batch "
+              f"{e['decode_batch']:.1f} (worker {e['decode_step_worker_ms']:.1f} ms); {e['num_prefill_steps']} with "
+              f"prompt tokens, mean {e['prefill_step_ms']:.1f} ms for {e['prefill_step_tokens']:.0f} tokens, "
+              f"{100 * e['prefill_time_share']:.0f}% of the busy time")
+    if "online_decode_step_over_in_process" in m:
+        print(f"  = cluster decode step / in-process step {m['online_decode_step_over_in_process']:.2f}x"
+              f"  x  TPOT median / cluster decode step {m['tpot_median_over_online_decode_step']:.2f}x")

@@ -25,6 +25,7 @@ from llmserve.grpc_server import ServiceServer
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.outputs import FinishReason, RequestOutput
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from llmserve.scheduler.step_times import StepTimes
 from llmserve.scheduler.worker_link import WorkerGroup, WorkerLink, WorkerLost
 from llmserve.sampling import SamplingParams
 from llmserve.telemetry import SchedulerMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
@@ -82,6 +83,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.draining = False  # After SIGTERM: no new requests.
         self._probe: asyncio.Future | None = None  # The readiness request's outcome.
         self.ready = False  # A worker is registered and its readiness step has run.
+        self.step_times = StepTimes()
 
     # --- worker registration -------------------------------------------------
 
@@ -291,13 +293,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self._work.clear()
                 await self._work.wait()
                 continue
+            start = time.perf_counter()
             plan = core.schedule()
             if plan.is_empty:
                 # Nothing can run until an abort or a new request changes the picture.
                 self._work.clear()
                 await self._work.wait()
                 continue
-            start = time.perf_counter()
             step_span = self._step_span(plan)
             try:
                 result = await worker.execute(plan)
@@ -317,7 +319,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 logger.error("step %d failed on the worker: %s", plan.step_id, result.error)
                 step_span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR, result.error))
             step_span.end()
-            self.metrics.step_time.record(time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            self.step_times.record(plan, seconds, result.execute_seconds)
+            self.metrics.step_time.record(seconds)
             self.metrics.step_tokens.record(plan.total_scheduled_tokens)
             self.metrics.stats = core.stats()
             # Let session readers run between steps so aborts and adds land promptly.
@@ -351,7 +355,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def GetStats(self, request, context):
         if self.core is None:
             return scheduler_pb2.SchedulerStats(worker_ready=False)
-        return wire.scheduler_stats_to_pb(self.core.stats(), worker_ready=self.worker is not None)
+        return wire.scheduler_stats_to_pb(self.core.stats(), worker_ready=self.worker is not None,
+                                          step_times=self.step_times)
 
     async def GetServingInfo(self, request, context):
         if self.worker is None or self.core is None or not self.ready:

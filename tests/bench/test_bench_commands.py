@@ -62,6 +62,17 @@ def test_bench_serve_smoke(tmp_path):
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         assert 0 < m[name]["median"] <= m[name]["p99"]
     assert m["output_token_throughput"] > 0 and m["request_throughput"] > 0
-    # --launch: TPOT is set against an in-process decode step at the run's batch size.
-    assert 0 < m["mean_concurrency"] <= 6 and m["decode_step_ms"]["batch"] == max(1, round(m["mean_concurrency"]))
+    # The cluster's step totals over the run: every token of the workload was computed
+    # once, in a decode step or in a step with prompt tokens (the last sampled token of
+    # each request never is; random prompts give no prefix-cache hits).
+    e, w = m["engine_steps"], report["workload"]
+    assert e["num_decode_steps"] > 0 and e["num_prefill_steps"] > 0
+    computed = e["num_decode_steps"] * e["decode_batch"] + e["num_prefill_steps"] * e["prefill_step_tokens"]
+    assert round(computed) == w["prompt_tokens"] + w["output_tokens"] - w["num_requests"]
+    assert 1 <= e["decode_batch"] <= 6 and 0 < e["decode_step_worker_ms"] < e["decode_step_ms"]
+    assert 0 < e["prefill_time_share"] < 1
+    # --launch: TPOT is set against an in-process decode step at the cluster's decode batch.
+    assert 0 < m["mean_concurrency"] <= 6 and m["decode_step_ms"]["batch"] == max(1, round(e["decode_batch"]))
     assert m["decode_step_ms"]["median"] > 0 and m["tpot_median_over_decode_step"] > 0
+    assert m["tpot_median_over_decode_step"] == pytest.approx(
+        m["online_decode_step_over_in_process"] * m["tpot_median_over_online_decode_step"])

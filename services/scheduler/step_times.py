@@ -1,0 +1,42 @@
+"""Lifetime wall-time totals of the engine loop's steps, split by what they computed.
+
+A decode step (every scheduled sequence computed one token) costs what the batch size
+costs; a prefill step (some sequence computed a prompt chunk, or recomputed after a
+preemption) costs that plus the chunk. Clients see both kinds between their tokens, so
+TPOT = decode steps + their share of the prefill steps + the round trips; these totals
+let a benchmark (or an operator) tell those three apart from outside the process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmserve.plan import StepPlan
+
+
+def is_decode_step(plan: StepPlan) -> bool:
+    """True when every sequence in the plan computes exactly one token."""
+    num_sequences = len(plan.new_requests) + len(plan.cached_requests)
+    return num_sequences > 0 and plan.total_scheduled_tokens == num_sequences
+
+
+@dataclass
+class StepTimes:
+    num_decode_steps: int = 0
+    decode_step_seconds: float = 0.0  # Plan built -> result applied, summed.
+    decode_step_worker_seconds: float = 0.0  # Of that, the worker's own execute time.
+    decode_step_sequences: int = 0  # Batch sizes, summed.
+    num_prefill_steps: int = 0
+    prefill_step_seconds: float = 0.0
+    prefill_step_tokens: int = 0  # Every token those steps computed, decodes included.
+
+    def record(self, plan: StepPlan, seconds: float, worker_seconds: float) -> None:
+        if is_decode_step(plan):
+            self.num_decode_steps += 1
+            self.decode_step_seconds += seconds
+            self.decode_step_worker_seconds += worker_seconds
+            self.decode_step_sequences += plan.total_scheduled_tokens
+        elif plan.total_scheduled_tokens:
+            self.num_prefill_steps += 1
+            self.prefill_step_seconds += seconds
+            self.prefill_step_tokens += plan.total_scheduled_tokens
