@@ -35,6 +35,9 @@ def add_bench_parser(sub, add_model_flags, add_scheduler_flags, parse_bytes) -> 
     serve.add_argument("--launch", action="store_true", help="start a local cluster for the run")
     serve.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s; inf = all at once")
     serve.add_argument("--max-concurrency", type=int, default=None)
+    serve.add_argument("--repeat", type=int, default=1,
+                       help="rounds (each on a fresh cluster with --launch, then its in-process decode step); "
+                            "figures are the median round's")
 
 
     prof = bench_sub.add_parser("profile", help="where the time of one decode step goes")

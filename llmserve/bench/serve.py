@@ -1,6 +1,8 @@
 """`llmserve bench serve`: online load against a running cluster (vLLM `bench serve`
 style). Requests arrive as a Poisson process at --request-rate (or all at once for
-`inf`), at most --max-concurrency in flight; latencies are taken per streamed delta."""
+`inf`), at most --max-concurrency in flight; latencies are taken per streamed delta.
+With --launch, TPOT is set against an in-process decode step at the cluster's batch
+(see compare_with_decode_step), in --repeat rounds paired run by run."""
 
 from __future__ import annotations
 
@@ -140,17 +142,36 @@ async def measured_load(target: str, scheduler: str | None, requests: list[Bench
 
 
 def bench_serve(args) -> int:
-    from llmserve.bench.throughput import cluster_spec
-    from llmserve.launcher import LocalCluster
     from llmserve.model_store import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)
     requests = workload_from_args(args, model_dir)
+    rounds = [serve_round(model_dir, requests, args) for _ in range(args.repeat)]
+    metrics = median_round(rounds)
+    report = {"kind": "serve", "workload": {"name": args.workload, **summary(requests)}, "machine": machine_info(),
+              "dtype": args.dtype, "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
+              "command": " ".join(args.argv), "rounds": len(rounds), "metrics": metrics}
+    print_metrics(metrics)
+    out = Path(args.output_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    write_json(report, out / f"serve-{args.workload}-{stamp}.json")
+    if metrics["completed"]:
+        plot_latency(report, out / f"serve-{args.workload}-{stamp}.png")
+    print(f"wrote {out}/serve-{args.workload}-{stamp}.{{json,png}}")
+    return 0 if all(r["failed"] == 0 for r in rounds) else 1
+
+
+def serve_round(model_dir, requests: list[BenchRequest], args) -> dict:
+    """One online run; with --launch on a fresh cluster (so no round finds the previous
+    round's prompts in the prefix cache), followed by the in-process decode step it is
+    compared with, so each round's ratio pairs two measurements minutes apart at most."""
+    from llmserve.bench.throughput import cluster_spec
+    from llmserve.launcher import LocalCluster
+
     cluster = None
     target, scheduler = args.target, args.scheduler_target
     if args.launch:
-        spec = cluster_spec(model_dir, args)
-        cluster = LocalCluster(spec).start()
+        cluster = LocalCluster(cluster_spec(model_dir, args)).start()
         target, scheduler = cluster.router_address, cluster.scheduler_address
     try:
         timings, duration, steps = asyncio.run(measured_load(target, scheduler, requests, args))
@@ -162,17 +183,26 @@ def bench_serve(args) -> int:
         metrics["engine_steps"] = steps
     if args.launch and metrics["completed"]:
         compare_with_decode_step(metrics, model_dir, args.dtype, requests)
-    report = {"kind": "serve", "workload": {"name": args.workload, **summary(requests)}, "machine": machine_info(),
-              "dtype": args.dtype, "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
-              "command": " ".join(args.argv), "metrics": metrics}
-    print_metrics(metrics)
-    out = Path(args.output_dir)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    write_json(report, out / f"serve-{args.workload}-{stamp}.json")
-    if metrics["completed"]:
-        plot_latency(report, out / f"serve-{args.workload}-{stamp}.png")
-    print(f"wrote {out}/serve-{args.workload}-{stamp}.{{json,png}}")
-    return 0 if metrics["failed"] == 0 else 1
+    if args.repeat > 1:
+        print_metrics(metrics)
+    return metrics
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """The round whose TPOT median / in-process step is the median (else whose TPOT
+    median is), with every round's figures beside it. The host's speed drifts by tens
+    of percent within minutes; a ratio is only as good as the pairing of its terms."""
+    ratio = "tpot_median_over_decode_step"
+    paired = all(ratio in r for r in rounds)
+    ordered = sorted(rounds, key=lambda r: r[ratio] if paired else r["tpot_ms"]["median"])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    if len(rounds) > 1:
+        chosen["rounds_tpot_median_ms"] = [r["tpot_ms"]["median"] for r in rounds]
+        for name in ("tpot_median_over_decode_step", "online_decode_step_over_in_process",
+                     "tpot_median_over_online_decode_step"):
+            if all(name in r for r in rounds):
+                chosen[f"rounds_{name}"] = [r[name] for r in rounds]
+    return chosen
 
 
 def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: list[BenchRequest]) -> None:
@@ -222,3 +252,10 @@ def print_metrics(m: dict) -> None:
     if "online_decode_step_over_in_process" in m:
         print(f"  = cluster decode step / in-process step {m['online_decode_step_over_in_process']:.2f}x"
               f"  x  TPOT median / cluster decode step {m['tpot_median_over_online_decode_step']:.2f}x")
+    if "rounds_tpot_median_over_decode_step" in m:
+        print("rounds (this is the median one): TPOT median / in-process step "
+              + ", ".join(f"{r:.2f}x" for r in m["rounds_tpot_median_over_decode_step"])
+              + "; cluster decode step / in-process step "
+              + ", ".join(f"{r:.2f}x" for r in m["rounds_online_decode_step_over_in_process"])
+              + "; TPOT median / cluster decode step "
+              + ", ".join(f"{r:.2f}x" for r in m["rounds_tpot_median_over_online_decode_step"]))
