@@ -221,10 +221,17 @@ def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: lis
 
     steps = metrics.get("engine_steps")
     known = steps is not None and steps["num_decode_steps"] > 0
-    batch = max(1, round(steps["decode_batch"] if known else metrics["mean_concurrency"]))
+    batch = max(1.0, steps["decode_batch"] if known else metrics["mean_concurrency"])
     context = round(statistics.fmean(len(r.prompt_token_ids) + r.output_len / 2 for r in requests))
-    step_ms = 1000 * time_decode_step(model_dir, dtype, batch, context)
-    metrics["decode_step_ms"] = {"batch": batch, "context": context, "median": step_ms}
+    # NOTE: a fractional mean batch (2.4) is timed at the batch sizes either side and
+    # interpolated: a step's time is close to affine in the batch size, so this is the
+    # mean step over the run's mix of batches, where rounding (to 2) would be off by ~10%
+    # at small batches (a sequence costs ~8 ms there).
+    low, high = math.floor(batch), math.ceil(batch)
+    at_batch = {b: 1000 * time_decode_step(model_dir, dtype, b, context) for b in sorted({low, high})}
+    step_ms = at_batch[low] + (batch - low) * (at_batch[high] - at_batch[low])
+    metrics["decode_step_ms"] = {"batch": batch, "context": context, "median": step_ms,
+                                 "at_batch": {str(b): ms for b, ms in at_batch.items()}}
     metrics["tpot_median_over_decode_step"] = metrics["tpot_ms"]["median"] / step_ms
     if known:
         metrics["online_decode_step_over_in_process"] = steps["decode_step_ms"] / step_ms
@@ -240,7 +247,9 @@ def print_metrics(m: dict) -> None:
         print(f"{name[:-3].upper():>5} ms: mean {s['mean']:8.1f}  median {s['median']:8.1f}  p99 {s['p99']:8.1f}")
     if "decode_step_ms" in m:
         d = m["decode_step_ms"]
-        print(f"in-process decode step at batch {d['batch']}, context {d['context']}: {d['median']:.1f} ms; "
+        timed = ", ".join(f"{ms:.1f} ms at {b}" for b, ms in d["at_batch"].items())
+        print(f"in-process decode step at batch {d['batch']:.1f}, context {d['context']}: {d['median']:.1f} ms "
+              f"({timed}); "
               f"TPOT median / step = {m['tpot_median_over_decode_step']:.2f}x (mean concurrency "
               f"{m['mean_concurrency']:.1f})")
     if "engine_steps" in m:
