@@ -98,6 +98,10 @@ async def run_load(target: str, requests: list[BenchRequest], request_rate: floa
     return timings, duration
 
 
+STEP_TIME_FIELDS = ("num_decode_steps", "decode_step_seconds", "decode_step_worker_seconds", "decode_step_sequences",
+                    "num_prefill_steps", "prefill_step_seconds", "prefill_step_tokens")
+
+
 async def scheduler_step_times(address: str) -> dict:
     """The scheduler's lifetime step totals (its public GetStats), as a dict."""
     import grpc
@@ -107,10 +111,6 @@ async def scheduler_step_times(address: str) -> dict:
     async with grpc.aio.insecure_channel(address) as channel:
         stats = await scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
     return {f: getattr(stats, f) for f in STEP_TIME_FIELDS}
-
-
-STEP_TIME_FIELDS = ("num_decode_steps", "decode_step_seconds", "decode_step_worker_seconds", "decode_step_sequences",
-                    "num_prefill_steps", "prefill_step_seconds", "prefill_step_tokens")
 
 
 def engine_steps(before: dict, after: dict) -> dict:
@@ -223,10 +223,10 @@ def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: lis
     known = steps is not None and steps["num_decode_steps"] > 0
     batch = max(1.0, steps["decode_batch"] if known else metrics["mean_concurrency"])
     context = round(statistics.fmean(len(r.prompt_token_ids) + r.output_len / 2 for r in requests))
-    # NOTE: a fractional mean batch (2.4) is timed at the batch sizes either side and
+    # NOTE: a fractional mean batch (1.5) is timed at the batch sizes either side and
     # interpolated: a step's time is close to affine in the batch size, so this is the
-    # mean step over the run's mix of batches, where rounding (to 2) would be off by ~10%
-    # at small batches (a sequence costs ~8 ms there).
+    # mean step over the run's mix of batches. Rounding would be off by up to half a
+    # sequence's cost: 2.5-5 ms per sequence at batches 1-8, against 40-60 ms steps.
     low, high = math.floor(batch), math.ceil(batch)
     at_batch = {b: 1000 * time_decode_step(model_dir, dtype, b, context) for b in sorted({low, high})}
     step_ms = at_batch[low] + (batch - low) * (at_batch[high] - at_batch[low])
@@ -261,10 +261,10 @@ def print_metrics(m: dict) -> None:
     if "online_decode_step_over_in_process" in m:
         print(f"  = cluster decode step / in-process step {m['online_decode_step_over_in_process']:.2f}x"
               f"  x  TPOT median / cluster decode step {m['tpot_median_over_online_decode_step']:.2f}x")
-    if "rounds_tpot_median_over_decode_step" in m:
-        print("rounds (this is the median one): TPOT median / in-process step "
-              + ", ".join(f"{r:.2f}x" for r in m["rounds_tpot_median_over_decode_step"])
-              + "; cluster decode step / in-process step "
-              + ", ".join(f"{r:.2f}x" for r in m["rounds_online_decode_step_over_in_process"])
-              + "; TPOT median / cluster decode step "
-              + ", ".join(f"{r:.2f}x" for r in m["rounds_tpot_median_over_online_decode_step"]))
+    labels = {"tpot_median_over_decode_step": "TPOT median / in-process step",
+              "online_decode_step_over_in_process": "cluster decode step / in-process step",
+              "tpot_median_over_online_decode_step": "TPOT median / cluster decode step"}
+    per_round = [f"{label} " + ", ".join(f"{r:.2f}x" for r in m[f"rounds_{name}"])
+                 for name, label in labels.items() if f"rounds_{name}" in m]
+    if per_round:
+        print("rounds (this is the median one): " + "; ".join(per_round))
