@@ -53,6 +53,13 @@ def write_json(report: dict, path: str | Path) -> None:
     path.write_text(json.dumps(report, indent=2))
 
 
+def median_round(rounds: list[dict], key) -> dict:
+    """A copy of the round whose `key(round)` is the median (of an even count, the lower
+    middle one): a run that actually happened, not an average of several."""
+    ranked = sorted(rounds, key=key)
+    return dict(ranked[(len(ranked) - 1) // 2])
+
+
 def plot_throughput(report: dict, path: str | Path) -> None:
     """Bar chart of output tokens/s per system, labelled with the ratio to the engine."""
     import matplotlib

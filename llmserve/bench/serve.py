@@ -11,11 +11,12 @@ import math
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from llmserve.bench.report import machine_info, plot_latency, write_json
+from llmserve.bench.report import machine_info, median_round, plot_latency, write_json
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
+from llmserve.scheduler.step_times import StepTimes
 
 
 @dataclass
@@ -98,8 +99,8 @@ async def run_load(target: str, requests: list[BenchRequest], request_rate: floa
     return timings, duration
 
 
-STEP_TIME_FIELDS = ("num_decode_steps", "decode_step_seconds", "decode_step_worker_seconds", "decode_step_sequences",
-                    "num_prefill_steps", "prefill_step_seconds", "prefill_step_tokens")
+# The scheduler's StepTimes fields, which its GetStats reply carries under the same names.
+STEP_TIME_FIELDS = tuple(f.name for f in fields(StepTimes))
 
 
 async def scheduler_step_times(address: str) -> dict:
@@ -147,7 +148,7 @@ def bench_serve(args) -> int:
     model_dir = resolve_model_dir(args.model)
     requests = workload_from_args(args, model_dir)
     rounds = [serve_round(model_dir, requests, args) for _ in range(args.repeat)]
-    metrics = median_round(rounds)
+    metrics = summarize_rounds(rounds)
     report = {"kind": "serve", "workload": {"name": args.workload, **summary(requests)}, "machine": machine_info(),
               "dtype": args.dtype, "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
               "command": " ".join(args.argv), "rounds": len(rounds), "metrics": metrics}
@@ -188,14 +189,13 @@ def serve_round(model_dir, requests: list[BenchRequest], args) -> dict:
     return metrics
 
 
-def median_round(rounds: list[dict]) -> dict:
+def summarize_rounds(rounds: list[dict]) -> dict:
     """The round whose TPOT median / in-process step is the median (else whose TPOT
     median is), with every round's figures beside it. The host's speed drifts by tens
     of percent within minutes; a ratio is only as good as the pairing of its terms."""
     ratio = "tpot_median_over_decode_step"
     paired = all(ratio in r for r in rounds)
-    ordered = sorted(rounds, key=lambda r: r[ratio] if paired else r["tpot_ms"]["median"])
-    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen = median_round(rounds, key=lambda r: r[ratio] if paired else r["tpot_ms"]["median"])
     if len(rounds) > 1:
         chosen["rounds_tpot_median_ms"] = [r["tpot_ms"]["median"] for r in rounds]
         for name in ("tpot_median_over_decode_step", "online_decode_step_over_in_process",

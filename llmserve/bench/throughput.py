@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from llmserve.bench.flops import ModelBytes, ModelFlops, measure_matmul_peak, measure_memory_bandwidth
-from llmserve.bench.report import machine_info, plot_throughput, write_json
+from llmserve.bench.report import machine_info, median_round, plot_throughput, write_json
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 from llmserve.engine import InProcessEngine
 from llmserve.sampling import SamplingParams
@@ -131,13 +131,12 @@ def _run_baseline(baseline: str, model_dir: Path, requests: list[BenchRequest], 
         return {"error": f"{type(err).__name__}: {err}"}
 
 
-def _median_round(rounds: list[dict]) -> dict:
+def _summarize_rounds(rounds: list[dict]) -> dict:
     """The round with the median throughput, carrying every round's figure."""
     ok = [r for r in rounds if "error" not in r]
     if not ok:
         return rounds[0]
-    ranked = sorted(ok, key=lambda r: r["output_tokens_per_s"])
-    chosen = dict(ranked[(len(ranked) - 1) // 2])
+    chosen = median_round(ok, key=lambda r: r["output_tokens_per_s"])
     chosen["rounds_output_tokens_per_s"] = [r["output_tokens_per_s"] for r in ok]
     if "engine_over_this" in chosen:
         chosen["rounds_engine_over_this"] = [r["engine_over_this"] for r in ok]
@@ -196,7 +195,7 @@ def bench_throughput(args) -> int:
                 _print_row(f"[{round_index + 1}] {_label(system, args.hf_batch_size)}", run)
             rounds.setdefault(system, []).append(run)
     del engine
-    report["results"] = {system: _median_round(runs) for system, runs in rounds.items()}
+    report["results"] = {system: _summarize_rounds(runs) for system, runs in rounds.items()}
     result = report["results"]["engine"]
     if args.repeat > 1:
         print(f"medians of {args.repeat} rounds:", flush=True)
