@@ -59,17 +59,29 @@ def decoding_engine(model_dir, dtype: str, batch: int, context: int) -> InProces
     return engine
 
 
-def time_decode_step(model_dir, dtype: str, batch: int, context: int, steps: int = 9) -> float:
-    """Median seconds of a whole in-process decode step (schedule, forward, sample,
-    update; no profiler) at this batch size and context."""
-    engine = decoding_engine(model_dir, dtype, batch, context)
-    engine.step()  # Warm-up.
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+def time_decode_steps(model_dir, dtype: str, batches: list[int], context: int, steps: int = 40,
+                      chunks: int = 4) -> dict[int, float]:
+    """Mean seconds of a whole in-process decode step (schedule, forward, sample, update;
+    no profiler) at each batch size, at a mean context of `context` tokens.
+
+    NOTE: a mean over `steps` steps per batch, taken in `chunks` interleaved runs
+    (b1, b2, b1, b2, ...). This host's memory bandwidth swings by a third from one
+    second to the next, and a small-batch decode step is bandwidth-bound, so a median of
+    a few consecutive steps measures the second it ran in; the cluster's figures it is
+    compared with are means over whole runs.
+    """
+    # Each sequence grows by `steps` tokens while timed: start half of that below `context`.
+    engines = {b: decoding_engine(model_dir, dtype, b, max(1, context - steps // 2)) for b in batches}
+    times: dict[int, list[float]] = {b: [] for b in batches}
+    for engine in engines.values():
+        engine.step()  # Warm-up.
+    for chunk in range(chunks):
+        for b, engine in engines.items():
+            for _ in range(steps // chunks + (chunk < steps % chunks)):
+                start = time.perf_counter()
+                engine.step()
+                times[b].append(time.perf_counter() - start)
+    return {b: sum(t) / len(t) for b, t in times.items()}
 
 
 def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: int = 5) -> dict:

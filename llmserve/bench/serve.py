@@ -217,7 +217,7 @@ def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: lis
                                              other processes on the cores, host drift)
       TPOT median / online decode step       arrivals' prefills sharing the steps
     """
-    from llmserve.bench.profile_step import time_decode_step
+    from llmserve.bench.profile_step import time_decode_steps
 
     steps = metrics.get("engine_steps")
     known = steps is not None and steps["num_decode_steps"] > 0
@@ -228,9 +228,9 @@ def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: lis
     # mean step over the run's mix of batches. Rounding would be off by up to half a
     # sequence's cost: 2.5-5 ms per sequence at batches 1-8, against 40-60 ms steps.
     low, high = math.floor(batch), math.ceil(batch)
-    at_batch = {b: 1000 * time_decode_step(model_dir, dtype, b, context) for b in sorted({low, high})}
+    at_batch = {b: 1000 * s for b, s in time_decode_steps(model_dir, dtype, sorted({low, high}), context).items()}
     step_ms = at_batch[low] + (batch - low) * (at_batch[high] - at_batch[low])
-    metrics["decode_step_ms"] = {"batch": batch, "context": context, "median": step_ms,
+    metrics["decode_step_ms"] = {"batch": batch, "context": context, "mean": step_ms,
                                  "at_batch": {str(b): ms for b, ms in at_batch.items()}}
     metrics["tpot_median_over_decode_step"] = metrics["tpot_ms"]["median"] / step_ms
     if known:
@@ -248,7 +248,7 @@ def print_metrics(m: dict) -> None:
     if "decode_step_ms" in m:
         d = m["decode_step_ms"]
         timed = ", ".join(f"{ms:.1f} ms at {b}" for b, ms in d["at_batch"].items())
-        print(f"in-process decode step at batch {d['batch']:.1f}, context {d['context']}: {d['median']:.1f} ms "
+        print(f"in-process decode step at batch {d['batch']:.1f}, context {d['context']}: {d['mean']:.1f} ms "
               f"({timed}); "
               f"TPOT median / step = {m['tpot_median_over_decode_step']:.2f}x (mean concurrency "
               f"{m['mean_concurrency']:.1f})")
