@@ -114,6 +114,11 @@ async def scheduler_step_times(address: str) -> dict:
     return {f: getattr(stats, f) for f in STEP_TIME_FIELDS}
 
 
+def _per(total: float, count: float) -> float:
+    """total / count, NaN when nothing was counted (a run without that kind of step)."""
+    return total / count if count else math.nan
+
+
 def engine_steps(before: dict, after: dict) -> dict:
     """The cluster's steps during the run (difference of two step-total snapshots): how
     long its decode steps took at what batch, and what share of its busy time went to
@@ -124,12 +129,12 @@ def engine_steps(before: dict, after: dict) -> dict:
     return {
         "num_decode_steps": decodes,
         "num_prefill_steps": prefills,
-        "decode_step_ms": 1000 * d["decode_step_seconds"] / decodes if decodes else math.nan,
-        "decode_step_worker_ms": 1000 * d["decode_step_worker_seconds"] / decodes if decodes else math.nan,
-        "decode_batch": d["decode_step_sequences"] / decodes if decodes else math.nan,
-        "prefill_step_ms": 1000 * d["prefill_step_seconds"] / prefills if prefills else math.nan,
-        "prefill_step_tokens": d["prefill_step_tokens"] / prefills if prefills else math.nan,
-        "prefill_time_share": d["prefill_step_seconds"] / busy if busy else math.nan,
+        "decode_step_ms": 1000 * _per(d["decode_step_seconds"], decodes),
+        "decode_step_worker_ms": 1000 * _per(d["decode_step_worker_seconds"], decodes),
+        "decode_batch": _per(d["decode_step_sequences"], decodes),
+        "prefill_step_ms": 1000 * _per(d["prefill_step_seconds"], prefills),
+        "prefill_step_tokens": _per(d["prefill_step_tokens"], prefills),
+        "prefill_time_share": _per(d["prefill_step_seconds"], busy),
     }
 
 
