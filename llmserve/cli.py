@@ -25,6 +25,13 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9
                "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def parse_bytes(text: str) -> int:
     """'2GiB' -> 2147483648, '512MB' -> 512000000, '1000' -> 1000."""
     match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
@@ -51,6 +58,9 @@ def _add_scheduler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],
                    help="when KV blocks run out: swap to CPU, recompute later, or auto "
                         "(swap requests with several samples, recompute the others)")
+    p.add_argument("--stream-interval", type=_at_least_one, default=1,
+                   help="stream each sample's tokens N at a time (its first and last at once): fewer "
+                        "messages, less control-plane CPU beside the model; 1 = every token")
 
 
 def _add_worker_flags(p: argparse.ArgumentParser) -> None:
@@ -221,6 +231,7 @@ def cmd_scheduler(args) -> int:
         enable_chunked_prefill=not args.no_chunked_prefill,
         enable_prefix_caching=not args.no_prefix_caching, preemption_mode=args.preemption_mode,
         metrics_port=args.metrics_port, shutdown_timeout_s=args.shutdown_timeout,
+        stream_interval=args.stream_interval,
     ))
 
 

@@ -179,7 +179,7 @@ def run_local_cluster(args) -> int:
         scheduler_args.append("--no-chunked-prefill")
     if args.no_prefix_caching:
         scheduler_args.append("--no-prefix-caching")
-    scheduler_args += ["--preemption-mode", args.preemption_mode]
+    scheduler_args += ["--preemption-mode", args.preemption_mode, "--stream-interval", str(args.stream_interval)]
     worker_args = ["--dtype", args.dtype, "--block-size", str(args.block_size),
                    "--attention-backend", args.attention_backend, "--swap-space", str(args.swap_space),
                    "--gpu-memory-utilization", str(args.gpu_memory_utilization),

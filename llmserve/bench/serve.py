@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from llmserve.bench import cpu_usage
 from llmserve.bench.report import machine_info, median_round, plot_latency, write_json
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 from llmserve.scheduler.step_times import StepTimes
@@ -24,6 +25,8 @@ class RequestTiming:
     prompt_len: int
     start: float = 0.0
     token_times: list[float] = field(default_factory=list)  # One entry per generated token.
+    delta_times: list[float] = field(default_factory=list)  # One per streamed message (several tokens
+    # each with --stream-interval > 1: ITL is the gap between messages, as vLLM's bench takes it).
     end: float = 0.0
     error: str = ""
 
@@ -48,7 +51,7 @@ def percentiles(values: list[float]) -> dict:
 
 def compute_metrics(timings: list[RequestTiming], duration: float) -> dict:
     ok = [t for t in timings if not t.error and t.token_times]
-    itls = [b - a for t in ok for a, b in zip(t.token_times, t.token_times[1:])]
+    itls = [b - a for t in ok for a, b in zip(t.delta_times, t.delta_times[1:])]
     out_tokens = sum(len(t.token_times) for t in ok)
     ms = 1000.0
     return {
@@ -61,6 +64,7 @@ def compute_metrics(timings: list[RequestTiming], duration: float) -> dict:
         "ttft_ms": {k: v * ms for k, v in percentiles([t.ttft for t in ok]).items()},
         "tpot_ms": {k: v * ms for k, v in percentiles([t.tpot for t in ok if t.tpot is not None]).items()},
         "itl_ms": {k: v * ms for k, v in percentiles(itls).items()},
+        "tokens_per_message": out_tokens / max(1, sum(len(t.delta_times) for t in ok)),
         "e2e_ms": {k: v * ms for k, v in percentiles([t.end - t.start for t in ok]).items()},
         # Requests in flight, time-averaged over the run: the batch size the engine ran at.
         "mean_concurrency": sum(t.end - t.start for t in ok) / duration if duration else 0.0,
@@ -83,6 +87,8 @@ async def run_load(target: str, requests: list[BenchRequest], request_rate: floa
                                                    temperature=0.0, ignore_eos=True):
                     now = time.perf_counter()
                     timing.token_times += [now] * len(delta.token_ids)
+                    if delta.token_ids:
+                        timing.delta_times.append(now)
             except Exception as err:  # A failed request is counted, not fatal to the run.
                 timing.error = str(err)
             timing.end = time.perf_counter()
@@ -138,12 +144,18 @@ def engine_steps(before: dict, after: dict) -> dict:
     }
 
 
-async def measured_load(target: str, scheduler: str | None, requests: list[BenchRequest], args):
+async def measured_load(target: str, scheduler: str | None, requests: list[BenchRequest], args,
+                        pids: dict[str, int] | None = None):
     """run_load, with the scheduler's step totals read before and after when its address
-    is known."""
+    is known, and the CPU time of the processes in `pids` (a launched cluster's)."""
     before = await scheduler_step_times(scheduler) if scheduler else None
+    cpu_before = cpu_usage.snapshot(pids) if pids else None
     timings, duration = await run_load(target, requests, args.request_rate, args.max_concurrency, args.seed)
+    cpu_after = cpu_usage.snapshot(pids) if pids else None
     steps = engine_steps(before, await scheduler_step_times(scheduler)) if scheduler else None
+    if steps is not None and cpu_before is not None:
+        steps["cpu"] = cpu_usage.cpu_per_step(cpu_before, cpu_after,
+                                              steps["num_decode_steps"] + steps["num_prefill_steps"])
     return timings, duration, steps
 
 
@@ -175,12 +187,13 @@ def serve_round(model_dir, requests: list[BenchRequest], args) -> dict:
     from llmserve.launcher import LocalCluster
 
     cluster = None
-    target, scheduler = args.target, args.scheduler_target
+    target, scheduler, pids = args.target, args.scheduler_target, None
     if args.launch:
         cluster = LocalCluster(cluster_spec(model_dir, args)).start()
         target, scheduler = cluster.router_address, cluster.scheduler_address
+        pids = {name: proc.pid for name, proc in cluster.processes.items()}
     try:
-        timings, duration, steps = asyncio.run(measured_load(target, scheduler, requests, args))
+        timings, duration, steps = asyncio.run(measured_load(target, scheduler, requests, args, pids))
     finally:
         if cluster is not None:
             cluster.stop()
@@ -263,6 +276,9 @@ def print_metrics(m: dict) -> None:
               f"{e['decode_batch']:.1f} (worker {e['decode_step_worker_ms']:.1f} ms); {e['num_prefill_steps']} with "
               f"prompt tokens, mean {e['prefill_step_ms']:.1f} ms for {e['prefill_step_tokens']:.0f} tokens, "
               f"{100 * e['prefill_time_share']:.0f}% of the busy time")
+        if e.get("cpu", {}).get("ms_per_step"):
+            print("CPU per step (ms; the worker's includes its compute): " +
+                  ", ".join(f"{name} {ms:.2f}" for name, ms in e["cpu"]["ms_per_step"].items()))
     if "online_decode_step_over_in_process" in m:
         print(f"  = cluster decode step / in-process step {m['online_decode_step_over_in_process']:.2f}x"
               f"  x  TPOT median / cluster decode step {m['tpot_median_over_online_decode_step']:.2f}x")

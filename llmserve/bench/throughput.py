@@ -80,7 +80,7 @@ def cluster_spec(model_dir: Path, args):
 
     scheduler_args = ["--max-num-seqs", str(args.max_num_seqs),
                       "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-                      "--preemption-mode", args.preemption_mode]
+                      "--preemption-mode", args.preemption_mode, "--stream-interval", str(args.stream_interval)]
     scheduler_args += ["--no-prefix-caching"] * args.no_prefix_caching + ["--no-chunked-prefill"] * args.no_chunked_prefill
     return ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
                        worker_port=free_port(), log_level="WARNING", scheduler_args=scheduler_args,

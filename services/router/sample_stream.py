@@ -37,13 +37,22 @@ class SampleStream:
         return self.finish_reason != FinishReason.NONE
 
     def process(self, out: RequestOutput, decode_token) -> SampleDelta:
-        """Consumes one engine output; `decode_token(id)` names a stop token id."""
-        self.num_tokens += len(out.new_token_ids)
+        """Consumes one engine output (one token, or several with a stream interval);
+        `decode_token(id)` names a stop token id."""
         self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
-        text = self.detokenizer.push(out.new_token_ids)
-        if out.finished:
-            text += self.detokenizer.flush()
-        emit, matched = self.stop_matcher.feed(text)
+        # Token by token, so a stop string that ends inside a multi-token output cuts
+        # the tokens after it too: the result does not depend on how outputs were grouped.
+        emit, matched, kept = "", None, 0
+        for token_id in out.new_token_ids:
+            kept += 1
+            text, matched = self.stop_matcher.feed(self.detokenizer.push([token_id]))
+            emit += text
+            if matched is not None:
+                break
+        if matched is None and out.finished:
+            text, matched = self.stop_matcher.feed(self.detokenizer.flush())
+            emit += text
+        self.num_tokens += kept
         finish, stop_reason = out.finish_reason, ""
         if matched is not None:
             finish, stop_reason = FinishReason.STOP, matched
@@ -55,8 +64,8 @@ class SampleStream:
         return SampleDelta(
             index=self.index,
             text=emit,
-            token_ids=list(out.new_token_ids),
-            logprobs=list(out.logprobs),
+            token_ids=list(out.new_token_ids[:kept]),
+            logprobs=list(out.logprobs[:kept]),
             finish_reason=finish,
             stop_reason=stop_reason,
             error=out.error,

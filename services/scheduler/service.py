@@ -26,6 +26,7 @@ from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.outputs import FinishReason, RequestOutput
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from llmserve.scheduler.step_times import StepTimes
+from llmserve.scheduler.stream_interval import OutputCoalescer
 from llmserve.scheduler.worker_link import WorkerGroup, WorkerLink, WorkerLost
 from llmserve.sampling import SamplingParams
 from llmserve.telemetry import SchedulerMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
@@ -52,6 +53,7 @@ class SchedulerServiceConfig:
     step_timeout_s: float = 300.0  # A worker group must answer a step within this, or is lost.
     metrics_port: int = 0  # Prometheus endpoint (0 = off).
     shutdown_timeout_s: float = 30.0  # After SIGTERM: how long running requests may go on.
+    stream_interval: int = 1  # Send a sample's tokens every N (its first and last at once).
 
 
 class RouterSession:
@@ -84,6 +86,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._probe: asyncio.Future | None = None  # The readiness request's outcome.
         self.ready = False  # A worker is registered and its readiness step has run.
         self.step_times = StepTimes()
+        self.coalescer = OutputCoalescer(config.stream_interval)
 
     # --- worker registration -------------------------------------------------
 
@@ -274,6 +277,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             session = self._owners.get(out.request_id)
             if session is None:
                 continue
+            out = self.coalescer.push(out)
+            if out is None:
+                continue  # Held until the sample's next N tokens or its end.
             per_session.setdefault(session.id, (session, []))[1].append(wire.request_output_to_pb(out))
             if out.finished:
                 ended.append(out.request_id)
@@ -281,6 +287,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         for request_id in ended:
             if request_id in self._owners and (self.core is None or self.core.get_group(request_id) is None):
                 self._owners.pop(request_id).request_ids.discard(request_id)
+                self.coalescer.forget(request_id)
         for session, pbs in per_session.values():
             session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=pbs))
 

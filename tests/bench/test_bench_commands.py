@@ -57,7 +57,8 @@ def test_bench_throughput_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_bench_serve_smoke(tmp_path):
-    report = run_cli(["bench", "serve", "--launch", *SMALL, "--request-rate", "8", "--repeat", "2"], tmp_path)
+    report = run_cli(["bench", "serve", "--launch", *SMALL, "--request-rate", "8", "--repeat", "2",
+                      "--stream-interval", "3"], tmp_path)
     m = report["metrics"]
     # Two rounds, each paired with its own in-process step; the figures are the median one's
     # (of two: the lower).
@@ -76,6 +77,13 @@ def test_bench_serve_smoke(tmp_path):
     assert round(computed) == w["prompt_tokens"] + w["output_tokens"] - w["num_requests"]
     assert 1 <= e["decode_batch"] <= 6 and 0 < e["decode_step_worker_ms"] < e["decode_step_ms"]
     assert 0 < e["prefill_time_share"] < 1
+    # --stream-interval 3 reached the cluster: after each request's first token, up to 3
+    # tokens per message (outputs of 4-12 tokens: 1 + 3 + 3 + ... ).
+    assert 1.5 < m["tokens_per_message"] <= 3
+    # Each process's CPU over the run, per step: the worker's holds its compute.
+    cpu = e["cpu"]["ms_per_step"]
+    assert set(cpu) == {"router", "scheduler", "worker", "client"} and min(cpu.values()) > 0
+    assert cpu["worker"] > max(cpu["router"], cpu["scheduler"])
     # --launch: TPOT is set against an in-process decode step at the cluster's decode batch.
     # A fractional batch is interpolated between the two batch sizes timed either side.
     d = m["decode_step_ms"]

@@ -7,6 +7,7 @@ import pytest
 
 from llmserve.client import LLMServeClient
 
+from .conftest import start_cluster
 from .reference import hf_tokenizer
 
 
@@ -103,3 +104,43 @@ async def test_second_request_reuses_the_cached_prefix(cluster):
     assert usage_a["cached_tokens"] == 0
     assert usage_b["cached_tokens"] == 192  # 12 full blocks of 16 tokens.
     assert len(ids_b) == 4
+
+
+@pytest.mark.slow
+async def test_stream_interval_groups_tokens_and_changes_no_result(cluster, model_dir, tmp_path):
+    """--stream-interval 4: first token alone, then 4 at a time, the rest with the finish;
+    tokens, text, stop strings and logprobs as with the default interval of 1."""
+    grouped = start_cluster(model_dir, tmp_path, scheduler_args=["--stream-interval", "4"],
+                            worker_args=["--kv-cache-memory", "128MiB"])
+    try:
+        async with LLMServeClient(cluster.router_address) as every, \
+                LLMServeClient(grouped.router_address) as by_four:
+            sizes = [len(d.token_ids) async for d in by_four.generate(
+                "The three primary colors are", max_tokens=10, temperature=0.0, ignore_eos=True)]
+            assert sizes == [1, 4, 4, 1]
+            base = await every.complete("The three primary colors are", max_tokens=32, temperature=0.0,
+                                        ignore_eos=True)
+            stop = base.split()[len(base.split()) // 2]
+            cases = [dict(prompt="The three primary colors are", max_tokens=32, temperature=0.0,
+                          ignore_eos=True, stop=[stop]),
+                     dict(prompt="Once upon a time", max_tokens=13, temperature=0.9, seed=5, n=2,
+                          ignore_eos=True, logprobs=2)]
+            outcomes = []
+            for kwargs in cases:
+                results = []
+                for client in (every, by_four):
+                    per_index: dict[int, tuple[str, list[int], list[float]]] = {}
+                    finishes, usage = {}, None
+                    async for d in client.generate(**kwargs):
+                        text, ids, lps = per_index.get(d.index, ("", [], []))
+                        per_index[d.index] = (text + d.text, ids + list(d.token_ids),
+                                              lps + [round(lp.logprob, 4) for lp in d.logprobs])
+                        finishes[d.index] = d.finish_reason or finishes.get(d.index)
+                        usage = d.usage or usage
+                    results.append((per_index, finishes, usage["completion_tokens"]))
+                assert results[1] == results[0], kwargs
+                outcomes.append(results[0])
+            assert outcomes[0][1] == {0: "stop"}
+            assert outcomes[1][1] == {0: "length", 1: "length"} and outcomes[1][2] == 26
+    finally:
+        grouped.stop()
