@@ -220,6 +220,11 @@ def summarize_rounds(rounds: list[dict]) -> dict:
                      "tpot_median_over_online_decode_step"):
             if all(name in r for r in rounds):
                 chosen[f"rounds_{name}"] = [r[name] for r in rounds]
+        # The ratios' terms too: which of them moved from round to round.
+        if all("decode_step_ms" in r for r in rounds):
+            chosen["rounds_in_process_step_ms"] = [r["decode_step_ms"]["mean"] for r in rounds]
+        if all("engine_steps" in r for r in rounds):
+            chosen["rounds_cluster_decode_step_ms"] = [r["engine_steps"]["decode_step_ms"] for r in rounds]
     return chosen
 
 

@@ -64,6 +64,9 @@ def test_bench_serve_smoke(tmp_path):
     # (of two: the lower).
     assert report["rounds"] == 2 and len(m["rounds_tpot_median_over_decode_step"]) == 2
     assert m["tpot_median_over_decode_step"] == min(m["rounds_tpot_median_over_decode_step"])
+    # Each round's terms: their ratio is that round's cluster ÷ in-process factor.
+    assert [c / i for c, i in zip(m["rounds_cluster_decode_step_ms"], m["rounds_in_process_step_ms"])] == \
+        pytest.approx(m["rounds_online_decode_step_over_in_process"])
     assert m["completed"] == 6 and m["failed"] == 0
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         assert 0 < m[name]["median"] <= m[name]["p99"]
