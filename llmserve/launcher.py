@@ -168,18 +168,20 @@ class LocalCluster:
         self.stop()
 
 
+def scheduler_flags(args) -> list[str]:
+    """The scheduler's command-line flags back from parsed ones (`llmserve up`, and the
+    clusters `llmserve bench` launches)."""
+    flags = ["--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+             "--preemption-mode", args.preemption_mode, "--stream-interval", str(args.stream_interval)]
+    return flags + ["--no-chunked-prefill"] * args.no_chunked_prefill + ["--no-prefix-caching"] * args.no_prefix_caching
+
+
 def run_local_cluster(args) -> int:
     """`llmserve up`: start the cluster, answer --prompt if given, else serve until Ctrl-C."""
     from llmserve.model_store import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)  # Convert the default model once, before the children race.
-    scheduler_args = ["--max-num-seqs", str(args.max_num_seqs),
-                      "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
-    if args.no_chunked_prefill:
-        scheduler_args.append("--no-chunked-prefill")
-    if args.no_prefix_caching:
-        scheduler_args.append("--no-prefix-caching")
-    scheduler_args += ["--preemption-mode", args.preemption_mode, "--stream-interval", str(args.stream_interval)]
+    scheduler_args = scheduler_flags(args)
     worker_args = ["--dtype", args.dtype, "--block-size", str(args.block_size),
                    "--attention-backend", args.attention_backend, "--swap-space", str(args.swap_space),
                    "--gpu-memory-utilization", str(args.gpu_memory_utilization),

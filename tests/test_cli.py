@@ -32,3 +32,19 @@ def test_environment_variables_set_defaults_and_flags_win(monkeypatch):
 def test_every_command_parses_with_defaults(argv):
     args = build_parser().parse_args(argv)
     assert args.command == argv[0]
+
+
+@pytest.mark.parametrize("front", [["up"], ["bench", "serve"], ["bench", "throughput"]])
+def test_scheduler_flags_reach_the_launched_scheduler_unchanged(front):
+    from llmserve.launcher import scheduler_flags
+
+    parser = build_parser()
+    given = ["--max-num-seqs", "7", "--max-num-batched-tokens", "300", "--no-chunked-prefill",
+             "--no-prefix-caching", "--preemption-mode", "swap", "--stream-interval", "4"]
+    outer = parser.parse_args(front + given)
+    inner = parser.parse_args(["scheduler", *scheduler_flags(outer)])
+    for name in ("max_num_seqs", "max_num_batched_tokens", "no_chunked_prefill", "no_prefix_caching",
+                 "preemption_mode", "stream_interval"):
+        assert getattr(inner, name) == getattr(outer, name) != getattr(parser.parse_args(["scheduler"]), name), name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["scheduler", "--stream-interval", "0"])

@@ -76,14 +76,10 @@ def roofline(engine: InProcessEngine, peak_flops: float, bandwidth: float, dtype
 
 def cluster_spec(model_dir: Path, args):
     """A local cluster configured like the in-process engine of the same run."""
-    from llmserve.launcher import ClusterSpec, free_port
+    from llmserve.launcher import ClusterSpec, free_port, scheduler_flags
 
-    scheduler_args = ["--max-num-seqs", str(args.max_num_seqs),
-                      "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-                      "--preemption-mode", args.preemption_mode, "--stream-interval", str(args.stream_interval)]
-    scheduler_args += ["--no-prefix-caching"] * args.no_prefix_caching + ["--no-chunked-prefill"] * args.no_chunked_prefill
     return ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
-                       worker_port=free_port(), log_level="WARNING", scheduler_args=scheduler_args,
+                       worker_port=free_port(), log_level="WARNING", scheduler_args=scheduler_flags(args),
                        worker_args=["--dtype", args.dtype, "--kv-cache-memory", str(args.kv_cache_memory),
                                     "--max-num-batched-tokens", str(args.max_num_batched_tokens)])
 
