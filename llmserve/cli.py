@@ -61,6 +61,10 @@ def _add_scheduler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-interval", type=_at_least_one, default=1,
                    help="stream each sample's tokens N at a time (its first and last at once): fewer "
                         "messages, less control-plane CPU beside the model; 1 = every token")
+    p.add_argument("--num-scheduler-steps", type=_at_least_one, default=1,
+                   help="decode steps one plan may run back to back on the worker (multi-step "
+                        "scheduling) while nothing waits: one plan, result and message per K tokens; "
+                        "tokens reach clients K at a time; an arrival cuts a run short after one step")
 
 
 def _add_worker_flags(p: argparse.ArgumentParser) -> None:
@@ -231,7 +235,7 @@ def cmd_scheduler(args) -> int:
         enable_chunked_prefill=not args.no_chunked_prefill,
         enable_prefix_caching=not args.no_prefix_caching, preemption_mode=args.preemption_mode,
         metrics_port=args.metrics_port, shutdown_timeout_s=args.shutdown_timeout,
-        stream_interval=args.stream_interval,
+        stream_interval=args.stream_interval, num_scheduler_steps=args.num_scheduler_steps,
     ))
 
 

@@ -172,7 +172,8 @@ def scheduler_flags(args) -> list[str]:
     """The scheduler's command-line flags back from parsed ones (`llmserve up`, and the
     clusters `llmserve bench` launches)."""
     flags = ["--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-             "--preemption-mode", args.preemption_mode, "--stream-interval", str(args.stream_interval)]
+             "--preemption-mode", args.preemption_mode, "--stream-interval", str(args.stream_interval),
+             "--num-scheduler-steps", str(args.num_scheduler_steps)]
     return flags + ["--no-chunked-prefill"] * args.no_chunked_prefill + ["--no-prefix-caching"] * args.no_prefix_caching
 
 

@@ -53,6 +53,10 @@ class StepPlan:
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu block, cpu block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, gpu block)
     copies: list[tuple[int, int]] = field(default_factory=list)  # (src gpu block, dst gpu block)
+    # Decode steps to run back to back (multi-step scheduling). Above 1 every scheduled
+    # request computes one token, its last sampled one, and each step feeds its sampled
+    # tokens to the next; block tables already hold the slots of all num_steps tokens.
+    num_steps: int = 1
     trace_context: dict[str, str] = field(default_factory=dict)  # The step span's (W3C); may be empty.
 
     @property
@@ -81,6 +85,8 @@ class SampledToken:
 @dataclass
 class StepResult:
     step_id: int
+    # One per sampling request per step run, step by step (a request's tokens in order).
     sampled: list[SampledToken] = field(default_factory=list)
     error: str = ""
     execute_seconds: float = 0.0
+    num_steps: int = 1  # Steps run: the plan's num_steps, fewer when interrupted.

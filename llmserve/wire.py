@@ -223,8 +223,17 @@ def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
         swap_out=_moves_to_pb(plan.swap_out),
         swap_in=_moves_to_pb(plan.swap_in),
         copies=_moves_to_pb(plan.copies),
+        num_steps=plan.num_steps,
         trace_context=plan.trace_context,
     )
+
+
+def plan_command_to_pb(plan: StepPlan) -> worker_pb2.WorkerCommand:
+    return worker_pb2.WorkerCommand(plan=step_plan_to_pb(plan))
+
+
+def interrupt_command_to_pb(step_id: int) -> worker_pb2.WorkerCommand:
+    return worker_pb2.WorkerCommand(interrupt=worker_pb2.Interrupt(step_id=step_id))
 
 
 def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
@@ -256,6 +265,7 @@ def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
         swap_out=_moves_from_pb(msg.swap_out),
         swap_in=_moves_from_pb(msg.swap_in),
         copies=_moves_from_pb(msg.copies),
+        num_steps=max(1, msg.num_steps),
         trace_context=dict(msg.trace_context),
     )
 
@@ -281,6 +291,7 @@ def step_result_to_pb(result: StepResult) -> worker_pb2.StepResult:
         ],
         error=result.error,
         execute_seconds=result.execute_seconds,
+        num_steps=result.num_steps,
     )
 
 
@@ -297,4 +308,5 @@ def step_result_from_pb(msg: worker_pb2.StepResult) -> StepResult:
         ],
         error=msg.error,
         execute_seconds=msg.execute_seconds,
+        num_steps=max(1, msg.num_steps),
     )

@@ -40,11 +40,13 @@ def test_scheduler_flags_reach_the_launched_scheduler_unchanged(front):
 
     parser = build_parser()
     given = ["--max-num-seqs", "7", "--max-num-batched-tokens", "300", "--no-chunked-prefill",
-             "--no-prefix-caching", "--preemption-mode", "swap", "--stream-interval", "4"]
+             "--no-prefix-caching", "--preemption-mode", "swap", "--stream-interval", "4",
+             "--num-scheduler-steps", "8"]
     outer = parser.parse_args(front + given)
     inner = parser.parse_args(["scheduler", *scheduler_flags(outer)])
     for name in ("max_num_seqs", "max_num_batched_tokens", "no_chunked_prefill", "no_prefix_caching",
-                 "preemption_mode", "stream_interval"):
+                 "preemption_mode", "stream_interval", "num_scheduler_steps"):
         assert getattr(inner, name) == getattr(outer, name) != getattr(parser.parse_args(["scheduler"]), name), name
-    with pytest.raises(SystemExit):
-        parser.parse_args(["scheduler", "--stream-interval", "0"])
+    for flag in ("--stream-interval", "--num-scheduler-steps"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["scheduler", flag, "0"])

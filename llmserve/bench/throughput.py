@@ -162,7 +162,7 @@ def bench_throughput(args) -> int:
     scheduler_options = dict(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=not args.no_chunked_prefill, enable_prefix_caching=not args.no_prefix_caching,
-        preemption_mode=args.preemption_mode)
+        preemption_mode=args.preemption_mode, num_scheduler_steps=args.num_scheduler_steps)
     engine = InProcessEngine.from_model_dir(model_dir, dtype=args.dtype, kv_cache_memory_bytes=args.kv_cache_memory,
                                             **scheduler_options)
     block_size = engine.scheduler.kv.block_size

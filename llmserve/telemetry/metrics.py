@@ -75,12 +75,14 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("llmserve.preemptions", "observable_counter", "scheduler",
                "preemptions when KV blocks ran out", labels=("mode",)),
     MetricSpec("llmserve.step_time", "histogram", "scheduler",
-               "one engine step: plan, worker round trip, output update", "s", PER_TOKEN_BUCKETS),
-    MetricSpec("llmserve.step_tokens", "histogram", "scheduler", "tokens computed in one step",
+               "one engine step: plan, worker round trip, output update (a multi-step plan: all its steps)",
+               "s", PER_TOKEN_BUCKETS),
+    MetricSpec("llmserve.step_tokens", "histogram", "scheduler", "tokens computed in one step (or multi-step plan)",
                buckets=TOKEN_BUCKETS),
     # worker
     MetricSpec("llmserve.worker_step_time", "histogram", "worker",
-               "one step on the worker (block moves, forward, sampling)", "s", PER_TOKEN_BUCKETS),
+               "one plan on the worker (block moves, forward and sampling, once per step it runs)", "s",
+               PER_TOKEN_BUCKETS),
 )
 SPECS = {spec.name: spec for spec in METRICS}
 

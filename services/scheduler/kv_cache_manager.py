@@ -298,6 +298,11 @@ class KVCacheManager:
             src_pool.free(reversed(table))
         return mapping
 
+    @property
+    def has_block_ops(self) -> bool:
+        """Swaps or copies are recorded for the plan being built."""
+        return bool(self._ops.swap_out or self._ops.swap_in or self._ops.copies)
+
     def take_block_ops(self) -> BlockOps:
         """The swaps and copies recorded since the last call (for this step's plan)."""
         ops, self._ops = self._ops, BlockOps()

@@ -28,6 +28,15 @@ Each step:
 Multi-sample requests (n > 1): a root sequence prefills prompt[:-1]; once done it forks
 into n samples that share its blocks (ref counts). Each sample then computes the last
 prompt token itself, writing into the shared partial block: copy-on-write.
+
+Multi-step scheduling (num_scheduler_steps K > 1, vLLM's `--num-scheduler-steps`): when
+a step would only decode (every scheduled sequence computes its one sampled token) and
+nothing waits for admission or a swap-in, the plan asks the worker for up to K decode
+steps back to back, the worker feeding each step's sampled tokens to the next. The
+scheduler allocates the run's slots up front (lookahead) and applies the tokens when
+the run's result comes back; tokens after a sequence's stop are dropped. One plan, one
+result and one output message per sequence then stand for K tokens: the control
+plane's cost per token falls by K.
 """
 
 from __future__ import annotations
@@ -69,9 +78,11 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True  # Split prompts longer than the budget left.
     enable_prefix_caching: bool = True  # Reuse the KV of full blocks seen before.
     preemption_mode: PreemptionMode = PreemptionMode.AUTO
+    num_scheduler_steps: int = 1  # Decode steps one plan may run back to back (multi-step).
 
     def __post_init__(self) -> None:
-        for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                     "num_scheduler_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
@@ -291,7 +302,36 @@ class Scheduler:
             budget = self._schedule_swapped(budget, scheduled)
         if self._num_preemptions == after_priority and self._waiting_goes_first():
             self._schedule_waiting(budget, scheduled)
-        return self._build_plan(scheduled)
+        num_steps = self._num_steps_for(scheduled)
+        if num_steps > 1:
+            self._allocate_lookahead(scheduled, num_steps)
+        return self._build_plan(scheduled, num_steps)
+
+    def _num_steps_for(self, scheduled: list[_Scheduled]) -> int:
+        """Decode steps this plan runs back to back: 1, or with multi-step scheduling up to
+        num_scheduler_steps when every scheduled sequence is a plain decode and no sequence
+        waits for room (an arrival or a swapped request would otherwise wait for the run).
+        Capped so that no sequence passes its max_tokens or max_model_len, and shrunk until
+        the run's extra slots fit in the free blocks."""
+        k = self.config.num_scheduler_steps
+        if k == 1 or not scheduled or self.waiting or self.swapped or self.kv.has_block_ops:
+            return 1
+        for item in scheduled:
+            request = item.request
+            if item.num_tokens != 1 or request.num_uncomputed_tokens != 1 or request.is_root or item.table_changed:
+                return 1
+            k = min(k, request.sampling.max_tokens - request.num_output_tokens,
+                    self.config.max_model_len - request.num_tokens)
+        while k > 1 and self.kv.blocks_needed([(item.request, k) for item in scheduled]) > self.kv.num_free_blocks:
+            k -= 1
+        return max(k, 1)
+
+    def _allocate_lookahead(self, scheduled: list[_Scheduled], num_steps: int) -> None:
+        """Grow each decoding sequence's table to hold the run's num_steps tokens."""
+        for item in scheduled:
+            more = self.kv.allocate_slots(item.request, num_steps)
+            assert more is not None, "_num_steps_for checked the free blocks"
+            item.new_block_ids = item.new_block_ids + more
 
     def _waiting_goes_first(self) -> bool:
         """Waiting sequences are admitted only when no swapped unit comes before them."""
@@ -312,9 +352,13 @@ class Scheduler:
             self.kv.reset_prefix_cache()  # The failed step may have left blocks half written.
             return self.fail_requests(dict.fromkeys(r.group.request_id for r in in_plan), result.error)
         in_plan_set = {r.request_id for r in in_plan}
-        outputs = []
+        # A multi-step result lists each request once per step run, step by step.
+        per_request: dict[str, list[SampledToken]] = {}
         for sampled in result.sampled:
-            request = self._requests.get(sampled.request_id)
+            per_request.setdefault(sampled.request_id, []).append(sampled)
+        outputs = []
+        for request_id, sampled in per_request.items():
+            request = self._requests.get(request_id)
             if (
                 request is None
                 or request.request_id not in in_plan_set
@@ -322,9 +366,9 @@ class Scheduler:
                 or request.num_uncomputed_tokens
                 or request.is_root
             ):
-                logger.debug("ignoring token for %s", sampled.request_id)
+                logger.debug("ignoring token for %s", request_id)
                 continue
-            outputs.append(self._append_token(request, sampled))
+            outputs.append(self._append_tokens(request, sampled[: plan.num_steps]))
         for request in in_plan:
             if request.is_root and request.status is RequestStatus.RUNNING and not request.num_uncomputed_tokens:
                 self._fork(request)
@@ -500,11 +544,11 @@ class Scheduler:
         del self._requests[root.request_id]
         self._drop_from_worker(root.request_id)
 
-    def _build_plan(self, scheduled: list[_Scheduled]) -> StepPlan:
+    def _build_plan(self, scheduled: list[_Scheduled], num_steps: int = 1) -> StepPlan:
         ops = self.kv.take_block_ops()
         plan = StepPlan(
             step_id=self._next_step_id, finished_request_ids=list(self._finished_since_plan),
-            swap_out=ops.swap_out, swap_in=ops.swap_in, copies=ops.copies,
+            swap_out=ops.swap_out, swap_in=ops.swap_in, copies=ops.copies, num_steps=num_steps,
         )
         self._next_step_id += 1
         for item in scheduled:
@@ -548,18 +592,31 @@ class Scheduler:
 
     # ---- output helpers ----
 
-    def _append_token(self, request: Request, sampled: SampledToken) -> RequestOutput:
-        request.output_token_ids.append(sampled.token_id)
-        self._generation_tokens_total += 1
-        status = self._stop_status(request, sampled.token_id)
+    def _append_tokens(self, request: Request, sampled: list[SampledToken]) -> RequestOutput:
+        """Append a step's token, or a multi-step run's tokens in order: each token after
+        the first was computed by the run's next step. Tokens after a stop are dropped."""
+        new_token_ids, logprobs, status = [], [], None
+        for i, token in enumerate(sampled):
+            if i:
+                request.num_computed_tokens += 1
+            request.output_token_ids.append(token.token_id)
+            new_token_ids.append(token.token_id)
+            if token.logprobs is not None:
+                logprobs.append(token.logprobs)
+            self._generation_tokens_total += 1
+            status = self._stop_status(request, token.token_id)
+            if status is not None:
+                break
+        if len(sampled) > 1:
+            self.kv.cache_full_blocks(request)  # Blocks the run filled (before a finish frees them).
         if status is not None:
             self.running.remove(request)
             self._finish(request, status, request.error)
         return RequestOutput(
             request_id=request.group.request_id,
             index=request.index,
-            new_token_ids=[sampled.token_id],
-            logprobs=[sampled.logprobs] if sampled.logprobs is not None else [],
+            new_token_ids=new_token_ids,
+            logprobs=logprobs,
             finish_reason=request.status.finish_reason,
             num_cached_tokens=request.group.num_cached_tokens,
             stop_token_id=request.stop_token_id,

@@ -54,6 +54,7 @@ class SchedulerServiceConfig:
     metrics_port: int = 0  # Prometheus endpoint (0 = off).
     shutdown_timeout_s: float = 30.0  # After SIGTERM: how long running requests may go on.
     stream_interval: int = 1  # Send a sample's tokens every N (its first and last at once).
+    num_scheduler_steps: int = 1  # Decode steps one plan may run back to back on the worker.
 
 
 class RouterSession:
@@ -110,6 +111,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             enable_chunked_prefill=self.config.enable_chunked_prefill,
             enable_prefix_caching=self.config.enable_prefix_caching,
             preemption_mode=self.config.preemption_mode,
+            num_scheduler_steps=self.config.num_scheduler_steps,
         )
         self.core = Scheduler(core_config, num_blocks=info.num_kv_blocks, eos_token_ids=info.eos_token_ids,
                               num_cpu_blocks=info.num_cpu_blocks)
@@ -249,6 +251,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         session.request_ids.add(request_id)
         self.requests.added(request_id, add.trace_context, len(add.prompt_token_ids), add.n or 1)
         self._work.set()
+        # A multi-step run in flight ends after its current step, so this request's prompt
+        # waits for one decode step, not for the whole run.
+        self.worker.interrupt()
 
     def _abort(self, request_ids: list[str]) -> None:
         if self.core is None:
@@ -327,9 +332,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 step_span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR, result.error))
             step_span.end()
             seconds = time.perf_counter() - start
-            self.step_times.record(plan, seconds, result.execute_seconds)
+            self.step_times.record(plan, seconds, result.execute_seconds, result.num_steps)
             self.metrics.step_time.record(seconds)
-            self.metrics.step_tokens.record(plan.total_scheduled_tokens)
+            self.metrics.step_tokens.record(plan.total_scheduled_tokens * result.num_steps)
             self.metrics.stats = core.stats()
             # Let session readers run between steps so aborts and adds land promptly.
             await asyncio.sleep(0)

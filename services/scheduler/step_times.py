@@ -30,12 +30,13 @@ class StepTimes:
     prefill_step_seconds: float = 0.0
     prefill_step_tokens: int = 0  # Every token those steps computed, decodes included.
 
-    def record(self, plan: StepPlan, seconds: float, worker_seconds: float) -> None:
+    def record(self, plan: StepPlan, seconds: float, worker_seconds: float, num_steps: int = 1) -> None:
+        """One plan's wall and worker time; a multi-step plan counts each decode step it ran."""
         if is_decode_step(plan):
-            self.num_decode_steps += 1
+            self.num_decode_steps += num_steps
             self.decode_step_seconds += seconds
             self.decode_step_worker_seconds += worker_seconds
-            self.decode_step_sequences += plan.total_scheduled_tokens
+            self.decode_step_sequences += plan.total_scheduled_tokens * num_steps
         elif plan.total_scheduled_tokens:
             self.num_prefill_steps += 1
             self.prefill_step_seconds += seconds

@@ -1,4 +1,5 @@
-"""The scheduler's end of a worker's Execute stream: send a plan, await its result."""
+"""The scheduler's end of a worker's Execute stream: send a plan, await its result (and
+interrupt a multi-step plan while it runs)."""
 
 from __future__ import annotations
 
@@ -25,19 +26,40 @@ class WorkerLink:
         self.info = info
         self._channel = insecure_channel(address)
         self._call = worker_pb2_grpc.WorkerStub(self._channel).Execute()
+        # The multi-step plan the worker is running (its step id), until it is interrupted
+        # or answered; None otherwise. Only then may an interrupt be written: grpc.aio
+        # allows one write at a time, and the plan's write is done by then.
+        self._interruptible: int | None = None
+        self._interrupt_task: asyncio.Task | None = None
 
     async def execute(self, plan: StepPlan) -> StepResult:
         try:
-            await self._call.write(wire.step_plan_to_pb(plan))
+            await self._call.write(wire.plan_command_to_pb(plan))
+            if plan.num_steps > 1:
+                self._interruptible = plan.step_id
             reply = await self._call.read()
         except grpc.aio.AioRpcError as err:
             raise WorkerLost(f"worker {self.address}: {err.code().name} {err.details()}") from err
+        finally:
+            self._interruptible = None
+            if self._interrupt_task is not None:  # Plans and interrupts never overlap in writing.
+                await asyncio.gather(self._interrupt_task, return_exceptions=True)
+                self._interrupt_task = None
         if reply is grpc.aio.EOF:
             raise WorkerLost(f"worker {self.address} closed its stream")
         result = wire.step_result_from_pb(reply)
         if result.step_id != plan.step_id:
             raise WorkerLost(f"worker {self.address} answered step {result.step_id}, expected {plan.step_id}")
         return result
+
+    def interrupt(self) -> None:
+        """Cut the multi-step plan in flight short after the worker's current step (a new
+        request should not wait for the whole run). No-op when no such plan is in flight."""
+        if self._interruptible is None:
+            return
+        command = wire.interrupt_command_to_pb(self._interruptible)
+        self._interruptible = None
+        self._interrupt_task = asyncio.ensure_future(self._call.write(command))
 
     async def alive(self) -> bool:
         """False when the worker cannot be reached (its process is gone). A slow answer
@@ -80,6 +102,11 @@ class WorkerGroup:
             raise WorkerLost(f"worker(s) {', '.join(late)} did not answer step {plan.step_id} "
                              f"within {self.step_timeout_s:.0f} s")
         return tasks[self.driver].result()
+
+    def interrupt(self) -> None:
+        """Every rank gets it; the driver decides when the ranks stop (see ModelRunner)."""
+        for link in self.links:
+            link.interrupt()
 
     async def alive(self) -> bool:
         """False as soon as one rank cannot be reached: the group cannot step without it."""

@@ -64,9 +64,12 @@ class InputBatch:
     def _validate(self, plan: StepPlan) -> None:
         seen: set[str] = set()
         finished = set(plan.finished_request_ids)
+        steps = plan.num_steps
+        if steps < 1:
+            raise ValueError(f"step {plan.step_id}: num_steps must be >= 1, got {steps}")
         for r in plan.new_requests:
             self._check_row(r.request_id, seen, r.block_ids, len(r.block_ids), len(r.token_ids),
-                            r.num_computed_tokens, r.num_scheduled_tokens)
+                            r.num_computed_tokens, r.num_scheduled_tokens, steps)
             if not 0 <= r.num_prompt_tokens <= len(r.token_ids):
                 raise ValueError(f"request {r.request_id}: num_prompt_tokens {r.num_prompt_tokens} "
                                  f"outside 0..{len(r.token_ids)}")
@@ -76,10 +79,10 @@ class InputBatch:
             if c.request_id in new_ids or st is None or c.request_id in finished:
                 raise ValueError(f"cached request {c.request_id!r} is unknown to this worker")
             self._check_row(c.request_id, seen, c.new_block_ids, len(st.block_ids) + len(c.new_block_ids),
-                            len(st.token_ids), c.num_computed_tokens, c.num_scheduled_tokens)
+                            len(st.token_ids), c.num_computed_tokens, c.num_scheduled_tokens, steps)
 
     def _check_row(self, rid: str, seen: set[str], block_ids: list[int], table_len: int,
-                   num_tokens: int, computed: int, scheduled: int) -> None:
+                   num_tokens: int, computed: int, scheduled: int, steps: int) -> None:
         if rid in seen:
             raise ValueError(f"request {rid!r} is scheduled twice in one step")
         seen.add(rid)
@@ -91,6 +94,12 @@ class InputBatch:
             raise ValueError(f"request {rid!r}: bad token counts computed={computed} scheduled={scheduled}")
         if end > num_tokens:
             raise ValueError(f"request {rid!r}: tokens up to {end} scheduled but the worker knows {num_tokens}")
+        if steps > 1:
+            # A multi-step run: one sampled token per step, each the next step's input.
+            if scheduled != 1 or end != num_tokens:
+                raise ValueError(f"request {rid!r}: a {steps}-step plan needs a one-token decode of its "
+                                 f"last token (computed={computed} scheduled={scheduled}, knows {num_tokens})")
+            end = computed + steps
         if end > table_len * self.block_size:
             raise ValueError(f"request {rid!r}: position {end - 1} is beyond its block table "
                              f"({table_len} blocks of {self.block_size})")

@@ -92,6 +92,7 @@ class ModelRunner:
             num_layers, self.num_cpu_blocks, block_size, kvh, hd, self.dtype, zeroed=False) if self.num_cpu_blocks else []
         self.batch = InputBatch(block_size, num_kv_blocks, self.max_model_len, self.attention_backend)
         self.sampler = Sampler(sampler_seed)
+        self._interrupted_step_id = -1  # Set by interrupt() from the service's thread.
         self._info = WorkerInfo(
             model=model_name or self.model_dir.name,
             model_path=str(self.model_dir),
@@ -157,16 +158,35 @@ class ModelRunner:
         """Forget every request (a new scheduler stream resends them in full)."""
         self.batch.states.clear()
 
+    def interrupt(self, step_id: int) -> None:
+        """Ask the multi-step plan `step_id` to stop after its current step. Any thread may
+        call it; a plan that is done (or not yet started) and has another id ignores it."""
+        self._interrupted_step_id = step_id
+
     def execute(self, plan: StepPlan) -> StepResult:
-        """Run one step. Raises ValueError on an inconsistent plan (states unchanged)."""
+        """Run one step, or a multi-step plan's decode steps back to back (each step's
+        sampled tokens are the next one's inputs) until done or interrupted. Raises
+        ValueError on an inconsistent plan (states unchanged)."""
         t0 = time.perf_counter()
+        steps_run = 0
         with torch.inference_mode():
             rows = self.batch.apply_plan(plan)
             self._move_blocks(plan)
             sampled: list[SampledToken] = []
-            if rows:
-                sampled = self._run(rows)
-        return StepResult(step_id=plan.step_id, sampled=sampled, execute_seconds=time.perf_counter() - t0)
+            while rows and steps_run < plan.num_steps and (steps_run == 0 or self._run_on(plan.step_id)):
+                sampled += self._run(rows)
+                steps_run += 1
+        return StepResult(step_id=plan.step_id, sampled=sampled, execute_seconds=time.perf_counter() - t0,
+                          num_steps=max(steps_run, 1))
+
+    def _run_on(self, step_id: int) -> bool:
+        """Whether a multi-step run goes on to its next step. In a TP x PP group every rank
+        must run the same steps, so the driver decides for all (interrupts reach the ranks
+        at different moments)."""
+        go_on = self._interrupted_step_id != step_id
+        if self.parallel.world.size == 1:
+            return go_on
+        return bool(self.parallel.broadcast_from_driver([int(go_on) if self.parallel.is_driver else 0])[0])
 
     def _move_blocks(self, plan: StepPlan) -> None:
         """The plan's swaps and copy-on-write copies, before the forward: out, in, copies."""

@@ -97,8 +97,26 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             # A new stream means a new (or restarted) scheduler: it will resend every
             # request in full, so stale per-request state must go.
             self.runner.reset_requests()
-            async for plan_pb in request_iterator:
-                yield wire.step_result_to_pb(await self._execute(plan_pb))
+            plans: asyncio.Queue = asyncio.Queue()
+            # NOTE: commands are read while a step runs, so an interrupt reaches a
+            # multi-step plan between two of its steps.
+            reader = asyncio.create_task(self._read_commands(request_iterator, plans))
+            try:
+                while (plan_pb := await plans.get()) is not None:
+                    yield wire.step_result_to_pb(await self._execute(plan_pb))
+            finally:
+                reader.cancel()
+
+    async def _read_commands(self, request_iterator, plans: asyncio.Queue) -> None:
+        """Queues plans in order; passes interrupts to the runner at once. None ends the queue."""
+        try:
+            async for command in request_iterator:
+                if command.WhichOneof("kind") == "interrupt":
+                    self.runner.interrupt(command.interrupt.step_id)
+                elif command.WhichOneof("kind") == "plan":
+                    plans.put_nowait(command.plan)
+        finally:
+            plans.put_nowait(None)
 
     async def _execute(self, plan_pb) -> StepResult:
         start = time.perf_counter()

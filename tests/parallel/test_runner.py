@@ -1,6 +1,6 @@
 """The worker's ModelRunner as a TP/PP group member (spawned ranks, gloo), driven by
-scheduler-style plans (new requests in full, then deltas; chunked prefill): every rank
-ends with the TP=1 runner's tokens, the block count is the minimum over ranks, and
+scheduler-style plans (new requests in full, then deltas; chunked prefill; multi-step
+runs, interrupted on some ranks): every rank ends with the TP=1 runner's tokens and steps, the block count is the minimum over ranks, and
 GetModelInfo's tensor_parallel_size is T."""
 
 from __future__ import annotations
@@ -32,8 +32,17 @@ def _drive(rank: int, tp: int, pp: int, port: int, model_dir: str, queue) -> Non
         drv.step({"a": 1, "b": None})
         for _ in range(5):
             drv.step({"a": 1, "b": 1})
+        # Multi-step runs. An interrupt reaches the ranks at different moments, so the
+        # driver's decides for all: one on the other ranks alone changes nothing.
+        runs = [drv.step({"a": 1, "b": 1}, num_steps=3).num_steps]
+        if not runner.parallel.is_driver:
+            runner.interrupt(drv.step_id)
+        runs.append(drv.step({"a": 1, "b": 1}, num_steps=3).num_steps)
+        if runner.parallel.is_driver:
+            runner.interrupt(drv.step_id)
+        runs.append(drv.step({"a": 1, "b": 1}, num_steps=3).num_steps)
         out = (drv.outputs("a"), drv.outputs("b"), runner.num_kv_blocks, runner.info.tensor_parallel_size,
-               [tuple(c.shape) for c in runner.kv_caches])
+               [tuple(c.shape) for c in runner.kv_caches], runs)
         queue.put((rank, pickle.dumps(out), None))
     except BaseException:  # noqa: BLE001
         queue.put((rank, None, traceback.format_exc()))
@@ -47,10 +56,12 @@ def runner_model(parallel_models):
 def test_runner_groups_match_tp1(runner_model):
     ref = spawn_ranks(_drive, 1, 1, runner_model)[0]
     assert ref[3] == 1 and len(ref[4]) == 3
+    assert ref[5] == [3, 3, 1] and len(ref[0]) == 1 + 1 + 5 + 7
     for tp, pp in ((2, 1), (1, 2), (2, 2)):
         got = spawn_ranks(_drive, tp, pp, runner_model)
         for rank, out in got.items():
             assert out[:2] == ref[:2], f"tp={tp} pp={pp} rank {rank}"
+            assert out[5] == ref[5], f"tp={tp} pp={pp} rank {rank}: steps run"
             assert out[3] == tp
             stage = rank // tp
             assert len(out[4]) == (stage + 1) * 3 // pp - stage * 3 // pp  # its own layers only

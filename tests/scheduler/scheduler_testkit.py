@@ -65,7 +65,20 @@ def draw_batching_config(draw, max_seqs: int) -> dict:
         max_num_seqs=draw(st.integers(1, max_seqs)),
         max_num_batched_tokens=draw(st.integers(1, 16) if chunked else st.integers(24, 40)),
         enable_chunked_prefill=chunked,
+        num_scheduler_steps=draw(st.sampled_from([1, 1, 2, 3, 5])),
     )
+
+
+def interrupt_some_runs(plan: StepPlan) -> int:
+    """Steps a fake worker runs of a multi-step plan before an "interrupt": 1..num_steps,
+    varying from plan to plan."""
+    return 1 + (plan.step_id * 7 + 3) % plan.num_steps
+
+
+def table_fits(table_len: int, num_computed: int, block_size: int, num_scheduler_steps: int) -> bool:
+    """A sequence's block table holds its computed tokens' slots, and no more than a
+    multi-step run's lookahead beyond them (an interrupted run leaves those slots)."""
+    return -(-num_computed // block_size) <= table_len <= -(-(num_computed + num_scheduler_steps - 1) // block_size)
 
 
 def sequence_tokens(sequences: dict[str, list[int]]) -> TokenFn:
@@ -81,6 +94,8 @@ class FakeWorker:
     block_size: int
     token_fn: TokenFn = hash_token
     logprobs: bool = False
+    # Of a multi-step plan, how many steps to run (None: all): an interrupt's effect.
+    steps_to_run: Callable[[StepPlan], int] | None = None
     requests: dict[str, WorkerRequest] = field(default_factory=dict)
     gpu: dict[int, list] = field(default_factory=dict)  # block -> token per slot
     cpu: dict[int, list] = field(default_factory=dict)
@@ -96,7 +111,7 @@ class FakeWorker:
             self.gpu[gpu_block] = list(self.cpu[cpu_block])
         for src, dst in plan.copies:
             self.gpu[dst] = list(self.gpu.get(src, empty))
-        sampled = []
+        sampled, rows = [], []
         for new in plan.new_requests:
             assert new.request_id not in self.requests
             state = WorkerRequest(
@@ -108,16 +123,28 @@ class FakeWorker:
                 new.sampling.seed,
             )
             self.requests[new.request_id] = state
-            sampled += self._run(state, new.num_scheduled_tokens, plan.step_id)
+            rows.append(state)
+            sampled += self._run(state, new.num_scheduled_tokens, plan)
         for cached in plan.cached_requests:
             state = self.requests[cached.request_id]
             assert state.num_computed_tokens == cached.num_computed_tokens
             state.block_ids += cached.new_block_ids
-            sampled += self._run(state, cached.num_scheduled_tokens, plan.step_id)
-        return StepResult(step_id=plan.step_id, sampled=sampled)
+            rows.append(state)
+            sampled += self._run(state, cached.num_scheduled_tokens, plan)
+        num_steps = plan.num_steps if self.steps_to_run is None or plan.num_steps == 1 else self.steps_to_run(plan)
+        if plan.num_steps > 1:
+            assert len(sampled) == len(rows), "a multi-step plan schedules decodes only"
+            for state in rows:  # The run's lookahead: slots for all of its steps up front.
+                computed_before = state.num_computed_tokens - 1
+                assert len(state.block_ids) >= -(-(computed_before + plan.num_steps) // self.block_size)
+        for _ in range(1, num_steps):  # A multi-step plan's further decode steps.
+            for state in rows:
+                sampled += self._run(state, 1, plan)
+        return StepResult(step_id=plan.step_id, sampled=sampled, num_steps=num_steps)
 
-    def _run(self, state: WorkerRequest, num_tokens: int, step_id: int) -> list[SampledToken]:
+    def _run(self, state: WorkerRequest, num_tokens: int, plan: StepPlan) -> list[SampledToken]:
         assert num_tokens > 0
+        step_id = plan.step_id
         bs, start = self.block_size, state.num_computed_tokens
         for pos in range(start):  # The KV this step reads.
             got = self.gpu.get(state.block_ids[pos // bs], [None] * bs)[pos % bs]
@@ -127,7 +154,7 @@ class FakeWorker:
         self.num_computed_tokens += num_tokens
         state.num_computed_tokens += num_tokens
         assert state.num_computed_tokens <= len(state.token_ids)
-        assert len(state.block_ids) == -(-state.num_computed_tokens // self.block_size)
+        assert len(state.block_ids) >= -(-state.num_computed_tokens // self.block_size)
         if state.num_computed_tokens < len(state.token_ids):
             return []  # Mid-prompt chunk: nothing to sample.
         token = self.token_fn(state, step_id)

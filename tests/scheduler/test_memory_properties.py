@@ -19,10 +19,12 @@ from .scheduler_testkit import (
     FakeWorker,
     Run,
     draw_batching_config,
+    interrupt_some_runs,
     lone_run_tokens,
     params,
     run_until_done,
     step,
+    table_fits,
 )
 
 
@@ -36,11 +38,12 @@ def workloads(draw):
     num_blocks = draw(st.integers(2, 16))
     num_cpu_blocks = draw(st.integers(0, 12))
     eos = draw(st.integers(0, 96))
+    interrupts = draw(st.booleans())  # Multi-step runs cut short (as arrivals do).
     # prompt: a shared prefix (one of two) of some length, then a private tail.
     request = st.tuples(st.integers(0, 1), st.integers(0, 12), st.integers(1, 8),
                         st.integers(1, 10), st.integers(1, 3), st.integers(0, 2), st.booleans())
     events = st.tuples(st.lists(request, max_size=3), st.lists(st.integers(0, 20), max_size=2))
-    return config, num_blocks, num_cpu_blocks, eos, draw(st.lists(events, min_size=1, max_size=12))
+    return config, num_blocks, num_cpu_blocks, eos, interrupts, draw(st.lists(events, min_size=1, max_size=12))
 
 
 def check_invariants(sched: Scheduler) -> None:
@@ -52,7 +55,8 @@ def check_invariants(sched: Scheduler) -> None:
     assert set(cpu_tables) == swapped, "only swapped sequences hold CPU blocks"
     for request in sched.running:
         assert request.status is RequestStatus.RUNNING
-        assert len(tables[request.request_id]) == -(-request.num_computed_tokens // sched.config.block_size)
+        assert table_fits(len(tables[request.request_id]), request.num_computed_tokens, sched.config.block_size,
+                          sched.config.num_scheduler_steps)
     for request in sched.waiting:
         assert request.status is RequestStatus.WAITING and request.num_computed_tokens == 0
     for unit in sched.swapped:
@@ -79,9 +83,10 @@ def check_invariants(sched: Scheduler) -> None:
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_multi_sample_workloads_keep_memory_consistent(workload):
-    config, num_blocks, num_cpu_blocks, eos, events = workload
+    config, num_blocks, num_cpu_blocks, eos, interrupts, events = workload
     sched = Scheduler(config, num_blocks, [eos], num_cpu_blocks=num_cpu_blocks)
-    worker, run = FakeWorker(config.block_size), Run(by_sample=True)
+    worker = FakeWorker(config.block_size, steps_to_run=interrupt_some_runs if interrupts else None)
+    run = Run(by_sample=True)
     prefixes = ([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5])
     added, rejected = {}, []
     for new_requests, aborts in events:

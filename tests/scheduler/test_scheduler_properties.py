@@ -7,7 +7,8 @@ from llmserve.outputs import FinishReason
 from llmserve.scheduler.request import RequestStatus
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
 
-from .scheduler_testkit import FakeWorker, Run, draw_batching_config, lone_run_tokens, params, run_until_done, step
+from .scheduler_testkit import (FakeWorker, Run, draw_batching_config, interrupt_some_runs, lone_run_tokens, params,
+                               run_until_done, step, table_fits)
 
 
 @st.composite
@@ -17,7 +18,8 @@ def workloads(draw):
     eos = draw(st.integers(0, 96))
     request = st.tuples(st.integers(1, 20), st.integers(1, 12))  # prompt length, max_tokens
     events = st.tuples(st.lists(request, max_size=3), st.lists(st.integers(0, 20), max_size=2))
-    return config, num_blocks, eos, draw(st.lists(events, min_size=1, max_size=12))
+    interrupts = draw(st.booleans())  # Multi-step runs cut short (as arrivals do).
+    return config, num_blocks, eos, interrupts, draw(st.lists(events, min_size=1, max_size=12))
 
 
 def check_invariants(sched: Scheduler) -> None:
@@ -26,7 +28,7 @@ def check_invariants(sched: Scheduler) -> None:
     for request in sched.running:
         assert request.status is RequestStatus.RUNNING
         table = kv.get_block_ids(request.request_id)
-        assert len(table) == -(-request.num_computed_tokens // config.block_size)
+        assert table_fits(len(table), request.num_computed_tokens, config.block_size, config.num_scheduler_steps)
         assert held.isdisjoint(table)
         held.update(table)
         assert all(kv.pool.ref_count(b) == 1 for b in table)
@@ -43,9 +45,9 @@ def check_invariants(sched: Scheduler) -> None:
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_workloads_keep_blocks_consistent(workload):
-    config, num_blocks, eos, events = workload
+    config, num_blocks, eos, interrupts, events = workload
     sched = Scheduler(config, num_blocks, [eos])
-    worker, run = FakeWorker(config.block_size), Run()
+    worker, run = FakeWorker(config.block_size, steps_to_run=interrupt_some_runs if interrupts else None), Run()
     added, rejected = {}, []
     for new_requests, aborts in events:
         for prompt_len, max_tokens in new_requests:

@@ -50,14 +50,15 @@ class PlanDriver:
         r.blocks, r.computed, r.on_worker = [], 0, False
         return [rid]
 
-    def step(self, schedule: dict[str, int | None], finished: list[str] = ()):
-        """schedule: rid -> tokens to compute this step (None = all that remain)."""
-        plan = StepPlan(self.step_id, finished_request_ids=list(finished))
+    def step(self, schedule: dict[str, int | None], finished: list[str] = (), num_steps: int = 1):
+        """schedule: rid -> tokens to compute this step (None = all that remain);
+        num_steps > 1: a multi-step plan of one-token decodes (slots for every step)."""
+        plan = StepPlan(self.step_id, finished_request_ids=list(finished), num_steps=num_steps)
         self.step_id += 1
         for rid, n in schedule.items():
             r = self.reqs[rid]
             n = n or len(r.token_ids) - r.computed
-            need = -(-(r.computed + n) // self.block_size) - len(r.blocks)
+            need = -(-(r.computed + max(n, num_steps)) // self.block_size) - len(r.blocks)
             new_blocks = [self.free.pop() for _ in range(max(0, need))]
             r.blocks += new_blocks
             if not r.on_worker:
@@ -70,6 +71,8 @@ class PlanDriver:
         result = self.runner.execute(plan)
         for s in result.sampled:
             self.reqs[s.request_id].token_ids.append(s.token_id)
+        for rid in schedule:  # Each further step of a run computed the token sampled before it.
+            self.reqs[rid].computed += result.num_steps - 1
         return result
 
     def outputs(self, rid: str) -> list[int]:

@@ -36,7 +36,7 @@ class WorkerStub:
         """
         self.Execute = channel.stream_stream(
                 '/llmserve.internal.v1.Worker/Execute',
-                request_serializer=llmserve_dot_internal_dot_v1_dot_worker__pb2.StepPlan.SerializeToString,
+                request_serializer=llmserve_dot_internal_dot_v1_dot_worker__pb2.WorkerCommand.SerializeToString,
                 response_deserializer=llmserve_dot_internal_dot_v1_dot_worker__pb2.StepResult.FromString,
                 _registered_method=True)
         self.Describe = channel.unary_unary(
@@ -50,7 +50,8 @@ class WorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Execute(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """One result per plan, in plan order. An Interrupt gets no answer of its own.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -66,7 +67,7 @@ def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Execute': grpc.stream_stream_rpc_method_handler(
                     servicer.Execute,
-                    request_deserializer=llmserve_dot_internal_dot_v1_dot_worker__pb2.StepPlan.FromString,
+                    request_deserializer=llmserve_dot_internal_dot_v1_dot_worker__pb2.WorkerCommand.FromString,
                     response_serializer=llmserve_dot_internal_dot_v1_dot_worker__pb2.StepResult.SerializeToString,
             ),
             'Describe': grpc.unary_unary_rpc_method_handler(
@@ -100,7 +101,7 @@ class Worker:
             request_iterator,
             target,
             '/llmserve.internal.v1.Worker/Execute',
-            llmserve_dot_internal_dot_v1_dot_worker__pb2.StepPlan.SerializeToString,
+            llmserve_dot_internal_dot_v1_dot_worker__pb2.WorkerCommand.SerializeToString,
             llmserve_dot_internal_dot_v1_dot_worker__pb2.StepResult.FromString,
             options,
             channel_credentials,
