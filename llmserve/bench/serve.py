@@ -138,6 +138,9 @@ def engine_steps(before: dict, after: dict) -> dict:
         "decode_step_ms": 1000 * _per(d["decode_step_seconds"], decodes),
         "decode_step_worker_ms": 1000 * _per(d["decode_step_worker_seconds"], decodes),
         "decode_batch": _per(d["decode_step_sequences"], decodes),
+        # Multi-step scheduling: decode steps per plan (1 without it; runs end early when a
+        # request arrives or one is about to reach its max_tokens).
+        "decode_steps_per_plan": _per(decodes, d["num_decode_plans"]),
         "prefill_step_ms": 1000 * _per(d["prefill_step_seconds"], prefills),
         "prefill_step_tokens": _per(d["prefill_step_tokens"], prefills),
         "prefill_time_share": _per(d["prefill_step_seconds"], busy),
@@ -264,7 +267,7 @@ def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: lis
 def print_metrics(m: dict) -> None:
     print(f"completed {m['completed']}, failed {m['failed']}, duration {m['duration_s']:.1f} s")
     print(f"request throughput {m['request_throughput']:.2f} req/s, output {m['output_token_throughput']:.1f} tok/s,"
-          f" total {m['total_token_throughput']:.1f} tok/s")
+          f" total {m['total_token_throughput']:.1f} tok/s; {m['tokens_per_message']:.2f} tokens per message")
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         s = m[name]
         print(f"{name[:-3].upper():>5} ms: mean {s['mean']:8.1f}  median {s['median']:8.1f}  p99 {s['p99']:8.1f}")
@@ -278,7 +281,8 @@ def print_metrics(m: dict) -> None:
     if "engine_steps" in m:
         e = m["engine_steps"]
         print(f"cluster steps: {e['num_decode_steps']} decode, mean {e['decode_step_ms']:.1f} ms at batch "
-              f"{e['decode_batch']:.1f} (worker {e['decode_step_worker_ms']:.1f} ms); {e['num_prefill_steps']} with "
+              f"{e['decode_batch']:.1f} (worker {e['decode_step_worker_ms']:.1f} ms, {e['decode_steps_per_plan']:.2f} "
+              f"steps per plan); {e['num_prefill_steps']} with "
               f"prompt tokens, mean {e['prefill_step_ms']:.1f} ms for {e['prefill_step_tokens']:.0f} tokens, "
               f"{100 * e['prefill_time_share']:.0f}% of the busy time")
         if e.get("cpu", {}).get("ms_per_step"):

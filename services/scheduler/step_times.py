@@ -29,10 +29,12 @@ class StepTimes:
     num_prefill_steps: int = 0
     prefill_step_seconds: float = 0.0
     prefill_step_tokens: int = 0  # Every token those steps computed, decodes included.
+    num_decode_plans: int = 0  # Plans behind num_decode_steps (a multi-step plan runs several).
 
     def record(self, plan: StepPlan, seconds: float, worker_seconds: float, num_steps: int = 1) -> None:
         """One plan's wall and worker time; a multi-step plan counts each decode step it ran."""
         if is_decode_step(plan):
+            self.num_decode_plans += 1
             self.num_decode_steps += num_steps
             self.decode_step_seconds += seconds
             self.decode_step_worker_seconds += worker_seconds

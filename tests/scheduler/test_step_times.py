@@ -34,3 +34,11 @@ def test_totals_split_by_kind():
     assert t.decode_step_seconds == pytest.approx(0.12) and t.decode_step_worker_seconds == pytest.approx(0.10)
     assert (t.num_prefill_steps, t.prefill_step_tokens) == (2, 51)
     assert t.prefill_step_seconds == pytest.approx(0.8)
+
+
+def test_a_multi_step_plan_counts_every_step_it_ran():
+    t = StepTimes()
+    t.record(StepPlan(0, cached_requests=[cached("a", 1), cached("b", 1)], num_steps=4), 0.2, 0.19, num_steps=3)
+    t.record(StepPlan(1, cached_requests=[cached("a", 1)]), 0.05, 0.04)
+    assert (t.num_decode_steps, t.num_decode_plans, t.decode_step_sequences) == (4, 2, 7)
+    assert t.decode_step_seconds == pytest.approx(0.25)  # per step: 0.0625 s
