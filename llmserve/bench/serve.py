@@ -138,6 +138,11 @@ def engine_steps(before: dict, after: dict) -> dict:
         "decode_step_ms": 1000 * _per(d["decode_step_seconds"], decodes),
         "decode_step_worker_ms": 1000 * _per(d["decode_step_worker_seconds"], decodes),
         "decode_batch": _per(d["decode_step_sequences"], decodes),
+        # What a generated token saw: a step of batch b carries b tokens, so TPOT (a mean
+        # over a request's tokens) weighs it b times. Per token, batch = sum(b^2) / sum(b),
+        # larger than the per-step mean whenever the batch varies.
+        "decode_batch_per_token": _per(d["decode_step_sequences_squared"], d["decode_step_sequences"]),
+        "decode_step_ms_per_token": 1000 * _per(d["decode_step_sequence_seconds"], d["decode_step_sequences"]),
         # Multi-step scheduling: decode steps per plan (1 without it; runs end early when a
         # request arrives or one is about to reach its max_tokens).
         "decode_steps_per_plan": _per(decodes, d["num_decode_plans"]),
@@ -227,7 +232,7 @@ def summarize_rounds(rounds: list[dict]) -> dict:
         if all("decode_step_ms" in r for r in rounds):
             chosen["rounds_in_process_step_ms"] = [r["decode_step_ms"]["mean"] for r in rounds]
         if all("engine_steps" in r for r in rounds):
-            chosen["rounds_cluster_decode_step_ms"] = [r["engine_steps"]["decode_step_ms"] for r in rounds]
+            chosen["rounds_cluster_decode_step_ms"] = [r["engine_steps"]["decode_step_ms_per_token"] for r in rounds]
     return chosen
 
 
@@ -236,18 +241,21 @@ def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: lis
     machine, right after the run) and sets TPOT median / that step: what serving
     through the cluster, with arrivals and prefills in between, adds per token.
 
-    The batch is the cluster's mean decode batch when its step totals are known (requests
-    waiting for their first token are in flight but not in a decode batch), else the
-    mean number of requests in flight. With the step totals the ratio splits in two:
-      online decode step / in-process step   the cluster's own decode steps (round trips,
-                                             other processes on the cores, host drift)
+    The batch is the one the cluster's decode steps ran each token at, on average, when
+    its step totals are known: sum(b^2) / sum(b) over its decode steps, since TPOT, a mean
+    over tokens, weighs a step of batch b b times (the per-step mean batch understates
+    it: at 0.3 req/s, 1.8 per step against ~2.1 per token). Without the totals, the mean
+    number of requests in flight. With them the ratio splits in two:
+      online decode step / in-process step   the cluster's own decode steps, per token
+                                             (round trips, other processes on the
+                                             cores, host drift)
       TPOT median / online decode step       arrivals' prefills sharing the steps
     """
     from llmserve.bench.profile_step import time_decode_steps
 
     steps = metrics.get("engine_steps")
     known = steps is not None and steps["num_decode_steps"] > 0
-    batch = max(1.0, steps["decode_batch"] if known else metrics["mean_concurrency"])
+    batch = max(1.0, steps["decode_batch_per_token"] if known else metrics["mean_concurrency"])
     context = round(statistics.fmean(len(r.prompt_token_ids) + r.output_len / 2 for r in requests))
     # NOTE: a fractional mean batch (1.5) is timed at the batch sizes either side and
     # interpolated: a step's time is close to affine in the batch size, so this is the
@@ -260,8 +268,9 @@ def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: lis
                                  "at_batch": {str(b): ms for b, ms in at_batch.items()}}
     metrics["tpot_median_over_decode_step"] = metrics["tpot_ms"]["median"] / step_ms
     if known:
-        metrics["online_decode_step_over_in_process"] = steps["decode_step_ms"] / step_ms
-        metrics["tpot_median_over_online_decode_step"] = metrics["tpot_ms"]["median"] / steps["decode_step_ms"]
+        cluster_ms = steps["decode_step_ms_per_token"]
+        metrics["online_decode_step_over_in_process"] = cluster_ms / step_ms
+        metrics["tpot_median_over_online_decode_step"] = metrics["tpot_ms"]["median"] / cluster_ms
 
 
 def print_metrics(m: dict) -> None:
@@ -282,7 +291,8 @@ def print_metrics(m: dict) -> None:
         e = m["engine_steps"]
         print(f"cluster steps: {e['num_decode_steps']} decode, mean {e['decode_step_ms']:.1f} ms at batch "
               f"{e['decode_batch']:.1f} (worker {e['decode_step_worker_ms']:.1f} ms, {e['decode_steps_per_plan']:.2f} "
-              f"steps per plan); {e['num_prefill_steps']} with "
+              f"steps per plan; per token: {e['decode_step_ms_per_token']:.1f} ms at batch "
+              f"{e['decode_batch_per_token']:.2f}); {e['num_prefill_steps']} with "
               f"prompt tokens, mean {e['prefill_step_ms']:.1f} ms for {e['prefill_step_tokens']:.0f} tokens, "
               f"{100 * e['prefill_time_share']:.0f}% of the busy time")
         if e.get("cpu", {}).get("ms_per_step"):

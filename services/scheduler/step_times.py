@@ -5,6 +5,8 @@ costs; a prefill step (some sequence computed a prompt chunk, or recomputed afte
 preemption) costs that plus the chunk. Clients see both kinds between their tokens, so
 TPOT = decode steps + their share of the prefill steps + the round trips; these totals
 let a benchmark (or an operator) tell those three apart from outside the process.
+TPOT averages over tokens, and a step of batch b carries b of them: hence the totals
+weighted by batch size beside the per-step ones.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ class StepTimes:
     prefill_step_seconds: float = 0.0
     prefill_step_tokens: int = 0  # Every token those steps computed, decodes included.
     num_decode_plans: int = 0  # Plans behind num_decode_steps (a multi-step plan runs several).
+    # Weighted by batch size b: a step of batch b yields b tokens, so the time per output
+    # token that clients see weighs it b times. sum(b^2) / sum(b) is the batch a token
+    # was decoded in, on average; sum(b * seconds) / sum(b) its decode step's time.
+    decode_step_sequences_squared: int = 0
+    decode_step_sequence_seconds: float = 0.0
 
     def record(self, plan: StepPlan, seconds: float, worker_seconds: float, num_steps: int = 1) -> None:
         """One plan's wall and worker time; a multi-step plan counts each decode step it ran."""
@@ -38,7 +45,10 @@ class StepTimes:
             self.num_decode_steps += num_steps
             self.decode_step_seconds += seconds
             self.decode_step_worker_seconds += worker_seconds
-            self.decode_step_sequences += plan.total_scheduled_tokens * num_steps
+            batch = plan.total_scheduled_tokens
+            self.decode_step_sequences += batch * num_steps
+            self.decode_step_sequences_squared += batch * batch * num_steps
+            self.decode_step_sequence_seconds += batch * seconds  # num_steps steps of seconds / num_steps
         elif plan.total_scheduled_tokens:
             self.num_prefill_steps += 1
             self.prefill_step_seconds += seconds

@@ -79,6 +79,8 @@ def test_bench_serve_smoke(tmp_path):
     computed = e["num_decode_steps"] * e["decode_batch"] + e["num_prefill_steps"] * e["prefill_step_tokens"]
     assert round(computed) == w["prompt_tokens"] + w["output_tokens"] - w["num_requests"]
     assert 1 <= e["decode_batch"] <= 6 and 0 < e["decode_step_worker_ms"] < e["decode_step_ms"]
+    # Per token (TPOT's weighting) the batch is at least the per-step mean.
+    assert e["decode_batch"] <= e["decode_batch_per_token"] <= 6 and e["decode_step_ms_per_token"] > 0
     assert 0 < e["prefill_time_share"] < 1
     # --stream-interval 3 reached the cluster: after each request's first token, up to 3
     # tokens per message (outputs of 4-12 tokens: 1 + 3 + 3 + ... ).
@@ -87,10 +89,11 @@ def test_bench_serve_smoke(tmp_path):
     cpu = e["cpu"]["ms_per_step"]
     assert set(cpu) == {"router", "scheduler", "worker", "client"} and min(cpu.values()) > 0
     assert cpu["worker"] > max(cpu["router"], cpu["scheduler"])
-    # --launch: TPOT is set against an in-process decode step at the cluster's decode batch.
-    # A fractional batch is interpolated between the two batch sizes timed either side.
+    # --launch: TPOT is set against an in-process decode step at the batch the cluster's
+    # tokens were decoded in. A fractional batch is interpolated between the two batch
+    # sizes timed either side.
     d = m["decode_step_ms"]
-    assert 0 < m["mean_concurrency"] <= 6 and d["batch"] == pytest.approx(max(1.0, e["decode_batch"]))
+    assert 0 < m["mean_concurrency"] <= 6 and d["batch"] == pytest.approx(max(1.0, e["decode_batch_per_token"]))
     timed = {int(b): ms for b, ms in d["at_batch"].items()}
     assert set(timed) == {math.floor(d["batch"]), math.ceil(d["batch"])}
     assert min(timed.values()) <= d["mean"] <= max(timed.values()) and m["tpot_median_over_decode_step"] > 0
