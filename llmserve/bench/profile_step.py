@@ -46,13 +46,19 @@ def _ms(seconds: float) -> str:
     return f"{1000 * seconds:8.2f} ms"
 
 
-def decoding_engine(model_dir, dtype: str, batch: int, context: int) -> InProcessEngine:
+def decoding_engine(model_dir, dtype: str, batch: int, context: int, model=None,
+                    max_new_tokens: int = 1000) -> InProcessEngine:
     """An in-process engine with `batch` sequences of `context` prompt tokens, all past
-    their prefill: every further step is a pure decode step at that batch size."""
-    engine = InProcessEngine.from_model_dir(model_dir, dtype=dtype, kv_cache_memory_bytes=2**30,
-                                            max_num_batched_tokens=max(4096, batch * (context + 16)))
+    their prefill: every further step is a pure decode step at that batch size, for
+    `max_new_tokens` steps. Its KV cache holds just those tokens. With `model` (another
+    engine's runner's model) the weights are shared, not loaded again."""
+    from llmserve.worker.model_runner import ModelRunner
+
+    runner = ModelRunner(model_dir, dtype=dtype, num_kv_blocks=batch * -(-(context + max_new_tokens) // 16) + 1,
+                         model=model)
+    engine = InProcessEngine(runner, max_num_batched_tokens=max(4096, batch * (context + 16)))
     for i, r in enumerate(random_workload(batch, (context, context), (1000, 1000), 49152, seed=1)):
-        engine.add_request(f"r{i}", r.prompt_token_ids, SamplingParams(max_tokens=1000, temperature=0.0,
+        engine.add_request(f"r{i}", r.prompt_token_ids, SamplingParams(max_tokens=max_new_tokens, temperature=0.0,
                                                                       ignore_eos=True))
     while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
         engine.step()
@@ -71,7 +77,12 @@ def time_decode_steps(model_dir, dtype: str, batches: list[int], context: int, s
     compared with are means over whole runs.
     """
     # Each sequence grows by `steps` tokens while timed: start half of that below `context`.
-    engines = {b: decoding_engine(model_dir, dtype, b, max(1, context - steps // 2)) for b in batches}
+    # NOTE: one copy of the weights for every batch size (the engines differ in KV only).
+    start = max(1, context - steps // 2)
+    first = decoding_engine(model_dir, dtype, batches[0], start, max_new_tokens=steps + 8)
+    engines = {batches[0]: first}
+    for b in batches[1:]:
+        engines[b] = decoding_engine(model_dir, dtype, b, start, model=first.runner.model, max_new_tokens=steps + 8)
     times: dict[int, list[float]] = {b: [] for b in batches}
     for engine in engines.values():
         engine.step()  # Warm-up.
@@ -85,7 +96,7 @@ def time_decode_steps(model_dir, dtype: str, batches: list[int], context: int, s
 
 
 def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: int = 5) -> dict:
-    engine = decoding_engine(model_dir, dtype, batch, context)
+    engine = decoding_engine(model_dir, dtype, batch, context, max_new_tokens=4 * reps + 16)
     runner, sched = engine.runner, engine.scheduler
     times: dict[str, float] = defaultdict(float)
     ops: dict[str, float] = defaultdict(float)

@@ -117,7 +117,18 @@ async def scheduler_step_times(address: str) -> dict:
 
     async with grpc.aio.insecure_channel(address) as channel:
         stats = await scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
-    return {f: getattr(stats, f) for f in STEP_TIME_FIELDS}
+    return {f: _plain(getattr(stats, f)) for f in STEP_TIME_FIELDS}
+
+
+def _plain(value):
+    """A protobuf map as a dict; scalars as they are."""
+    return value if isinstance(value, (int, float)) else dict(value)
+
+
+def _difference(before, after):
+    if isinstance(after, dict):
+        return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    return after - before
 
 
 def _per(total: float, count: float) -> float:
@@ -129,20 +140,25 @@ def engine_steps(before: dict, after: dict) -> dict:
     """The cluster's steps during the run (difference of two step-total snapshots): how
     long its decode steps took at what batch, and what share of its busy time went to
     steps that carried prompt tokens."""
-    d = {f: after[f] - before[f] for f in STEP_TIME_FIELDS}
+    d = {f: _difference(before[f], after[f]) for f in STEP_TIME_FIELDS}
     decodes, prefills = d["num_decode_steps"], d["num_prefill_steps"]
     busy = d["decode_step_seconds"] + d["prefill_step_seconds"]
+    # A step of batch b carries b tokens: TPOT, a mean over a request's tokens, weighs it
+    # b times. Per batch size: the steps, the share of decoded tokens, the mean step.
+    tokens = sum(b * n for b, n in d["decode_steps_by_batch"].items())
+    by_batch = {b: {"steps": n, "token_share": b * n / tokens, "ms": 1000 * d["decode_seconds_by_batch"][b] / n}
+                for b, n in sorted(d["decode_steps_by_batch"].items())}
     return {
         "num_decode_steps": decodes,
         "num_prefill_steps": prefills,
         "decode_step_ms": 1000 * _per(d["decode_step_seconds"], decodes),
         "decode_step_worker_ms": 1000 * _per(d["decode_step_worker_seconds"], decodes),
         "decode_batch": _per(d["decode_step_sequences"], decodes),
-        # What a generated token saw: a step of batch b carries b tokens, so TPOT (a mean
-        # over a request's tokens) weighs it b times. Per token, batch = sum(b^2) / sum(b),
-        # larger than the per-step mean whenever the batch varies.
-        "decode_batch_per_token": _per(d["decode_step_sequences_squared"], d["decode_step_sequences"]),
-        "decode_step_ms_per_token": 1000 * _per(d["decode_step_sequence_seconds"], d["decode_step_sequences"]),
+        # What a generated token saw, on average: its step's batch (larger than the
+        # per-step mean whenever the batch varies) and its step's time.
+        "decode_batch_per_token": sum(b * v["token_share"] for b, v in by_batch.items()) if tokens else math.nan,
+        "decode_step_ms_per_token": sum(v["ms"] * v["token_share"] for v in by_batch.values()) if tokens else math.nan,
+        "decode_by_batch": by_batch,
         # Multi-step scheduling: decode steps per plan (1 without it; runs end early when a
         # request arrives or one is about to reach its max_tokens).
         "decode_steps_per_plan": _per(decodes, d["num_decode_plans"]),
@@ -231,44 +247,65 @@ def summarize_rounds(rounds: list[dict]) -> dict:
         # The ratios' terms too: which of them moved from round to round.
         if all("decode_step_ms" in r for r in rounds):
             chosen["rounds_in_process_step_ms"] = [r["decode_step_ms"]["mean"] for r in rounds]
-        if all("engine_steps" in r for r in rounds):
-            chosen["rounds_cluster_decode_step_ms"] = [r["engine_steps"]["decode_step_ms_per_token"] for r in rounds]
+        if all("cluster_mean" in r.get("decode_step_ms", {}) for r in rounds):
+            chosen["rounds_cluster_decode_step_ms"] = [r["decode_step_ms"]["cluster_mean"] for r in rounds]
     return chosen
 
 
-def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: list[BenchRequest]) -> None:
-    """Times an in-process decode step at the run's batch size and mean context (same
-    machine, right after the run) and sets TPOT median / that step: what serving
-    through the cluster, with arrivals and prefills in between, adds per token.
+def batches_to_time(token_share: dict[int, float], coverage: float = 0.95, most: int = 12) -> dict[int, float]:
+    """The batch sizes that carried most of the decoded tokens (largest shares first,
+    until `coverage` of them, at most `most` sizes), with their shares renormalised."""
+    chosen, covered = {}, 0.0
+    for b, share in sorted(token_share.items(), key=lambda kv: -kv[1]):
+        if covered >= coverage or len(chosen) == most:
+            break
+        chosen[b] = share
+        covered += share
+    return {b: share / covered for b, share in sorted(chosen.items())}
 
-    The batch is the one the cluster's decode steps ran each token at, on average, when
-    its step totals are known: sum(b^2) / sum(b) over its decode steps, since TPOT, a mean
-    over tokens, weighs a step of batch b b times (the per-step mean batch understates
-    it: at 0.3 req/s, 1.8 per step against ~2.1 per token). Without the totals, the mean
-    number of requests in flight. With them the ratio splits in two:
-      online decode step / in-process step   the cluster's own decode steps, per token
-                                             (round trips, other processes on the
-                                             cores, host drift)
+
+def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: list[BenchRequest]) -> None:
+    """Times in-process decode steps at the run's batch sizes and mean context (same
+    machine, right after the run) and sets TPOT median / their mix: what serving through
+    the cluster, with arrivals and prefills in between, adds per token.
+
+    With the cluster's step totals, the in-process step is timed at each batch size its
+    decode steps ran (those carrying 95% of the decoded tokens) and mixed with the
+    weights TPOT gives them: a step of batch b carries b tokens. A step's time is not
+    affine in b (one sequence costs a CPU more than half of two), so neither the
+    per-step mean batch (1.8 at 0.3 req/s here) nor the per-token one (2.5) stands for
+    the mix. The cluster's own decode steps are mixed with the same weights, and the
+    ratio splits in two:
+      online decode step / in-process step   the cluster's own decode steps (round
+                                             trips, other processes on the cores, drift)
       TPOT median / online decode step       arrivals' prefills sharing the steps
+    Without the totals: the mean number of requests in flight, interpolated between the
+    batch sizes either side.
     """
     from llmserve.bench.profile_step import time_decode_steps
 
     steps = metrics.get("engine_steps")
     known = steps is not None and steps["num_decode_steps"] > 0
-    batch = max(1.0, steps["decode_batch_per_token"] if known else metrics["mean_concurrency"])
+    if known:
+        weights = batches_to_time({b: v["token_share"] for b, v in steps["decode_by_batch"].items()})
+        batch = steps["decode_batch_per_token"]
+    else:
+        batch = max(1.0, metrics["mean_concurrency"])
+        low, frac = math.floor(batch), batch - math.floor(batch)
+        weights = {low: 1.0 - frac, low + 1: frac} if frac else {low: 1.0}
     context = round(statistics.fmean(len(r.prompt_token_ids) + r.output_len / 2 for r in requests))
-    # NOTE: a fractional mean batch (1.5) is timed at the batch sizes either side and
-    # interpolated: a step's time is close to affine in the batch size, so this is the
-    # mean step over the run's mix of batches. Rounding would be off by up to half a
-    # sequence's cost: 2.5-5 ms per sequence at batches 1-8, against 40-60 ms steps.
-    low, high = math.floor(batch), math.ceil(batch)
-    at_batch = {b: 1000 * s for b, s in time_decode_steps(model_dir, dtype, sorted({low, high}), context).items()}
-    step_ms = at_batch[low] + (batch - low) * (at_batch[high] - at_batch[low])
+    # NOTE: at least 16 steps per batch size, in four interleaved chunks (drift).
+    per_batch = max(16, 160 // len(weights) // 4 * 4)
+    at_batch = {b: 1000 * t for b, t in time_decode_steps(model_dir, dtype, sorted(weights), context,
+                                                           steps=per_batch).items()}
+    step_ms = sum(w * at_batch[b] for b, w in weights.items())
     metrics["decode_step_ms"] = {"batch": batch, "context": context, "mean": step_ms,
-                                 "at_batch": {str(b): ms for b, ms in at_batch.items()}}
+                                 "at_batch": {str(b): ms for b, ms in at_batch.items()},
+                                 "weights": {str(b): w for b, w in weights.items()}}
     metrics["tpot_median_over_decode_step"] = metrics["tpot_ms"]["median"] / step_ms
     if known:
-        cluster_ms = steps["decode_step_ms_per_token"]
+        cluster_ms = sum(w * steps["decode_by_batch"][b]["ms"] for b, w in weights.items())
+        metrics["decode_step_ms"]["cluster_mean"] = cluster_ms
         metrics["online_decode_step_over_in_process"] = cluster_ms / step_ms
         metrics["tpot_median_over_online_decode_step"] = metrics["tpot_ms"]["median"] / cluster_ms
 
@@ -282,8 +319,8 @@ def print_metrics(m: dict) -> None:
         print(f"{name[:-3].upper():>5} ms: mean {s['mean']:8.1f}  median {s['median']:8.1f}  p99 {s['p99']:8.1f}")
     if "decode_step_ms" in m:
         d = m["decode_step_ms"]
-        timed = ", ".join(f"{ms:.1f} ms at {b}" for b, ms in d["at_batch"].items())
-        print(f"in-process decode step at batch {d['batch']:.1f}, context {d['context']}: {d['mean']:.1f} ms "
+        timed = ", ".join(f"{ms:.1f} ms at {b} (x{d['weights'][b]:.2f})" for b, ms in d["at_batch"].items())
+        print(f"in-process decode steps at the run's batch sizes, context {d['context']}: {d['mean']:.1f} ms "
               f"({timed}); "
               f"TPOT median / step = {m['tpot_median_over_decode_step']:.2f}x (mean concurrency "
               f"{m['mean_concurrency']:.1f})")

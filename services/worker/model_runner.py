@@ -55,7 +55,11 @@ class ModelRunner:
         max_num_batched_tokens: int = 512,
         gpu_memory_utilization: float = 0.9,
         dist: DistInit | None = None,
+        model=None,
     ):
+        """`model`: weights already loaded from `model_dir` with this dtype on one process
+        (no parallel group) to share instead of loading them again (benchmarks time
+        several KV caches and batches against one copy of the weights)."""
         self.model_dir = Path(model_dir)
         self.dtype = parse_dtype(dtype)
         self.block_size = block_size
@@ -66,7 +70,10 @@ class ModelRunner:
             dist or DistInit(),
             payload={"model_path": str(self.model_dir.resolve()), "dtype": str(self.dtype), "block_size": block_size},
             agree_on=("model_path", "dtype", "block_size"))
-        self.model = load_model(self.model_dir, self.dtype, self.config, parallel=self.parallel)
+        if model is not None and self.parallel.world.size > 1:
+            raise ValueError("a parallel group's rank loads its own shard; it cannot share weights")
+        self.model = model if model is not None else load_model(self.model_dir, self.dtype, self.config,
+                                                                  parallel=self.parallel)
         cfg = self.config
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         window = getattr(cfg, "sliding_window", None)

@@ -81,6 +81,9 @@ def test_bench_serve_smoke(tmp_path):
     assert 1 <= e["decode_batch"] <= 6 and 0 < e["decode_step_worker_ms"] < e["decode_step_ms"]
     # Per token (TPOT's weighting) the batch is at least the per-step mean.
     assert e["decode_batch"] <= e["decode_batch_per_token"] <= 6 and e["decode_step_ms_per_token"] > 0
+    by_batch = {int(b): v for b, v in e["decode_by_batch"].items()}  # JSON keys are strings
+    assert sum(v["steps"] for v in by_batch.values()) == e["num_decode_steps"]
+    assert sum(v["token_share"] for v in by_batch.values()) == pytest.approx(1.0)
     assert 0 < e["prefill_time_share"] < 1
     # --stream-interval 3 reached the cluster: after each request's first token, up to 3
     # tokens per message (outputs of 4-12 tokens: 1 + 3 + 3 + ... ).
@@ -89,13 +92,26 @@ def test_bench_serve_smoke(tmp_path):
     cpu = e["cpu"]["ms_per_step"]
     assert set(cpu) == {"router", "scheduler", "worker", "client"} and min(cpu.values()) > 0
     assert cpu["worker"] > max(cpu["router"], cpu["scheduler"])
-    # --launch: TPOT is set against an in-process decode step at the batch the cluster's
-    # tokens were decoded in. A fractional batch is interpolated between the two batch
-    # sizes timed either side.
+    # --launch: TPOT is set against in-process decode steps at the batch sizes the
+    # cluster's decode steps ran, mixed by their share of the decoded tokens; the
+    # cluster's own steps are mixed with the same weights.
     d = m["decode_step_ms"]
-    assert 0 < m["mean_concurrency"] <= 6 and d["batch"] == pytest.approx(max(1.0, e["decode_batch_per_token"]))
+    assert 0 < m["mean_concurrency"] <= 6 and d["batch"] == pytest.approx(e["decode_batch_per_token"])
     timed = {int(b): ms for b, ms in d["at_batch"].items()}
-    assert set(timed) == {math.floor(d["batch"]), math.ceil(d["batch"])}
+    weights = {int(b): w for b, w in d["weights"].items()}
+    assert set(timed) == set(weights) <= set(by_batch) and sum(weights.values()) == pytest.approx(1.0)
     assert min(timed.values()) <= d["mean"] <= max(timed.values()) and m["tpot_median_over_decode_step"] > 0
+    assert d["mean"] == pytest.approx(sum(w * timed[b] for b, w in weights.items()))
+    assert d["cluster_mean"] == pytest.approx(sum(w * by_batch[b]["ms"] for b, w in weights.items()))
     assert m["tpot_median_over_decode_step"] == pytest.approx(
         m["online_decode_step_over_in_process"] * m["tpot_median_over_online_decode_step"])
+
+
+def test_batches_to_time_cover_most_tokens():
+    from llmserve.bench.serve import batches_to_time
+
+    shares = {1: 0.10, 2: 0.40, 3: 0.30, 4: 0.15, 5: 0.05}
+    assert batches_to_time(shares) == pytest.approx({1: 0.10 / 0.95, 2: 0.40 / 0.95, 3: 0.30 / 0.95,
+                                                      4: 0.15 / 0.95})
+    assert batches_to_time(shares, most=2) == pytest.approx({2: 0.4 / 0.7, 3: 0.3 / 0.7})
+    assert batches_to_time({7: 1.0}) == {7: 1.0}

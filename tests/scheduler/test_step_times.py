@@ -44,10 +44,11 @@ def test_a_multi_step_plan_counts_every_step_it_ran():
     assert t.decode_step_seconds == pytest.approx(0.25)  # per step: 0.0625 s
 
 
-def test_batch_weighted_totals_give_what_a_token_sees():
+def test_decode_totals_by_batch_size():
     t = StepTimes()
     t.record(StepPlan(0, cached_requests=[cached("a", 1)]), 0.04, 0.03)  # batch 1, 40 ms
     t.record(StepPlan(1, cached_requests=[cached(r, 1) for r in "abc"], num_steps=2), 0.12, 0.11, num_steps=2)
-    # Steps: 1 of batch 1 (40 ms), 2 of batch 3 (60 ms each). Per step: batch 7/3; per token: 19/7.
-    assert (t.decode_step_sequences, t.decode_step_sequences_squared) == (7, 1 + 9 + 9)
-    assert t.decode_step_sequence_seconds / t.decode_step_sequences == pytest.approx((0.04 + 6 * 0.06) / 7)
+    t.record(StepPlan(2, cached_requests=[cached("a", 1)]), 0.05, 0.04)
+    assert t.decode_steps_by_batch == {1: 2, 3: 2}
+    assert t.decode_seconds_by_batch == pytest.approx({1: 0.09, 3: 0.12})
+    assert t.decode_step_sequences == 8 and t.num_decode_steps == 4

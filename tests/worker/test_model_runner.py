@@ -119,3 +119,16 @@ def test_seeded_sampling_survives_batching_and_preemption(tiny_llama_dir):
         busy.step({"s": 1, "o": 1})
     assert busy.outputs("s") == solo.outputs("s")
     assert len(set(solo.outputs("s"))) > 3  # really sampled, not stuck on one token
+
+
+def test_a_runner_can_share_another_runners_weights(tiny_llama_dir, reference):
+    first = _runner(tiny_llama_dir)
+    second = ModelRunner(tiny_llama_dir, block_size=BLOCK, num_kv_blocks=24, max_model_len=128, model=first.model)
+    assert second.model is first.model and second.num_kv_blocks == 24
+    assert second.kv_caches[0].data_ptr() != first.kv_caches[0].data_ptr()  # its own KV cache
+    d = PlanDriver(second, BLOCK, 24)
+    d.add("a", PROMPTS["a"])
+    d.step({"a": None})
+    while len(d.outputs("a")) < GEN:
+        d.step({"a": 1})
+    assert d.outputs("a") == reference["a"]

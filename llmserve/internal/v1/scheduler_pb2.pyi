@@ -114,7 +114,21 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SchedulerStats(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "num_total_blocks", "num_free_blocks", "num_preemptions", "num_steps", "num_finished", "num_aborted", "worker_ready", "prompt_tokens_total", "generation_tokens_total", "num_swapped", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions_recompute", "num_preemptions_swap", "num_swapped_out_blocks", "num_cached_blocks", "num_cpu_blocks", "num_free_cpu_blocks", "num_allocated_blocks", "num_cow_copies", "num_failed", "num_decode_steps", "decode_step_seconds", "decode_step_worker_seconds", "decode_step_sequences", "num_prefill_steps", "prefill_step_seconds", "prefill_step_tokens", "num_decode_plans", "decode_step_sequences_squared", "decode_step_sequence_seconds")
+    __slots__ = ("num_waiting", "num_running", "num_total_blocks", "num_free_blocks", "num_preemptions", "num_steps", "num_finished", "num_aborted", "worker_ready", "prompt_tokens_total", "generation_tokens_total", "num_swapped", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions_recompute", "num_preemptions_swap", "num_swapped_out_blocks", "num_cached_blocks", "num_cpu_blocks", "num_free_cpu_blocks", "num_allocated_blocks", "num_cow_copies", "num_failed", "num_decode_steps", "decode_step_seconds", "decode_step_worker_seconds", "decode_step_sequences", "num_prefill_steps", "prefill_step_seconds", "prefill_step_tokens", "num_decode_plans", "decode_steps_by_batch", "decode_seconds_by_batch")
+    class DecodeStepsByBatchEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    class DecodeSecondsByBatchEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -147,8 +161,8 @@ class SchedulerStats(_message.Message):
     PREFILL_STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_DECODE_PLANS_FIELD_NUMBER: _ClassVar[int]
-    DECODE_STEP_SEQUENCES_SQUARED_FIELD_NUMBER: _ClassVar[int]
-    DECODE_STEP_SEQUENCE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEPS_BY_BATCH_FIELD_NUMBER: _ClassVar[int]
+    DECODE_SECONDS_BY_BATCH_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     num_total_blocks: int
@@ -181,9 +195,9 @@ class SchedulerStats(_message.Message):
     prefill_step_seconds: float
     prefill_step_tokens: int
     num_decode_plans: int
-    decode_step_sequences_squared: int
-    decode_step_sequence_seconds: float
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_aborted: _Optional[int] = ..., worker_ready: _Optional[bool] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_swapped: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions_recompute: _Optional[int] = ..., num_preemptions_swap: _Optional[int] = ..., num_swapped_out_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., num_free_cpu_blocks: _Optional[int] = ..., num_allocated_blocks: _Optional[int] = ..., num_cow_copies: _Optional[int] = ..., num_failed: _Optional[int] = ..., num_decode_steps: _Optional[int] = ..., decode_step_seconds: _Optional[float] = ..., decode_step_worker_seconds: _Optional[float] = ..., decode_step_sequences: _Optional[int] = ..., num_prefill_steps: _Optional[int] = ..., prefill_step_seconds: _Optional[float] = ..., prefill_step_tokens: _Optional[int] = ..., num_decode_plans: _Optional[int] = ..., decode_step_sequences_squared: _Optional[int] = ..., decode_step_sequence_seconds: _Optional[float] = ...) -> None: ...
+    decode_steps_by_batch: _containers.ScalarMap[int, int]
+    decode_seconds_by_batch: _containers.ScalarMap[int, float]
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_aborted: _Optional[int] = ..., worker_ready: _Optional[bool] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_swapped: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions_recompute: _Optional[int] = ..., num_preemptions_swap: _Optional[int] = ..., num_swapped_out_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., num_free_cpu_blocks: _Optional[int] = ..., num_allocated_blocks: _Optional[int] = ..., num_cow_copies: _Optional[int] = ..., num_failed: _Optional[int] = ..., num_decode_steps: _Optional[int] = ..., decode_step_seconds: _Optional[float] = ..., decode_step_worker_seconds: _Optional[float] = ..., decode_step_sequences: _Optional[int] = ..., num_prefill_steps: _Optional[int] = ..., prefill_step_seconds: _Optional[float] = ..., prefill_step_tokens: _Optional[int] = ..., num_decode_plans: _Optional[int] = ..., decode_steps_by_batch: _Optional[_Mapping[int, int]] = ..., decode_seconds_by_batch: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class GetServingInfoRequest(_message.Message):
     __slots__ = ()
