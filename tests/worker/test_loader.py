@@ -52,13 +52,14 @@ def test_unknown_architecture():
 
 def test_bfloat16_close_to_float32(tiny_llama_dir):
     from llmserve.worker.attention import TorchPagedAttention
+    from llmserve.worker.layers.packed_weight import float32_gemm
 
     outs = []
     for dtype in ("float32", "bfloat16"):
         m = load_model(tiny_llama_dir, dtype)
-        # On CPU every product runs on a packed weight (MKL for float32, oneDNN for
-        # bfloat16) and the layers' dense copies are released.
-        kind = {"float32": "mkl", "bfloat16": "onednn"}[dtype]
+        # On CPU every product runs on a packed weight (float32: MKL on Intel CPUs, else
+        # oneDNN; bfloat16: oneDNN) and the layers' dense copies are released.
+        kind = {"float32": float32_gemm(), "bfloat16": "onednn"}[dtype]
         qkv = m.model.layers[0].self_attn.qkv_proj
         assert m.lm_head.w_packed.kind == qkv.packed.kind == kind
         assert m.lm_head.w_packed.dtype == qkv.packed.dtype == getattr(torch, dtype)

@@ -1,27 +1,45 @@
 """Packed CPU weights multiply like the dense weight at every row count, with and
-without bias, for both libraries (MKL float32, oneDNN bfloat16)."""
+without bias, for both libraries (float32: MKL or oneDNN, by CPU vendor; bfloat16:
+oneDNN)."""
 
 import pytest
 import torch
 
 from llmserve.worker.layers.linear import ReplicatedLinear
-from llmserve.worker.layers.packed_weight import (PackedWeight, mkl_packed_rows_agree, mkl_packing_available,
+from llmserve.worker.layers.packed_weight import (FLOAT32_GEMM_ENV, PackedWeight, cpu_vendor, float32_gemm,
+                                                   mkl_packed_rows_agree, mkl_packing_available,
                                                    onednn_packing_available)
 
 ROW_COUNTS = [0, 1, 2, 7, 16, 33, 64, 65, 130, 512]
 
 
-@pytest.mark.skipif(not mkl_packing_available(), reason="this torch has no MKL packed sgemm")
+@pytest.fixture
+def float32_gemm_set(monkeypatch):
+    """Sets LLMSERVE_CPU_FP32_GEMM for one test (the choice is cached per process)."""
+    def choose(kind: str) -> None:
+        monkeypatch.setenv(FLOAT32_GEMM_ENV, kind)
+        float32_gemm.cache_clear()
+    yield choose
+    monkeypatch.delenv(FLOAT32_GEMM_ENV, raising=False)
+    float32_gemm.cache_clear()
+
+
+AVAILABLE_FLOAT32_GEMMS = [k for k, ok in (("mkl", mkl_packing_available()), ("onednn", onednn_packing_available()))
+                           if ok]
+
+
+@pytest.mark.parametrize("kind", AVAILABLE_FLOAT32_GEMMS)
 @pytest.mark.parametrize("rows", ROW_COUNTS)
 @pytest.mark.parametrize("shape", [(96, 40), (1000, 64), (24, 200)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_mkl_packed_float32_matches_dense(rows, shape, with_bias):
+def test_packed_float32_matches_dense(kind, rows, shape, with_bias, float32_gemm_set):
+    float32_gemm_set(kind)
     gen = torch.Generator().manual_seed(rows * 7 + shape[0])
     w = torch.randn(*shape, generator=gen)
     b = torch.randn(shape[0], generator=gen) if with_bias else None
     x = torch.randn(rows, shape[1], generator=gen)
     packed = PackedWeight.pack(w)
-    assert packed is not None and packed.kind == "mkl"
+    assert packed is not None and packed.kind == kind
     want = (x.double() @ w.double().t() + (b.double() if b is not None else 0)).float()
     got = packed.matmul(x, b)
     assert got.shape == (rows, shape[0]) and got.dtype == torch.float32
@@ -90,3 +108,14 @@ def test_lm_head_holds_one_copy_unless_tied(dtype):
     tied.process_weights_after_loading()  # a second call keeps the first copy
     assert embed.weight.shape == (300, 48) and torch.equal(embed(torch.tensor([7])), w[7:8])
     torch.testing.assert_close(tied(hidden).float(), want, rtol=2e-2, atol=2e-2 * 48**0.5)
+
+
+def test_float32_layout_follows_the_vendor_unless_overridden(float32_gemm_set):
+    float32_gemm_set("auto")
+    expected = "mkl" if cpu_vendor() == "GenuineIntel" and mkl_packing_available() else "onednn"
+    assert float32_gemm() == expected
+    float32_gemm_set("dense")
+    assert float32_gemm() == "dense" and PackedWeight.pack(torch.randn(8, 4)) is None
+    float32_gemm_set("cublas")
+    with pytest.raises(ValueError, match="LLMSERVE_CPU_FP32_GEMM"):
+        float32_gemm()

@@ -1,12 +1,17 @@
 """CPU weights reordered once, at load, into the layout of the library that multiplies
 them fastest, then held only in that layout (the dense copy is released).
 
-  float32:  MKL's packed-GEMM format (cblas_sgemm_pack / sgemm_compute, through torch's
-            `mkl::_mkl_linear`). Over this model's four layer products (576->960,
-            576->576, 576->3072, 1536->576), against plain MKL sgemm: 8 rows 0.31 ->
-            0.24 ms, 16 rows 0.46 -> 0.39, 56 rows 1.42 -> 1.12, 64 rows 1.61 -> 1.25; a
-            512-token prefill unchanged. The 576 x 49152 LM head: 8 rows 15.0 -> 7.3 ms,
-            56 rows 15.1 -> 12.3 ms.
+  float32:  on Intel CPUs, MKL's packed-GEMM format (cblas_sgemm_pack / sgemm_compute,
+            through torch's `mkl::_mkl_linear`). On a Xeon, over this model's four
+            layer products (576->960, 576->576, 576->3072, 1536->576), against plain MKL
+            sgemm: 8 rows 0.31 -> 0.24 ms, 16 rows 0.46 -> 0.39, 56 rows 1.42 -> 1.12, 64
+            rows 1.61 -> 1.25; a 512-token prefill unchanged. The 576 x 49152 LM head: 8
+            rows 15.0 -> 7.3 ms, 56 rows 15.1 -> 12.3 ms.
+            On other CPUs, oneDNN's blocked layout: MKL takes slower kernels off Intel.
+            On an AMD EPYC (Zen 4, 2 threads), oneDNN against MKL, both packed: the
+            576->3072 product at 4 rows 0.092 against 0.356 ms, 64 rows 1.01 against
+            1.93; the LM head at 16 rows 5.3 against 16.0 ms; 512 rows 15-25% faster.
+            LLMSERVE_CPU_FP32_GEMM = mkl | onednn | dense overrides the choice.
   bfloat16: oneDNN's blocked layout (the reorder torch's own compiler applies to frozen
             linears). Decode products 18-26 -> 11-16 ms per step for this model.
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 
 import torch
 
@@ -35,6 +41,41 @@ def onednn_packing_available() -> bool:
 def mkl_packing_available() -> bool:
     """True when this torch exposes MKL's packed sgemm."""
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+
+
+FLOAT32_GEMM_ENV = "LLMSERVE_CPU_FP32_GEMM"
+FLOAT32_GEMMS = ("auto", "mkl", "onednn", "dense")
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id (GenuineIntel, AuthenticAMD, ...) from /proc/cpuinfo; "" elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+@functools.lru_cache(maxsize=None)
+def float32_gemm() -> str:
+    """Which layout float32 CPU weights take: "mkl", "onednn" or "dense" (see above).
+
+    NOTE: chosen by vendor, not timed at load: the two libraries sum in different orders,
+    and a choice that flipped between processes on a noisy host could flip a greedy
+    near-tie between an engine and its own cluster."""
+    choice = os.environ.get(FLOAT32_GEMM_ENV, "auto").strip().lower() or "auto"
+    if choice not in FLOAT32_GEMMS:
+        raise ValueError(f"{FLOAT32_GEMM_ENV}={choice!r}: expected one of {', '.join(FLOAT32_GEMMS)}")
+    if choice == "auto":
+        choice = "mkl" if cpu_vendor() == "GenuineIntel" else "onednn"
+    if choice == "mkl" and not mkl_packing_available():
+        choice = "onednn"
+    if choice == "onednn" and not onednn_packing_available():
+        choice = "mkl" if mkl_packing_available() else "dense"
+    return choice
 
 
 def _mkl_linear(x: torch.Tensor, packed: torch.Tensor, shape: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -82,11 +123,14 @@ class PackedWeight:
             return None
         out_features, in_features = weight.shape
         w = weight.detach().contiguous()
-        if (weight.dtype == torch.float32 and mkl_packing_available()
-                and mkl_packed_rows_agree(out_features, in_features)):
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS_HINT)
-            return cls("mkl", packed, out_features, in_features, weight.dtype)
-        if weight.dtype == torch.bfloat16 and onednn_packing_available():
+        if weight.dtype == torch.float32:
+            gemm = float32_gemm()
+            if gemm == "mkl" and mkl_packed_rows_agree(out_features, in_features):
+                packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS_HINT)
+                return cls("mkl", packed, out_features, in_features, weight.dtype)
+            if gemm != "onednn":
+                return None
+        if weight.dtype in (torch.float32, torch.bfloat16) and onednn_packing_available():
             packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS_HINT)
             return cls("onednn", packed, out_features, in_features, weight.dtype)
         return None
