@@ -20,6 +20,16 @@ def hf_model(model_dir: Path):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
+def hf_greedy(model_dir: Path, prompts: dict[str, list[int]], num_tokens: int) -> dict[str, list[int]]:
+    """HF transformers' greedy continuation of each prompt: exactly num_tokens tokens
+    (eos ignored), one prompt at a time (no padding)."""
+    hf = hf_model(model_dir)
+    with torch.inference_mode():
+        return {rid: hf.generate(torch.tensor([p]), max_new_tokens=num_tokens, min_new_tokens=num_tokens,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+                for rid, p in prompts.items()}
+
+
 @dataclass
 class _Req:
     token_ids: list[int]

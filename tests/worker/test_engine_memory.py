@@ -13,7 +13,7 @@ from llmserve.engine import InProcessEngine
 from llmserve.sampling import SamplingParams
 from llmserve.worker import kv_cache as kvc
 
-from .conftest import hf_model
+from .conftest import hf_greedy
 
 GEN = 12
 SWAP_BYTES = 64 * kvc.bytes_per_block(16, 2, 16, 3, torch.float32)
@@ -23,11 +23,7 @@ PROMPTS = {f"r{i}": [rng.randrange(3, 300) for _ in range(n)] for i, n in enumer
 
 @pytest.fixture(scope="module")
 def reference(tiny_llama_dir):
-    hf = hf_model(tiny_llama_dir)
-    with torch.inference_mode():
-        return {rid: hf.generate(torch.tensor([p]), max_new_tokens=GEN, min_new_tokens=GEN, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
-                for rid, p in PROMPTS.items()}
+    return hf_greedy(tiny_llama_dir, PROMPTS, GEN)
 
 
 def greedy(max_tokens=GEN, **kw):

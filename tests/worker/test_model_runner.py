@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from llmserve.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
 from llmserve.worker.model_runner import ModelRunner
 
-from .conftest import PlanDriver, hf_model
+from .conftest import PlanDriver, hf_greedy
 
 BLOCK = 4
 NUM_BLOCKS = 80
@@ -22,15 +21,7 @@ PROMPTS = {
 
 @pytest.fixture(scope="module")
 def reference(tiny_llama_dir):
-    hf = hf_model(tiny_llama_dir)
-    out = {}
-    with torch.inference_mode():
-        for rid, prompt in PROMPTS.items():
-            ids = hf.generate(
-                torch.tensor([prompt]), max_new_tokens=GEN, min_new_tokens=GEN, do_sample=False,
-                eos_token_id=None, pad_token_id=0,
-            )
-            out[rid] = ids[0, len(prompt) :].tolist()
+    out = hf_greedy(tiny_llama_dir, PROMPTS, GEN)
     assert all(len(v) == GEN for v in out.values())
     return out
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
 from llmserve.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
 from llmserve.worker.model_runner import ModelRunner
 
-from .conftest import PlanDriver, hf_model
+from .conftest import PlanDriver, hf_greedy
 
 BLOCK = 4
 NUM_BLOCKS = 120
@@ -26,11 +25,7 @@ def _runner(model_dir, max_model_len: int = 128) -> ModelRunner:
 
 @pytest.fixture(scope="module")
 def reference(tiny_llama_dir):
-    hf = hf_model(tiny_llama_dir)
-    with torch.inference_mode():
-        return {rid: hf.generate(torch.tensor([p]), max_new_tokens=GEN, min_new_tokens=GEN, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
-                for rid, p in PROMPTS.items()}
+    return hf_greedy(tiny_llama_dir, PROMPTS, GEN)
 
 
 def test_runs_of_decode_steps_give_hf_greedy_tokens(tiny_llama_dir, reference):
