@@ -98,9 +98,10 @@ class InProcessEngine:
         seconds = time.perf_counter() - start
         # NOTE: a multi-step plan is recorded as the decode steps it ran (time shared
         # equally): per-step FLOPs, bytes and batch sizes stay what the benchmark sums.
+        slots = self._live_slots()
         for substep in range(result.num_steps):
             self.steps.append(self._record(plan, len(result.sampled) // result.num_steps,
-                                           seconds / result.num_steps, substep))
+                                           seconds / result.num_steps, slots, substep))
         return outputs
 
     def _live_slots(self) -> tuple[int, int]:
@@ -115,10 +116,12 @@ class InProcessEngine:
                     filled[block] = max(filled.get(block, 0), n)
         return sum(filled.values()), len(filled) * kv.block_size
 
-    def _record(self, plan: StepPlan, num_sampled: int, seconds: float, substep: int = 0) -> StepRecord:
-        """`substep`: which step of a multi-step plan (each row's context is one longer per step)."""
+    def _record(self, plan: StepPlan, num_sampled: int, seconds: float, slots: tuple[int, int],
+                substep: int = 0) -> StepRecord:
+        """`slots`: _live_slots() after the plan; `substep`: which step of a multi-step plan
+        (each row's context is one longer per step)."""
         sched = self.scheduler
-        live, live_block_slots = self._live_slots()
+        live, live_block_slots = slots
         used_blocks = sched.kv.num_total_blocks - sched.kv.num_free_blocks
         rows = [(r.num_computed_tokens + substep, r.num_scheduled_tokens)
                 for r in plan.new_requests + plan.cached_requests]

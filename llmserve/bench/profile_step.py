@@ -78,11 +78,10 @@ def time_decode_steps(model_dir, dtype: str, batches: list[int], context: int, s
     """
     # Each sequence grows by `steps` tokens while timed: start half of that below `context`.
     # NOTE: one copy of the weights for every batch size (the engines differ in KV only).
-    start = max(1, context - steps // 2)
-    first = decoding_engine(model_dir, dtype, batches[0], start, max_new_tokens=steps + 8)
-    engines = {batches[0]: first}
-    for b in batches[1:]:
-        engines[b] = decoding_engine(model_dir, dtype, b, start, model=first.runner.model, max_new_tokens=steps + 8)
+    start, model, engines = max(1, context - steps // 2), None, {}
+    for b in batches:
+        engines[b] = decoding_engine(model_dir, dtype, b, start, model=model, max_new_tokens=steps + 8)
+        model = engines[b].runner.model
     times: dict[int, list[float]] = {b: [] for b in batches}
     for engine in engines.values():
         engine.step()  # Warm-up.
