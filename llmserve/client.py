@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from llmserve.outputs import TokenLogprobs
+from llmserve.contract.outputs import TokenLogprobs
 from llmserve.v1 import generation_pb2 as pb
 from llmserve.v1 import generation_pb2_grpc as pb_grpc
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmserve.outputs import RequestOutput
-from llmserve.plan import StepPlan
-from llmserve.sampling import SamplingParams
+from llmserve.contract.outputs import RequestOutput
+from llmserve.contract.plan import StepPlan
+from llmserve.contract.sampling import SamplingParams
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
 
 

@@ -13,11 +13,11 @@ from collections import defaultdict
 
 import torch
 
-from llmserve import wire
+from llmserve.contract import wire
 from llmserve.bench.workloads import random_workload
 from llmserve.engine import InProcessEngine
 from llmserve.internal.v1 import worker_pb2
-from llmserve.sampling import SamplingParams
+from llmserve.contract.sampling import SamplingParams
 
 # Operator name fragments -> family, first match wins.
 FAMILIES = [
@@ -121,7 +121,7 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
             tokens, logprobs = runner.sampler(logits, [s.sampling for s in states],
                                               [s.num_output_tokens for s in states])
             t6 = time.perf_counter()
-        from llmserve.plan import SampledToken, StepResult
+        from llmserve.contract.plan import SampledToken, StepResult
 
         for st, tok in zip(states, tokens):
             st.token_ids.append(tok)

@@ -15,7 +15,7 @@ from llmserve.bench.flops import ModelBytes, ModelFlops, measure_matmul_peak, me
 from llmserve.bench.report import machine_info, median_round, plot_throughput, write_json
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 from llmserve.engine import InProcessEngine
-from llmserve.sampling import SamplingParams
+from llmserve.contract.sampling import SamplingParams
 
 
 def _sampling(r: BenchRequest) -> SamplingParams:

@@ -6,7 +6,7 @@ import pytest
 
 from llmserve.bench.workloads import random_workload, reference_workload, summary
 from llmserve.engine import InProcessEngine
-from llmserve.sampling import SamplingParams
+from llmserve.contract.sampling import SamplingParams
 
 
 def test_reference_workload_is_the_documented_one():

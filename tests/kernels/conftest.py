@@ -18,8 +18,8 @@ _prev = os.environ.get("TRITON_INTERPRET")
 if INTERPRET:
     os.environ["TRITON_INTERPRET"] = "1"
 try:
-    import llmserve.kernels  # noqa: E402,F401  (decorated now: interpreted on CPU)
-    from llmserve.kernels import paged_attention as _pa  # noqa: E402
+    import llmserve.kernels.triton  # noqa: E402,F401  (decorated now: interpreted on CPU)
+    from llmserve.kernels.triton import paged_attention as _pa  # noqa: E402
 finally:
     if _prev is None:
         os.environ.pop("TRITON_INTERPRET", None)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from llmserve.kernels.paged_attention import paged_attention_varlen, paged_attention_varlen_reference
+from llmserve.kernels.triton.paged_attention import paged_attention_varlen, paged_attention_varlen_reference
 from tests.kernels.helpers import TOL, make_case, rel_err
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -17,7 +17,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
 def test_bench_without_cuda_exits_zero():
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "llmserve.kernels.bench"], capture_output=True, text=True, env=env,
+    r = subprocess.run([sys.executable, "-m", "llmserve.bench.kernels"], capture_output=True, text=True, env=env,
                        timeout=120)
     assert r.returncode == 0 and "no CUDA device" in r.stdout
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmserve.kernels.kv_cache import copy_blocks, reshape_and_cache, reshape_and_cache_reference, swap_blocks
+from llmserve.kernels.triton.kv_cache import copy_blocks, reshape_and_cache, reshape_and_cache_reference, swap_blocks
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

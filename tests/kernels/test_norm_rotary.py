@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmserve.kernels.norm import rms_norm, rms_norm_reference
-from llmserve.kernels.rotary import rotary_embedding, rotary_embedding_reference
+from llmserve.kernels.triton.norm import rms_norm, rms_norm_reference
+from llmserve.kernels.triton.rotary import rotary_embedding, rotary_embedding_reference
 from llmserve.worker.layers.norm import RMSNorm
 from llmserve.worker.layers.rotary import RotaryEmbedding, apply_rotary
 from tests.kernels.helpers import TOL, rel_err

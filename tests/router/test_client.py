@@ -17,7 +17,7 @@ from llmserve.client import (
     ModelInfo,
     build_generate_request,
 )
-from llmserve.outputs import TokenLogprobs
+from llmserve.contract.outputs import TokenLogprobs
 from llmserve.v1 import generation_pb2 as pb
 from llmserve.v1 import generation_pb2_grpc as pb_grpc
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from llmserve.outputs import FinishReason, RequestOutput, TokenLogprobs
+from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
 from llmserve.router.detokenizer import IncrementalDetokenizer
 from llmserve.router.sample_stream import SampleStream
 from llmserve.router.stop_strings import StopStringMatcher

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
-from llmserve.outputs import FinishReason, RequestOutput, TokenLogprobs
-from llmserve.plan import SampledToken, StepPlan, StepResult
-from llmserve.sampling import SamplingParams
+from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
+from llmserve.contract.plan import SampledToken, StepPlan, StepResult
+from llmserve.contract.sampling import SamplingParams
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
 
 NO_EOS = (10_000,)  # An eos id the fake workers never produce.

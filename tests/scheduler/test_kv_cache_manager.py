@@ -1,4 +1,4 @@
-from llmserve.sampling import SamplingParams
+from llmserve.contract.sampling import SamplingParams
 from llmserve.scheduler.kv_cache_manager import KVCacheManager, hash_block
 from llmserve.scheduler.request import Request, RequestGroup
 

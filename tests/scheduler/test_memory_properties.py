@@ -10,7 +10,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmserve.outputs import FinishReason
+from llmserve.contract.outputs import FinishReason
 from llmserve.scheduler.request import RequestStatus
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
 

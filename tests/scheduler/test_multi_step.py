@@ -3,8 +3,8 @@
 The random-workload property tests draw num_scheduler_steps too (with and without
 interrupted runs); these pin the rules one at a time."""
 
-from llmserve.outputs import FinishReason, TokenLogprobs
-from llmserve.plan import SampledToken, StepResult
+from llmserve.contract.outputs import FinishReason, TokenLogprobs
+from llmserve.contract.plan import SampledToken, StepResult
 
 from .scheduler_testkit import FakeWorker, Run, lone_run_tokens, make_scheduler, params, run_until_done, step
 

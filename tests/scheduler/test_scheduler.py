@@ -13,8 +13,8 @@ from .scheduler_testkit import (
     step,
 )
 
-from llmserve.outputs import FinishReason, TokenLogprobs
-from llmserve.plan import CachedRequestData, NewRequestData, SampledToken, StepResult
+from llmserve.contract.outputs import FinishReason, TokenLogprobs
+from llmserve.contract.plan import CachedRequestData, NewRequestData, SampledToken, StepResult
 from llmserve.scheduler.scheduler import SchedulerConfig
 
 STOP, LENGTH, ABORT, ERROR = (

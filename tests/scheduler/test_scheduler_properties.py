@@ -3,7 +3,7 @@ request ends exactly once with the tokens a lone run would give, and all blocks 
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llmserve.outputs import FinishReason
+from llmserve.contract.outputs import FinishReason
 from llmserve.scheduler.request import RequestStatus
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
 

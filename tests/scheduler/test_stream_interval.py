@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmserve.outputs import FinishReason, RequestOutput, TokenLogprobs
+from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
 from llmserve.scheduler.stream_interval import OutputCoalescer
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmserve.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
+from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
 
 from tests.tiny_models import VARIANTS, make_tiny_model  # noqa: F401  (fixtures live in tests/conftest.py)
 

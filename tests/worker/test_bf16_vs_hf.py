@@ -18,7 +18,7 @@ import torch
 
 from llmserve.engine import InProcessEngine
 from llmserve.model_store import default_model_dir
-from llmserve.sampling import SamplingParams
+from llmserve.contract.sampling import SamplingParams
 from tests.e2e.test_hf_equivalence import CHAT_PROMPTS, RAW_PROMPTS
 
 MAX_NEW_TOKENS = 40

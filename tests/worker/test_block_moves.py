@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmserve.plan import StepPlan
+from llmserve.contract.plan import StepPlan
 from llmserve.worker import kv_cache as kvc
 from llmserve.worker.model_runner import ModelRunner
 

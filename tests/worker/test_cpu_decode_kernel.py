@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmserve.worker import cpu_kernels
+from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker.attention.torch_paged import TorchPagedAttention
 
 

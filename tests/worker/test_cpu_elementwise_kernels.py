@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmserve.worker import cpu_kernels
+from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker.layers.activation import SiluAndMul
 from llmserve.worker.layers.norm import RMSNorm
 from llmserve.worker.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_qkv

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llmserve.engine import InProcessEngine
-from llmserve.sampling import SamplingParams
+from llmserve.contract.sampling import SamplingParams
 from llmserve.worker import kv_cache as kvc
 
 from .conftest import hf_greedy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmserve.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
+from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
 from llmserve.worker.model_runner import ModelRunner
 
 from .conftest import PlanDriver, hf_greedy

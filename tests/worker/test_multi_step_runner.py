@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from llmserve.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
+from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
 from llmserve.worker.model_runner import ModelRunner
 
 from .conftest import PlanDriver, hf_greedy
@@ -92,7 +92,7 @@ def test_multi_step_plans_that_cannot_run_are_refused(tiny_llama_dir):
 def test_an_interrupt_over_the_execute_stream_cuts_a_long_run(tiny_llama_dir):
     """The worker reads its stream while a run goes on: the scheduler's interrupt lands
     between two steps, and the stream carries on with the next plan."""
-    from llmserve.grpc_server import ServiceServer
+    from llmserve.contract.grpc_server import ServiceServer
     from llmserve.internal.v1 import worker_pb2_grpc
     from llmserve.scheduler.worker_link import WorkerLink
     from llmserve.worker import service

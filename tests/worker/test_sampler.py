@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from llmserve.plan import WorkerSamplingParams as P
+from llmserve.contract.plan import WorkerSamplingParams as P
 from llmserve.worker.sampler import Sampler
 
 

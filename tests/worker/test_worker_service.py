@@ -3,8 +3,8 @@
 import asyncio
 import threading
 
-from llmserve import wire
-from llmserve.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
+from llmserve.contract import wire
+from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
 from llmserve.worker import service
 
 

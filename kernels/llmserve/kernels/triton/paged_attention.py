@@ -1,0 +1,317 @@
+"""Paged attention in Triton: decode (one query token per sequence, optional split-K with a
+reduction kernel) and varlen prefill / mixed chunks (one launch for the whole batch).
+Each kernel has a plain torch reference below it.
+
+KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_dim] (0 = K, 1 = V).
+Key position p of sequence i lives in block block_tables[i, p // block_size], row
+p % block_size. Query head h reads kv head h // G, G = num_heads // num_kv_heads.
+
+  decode program (seq, kv_head, split):            prefill program (seq, q_tile, kv_head):
+    q   [G, D]  the G heads sharing one kv head        rows r = (query r // G, head r % G)
+    for each block of this split:                       q [BLOCK_M, D] (Q_PER_TILE queries x G)
+      K, V [block_size, D] loaded ONCE for G heads      for each block up to the tile's last
+      online softmax (m, l, acc) in fp32                position: K, V loaded once, 2 dots
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from llmserve.kernels.triton._checks import (
+    FLOAT_DTYPES, INDEX_DTYPES, check_power_of_two, check_same_dtype, check_shape, check_tensor, next_pow2,
+)
+
+_NEG: tl.constexpr = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: keeps exp(m - m_new) free of nan
+
+
+# ----------------------------------------------------------------------------------------
+# Decode
+# ----------------------------------------------------------------------------------------
+@triton.jit
+def _decode_kernel(
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    scale, blocks_per_split,
+    stride_qb, stride_qh, stride_ob, stride_oh,
+    stride_cb, stride_cs, stride_ch, stride_bt,
+    NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLIT: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    n_blocks = tl.cdiv(seq_len, BLOCK_SIZE)
+    blk_lo = split * blocks_per_split
+    blk_hi = tl.minimum(blk_lo + blocks_per_split, n_blocks)
+
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    t = tl.arange(0, BLOCK_SIZE)
+    g_mask = g < G
+    d_mask = d < D
+    heads = kvh * G + g
+    # q: [G_PAD, D_PAD], pre-scaled
+    q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32) * scale
+
+    m = tl.full([G_PAD], _NEG, tl.float32)
+    l = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    for blk in range(blk_lo, blk_hi):
+        block_id = tl.load(block_tables_ptr + seq * stride_bt + blk).to(tl.int64)
+        t_mask = blk * BLOCK_SIZE + t < seq_len
+        kv_off = block_id * stride_cb + t[:, None] * stride_cs + kvh * stride_ch + d[None, :]
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)  # [BS, D]
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)  # [BS, D]
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, BS]
+        s = tl.where(t_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+
+    if SPLIT:
+        # partials: acc [B, H, S, D] (unnormalised), m and l [B, H, S]
+        row = (seq * NUM_HEADS + heads) * NUM_SPLITS + split  # [G_PAD]
+        tl.store(part_acc_ptr + row[:, None] * D + d[None, :], acc, mask=g_mask[:, None] & d_mask[None, :])
+        tl.store(part_m_ptr + row, m, mask=g_mask)
+        tl.store(part_l_ptr + row, l, mask=g_mask)
+    else:
+        o = acc / tl.where(l > 0, l, 1.0)[:, None]
+        tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_ob, stride_oh,
+    NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, S_PAD)
+    d = tl.arange(0, D_PAD)
+    s_mask = s < NUM_SPLITS
+    row = (seq * NUM_HEADS + h) * NUM_SPLITS + s
+    m = tl.load(part_m_ptr + row, mask=s_mask, other=_NEG)
+    l = tl.load(part_l_ptr + row, mask=s_mask, other=0.0)
+    acc = tl.load(part_acc_ptr + row[:, None] * D + d[None, :], mask=s_mask[:, None] & (d < D)[None, :], other=0.0)
+    w = tl.exp(m - tl.max(m, axis=0))  # empty splits: m = _NEG, l = 0 -> weight 0
+    o = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    tl.store(out_ptr + seq * stride_ob + h * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+def _check_cache_args(q, kv_cache, block_tables, seq_lens, n_rows: int, min_block: int) -> tuple[int, int, int]:
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    dev = q.device
+    check_tensor("kv_cache", kv_cache, ndim=5, dtypes=FLOAT_DTYPES, device=dev)
+    check_same_dtype(q=q, kv_cache=kv_cache)
+    _, H, D = q.shape
+    two, _, bs, KVH, Dc = kv_cache.shape
+    if two != 2 or Dc != D:
+        raise ValueError(f"kv_cache shape {tuple(kv_cache.shape)} is not [2, blocks, block_size, kv_heads, {D}]")
+    if KVH < 1 or H % KVH:
+        raise ValueError(f"num_heads {H} is not a multiple of num_kv_heads {KVH}")
+    check_power_of_two("block_size", bs, min_block)
+    check_tensor("block_tables", block_tables, ndim=2, dtypes=INDEX_DTYPES, device=dev)
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=INDEX_DTYPES, device=dev)
+    check_shape("block_tables", block_tables, (n_rows, None))
+    check_shape("seq_lens", seq_lens, (n_rows,))
+    return H, KVH, bs
+
+
+def _check_out(out, q) -> torch.Tensor:
+    if out is None:
+        return torch.empty_like(q)
+    check_tensor("out", out, dtypes=(q.dtype,), device=q.device)
+    check_shape("out", out, tuple(q.shape))
+    return out
+
+
+def paged_attention_decode(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+    scale: float, num_splits: int = 1, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q: [B, H, D] (one token per sequence, already in the cache); block_tables
+    [B, max_blocks]; seq_lens [B] (>= 1, context including this token) -> out [B, H, D].
+    num_splits > 1: flash-decoding, each split covers ceil(max_blocks / num_splits) blocks,
+    partial (acc, max, sum) in fp32, then one reduction launch."""
+    B = q.shape[0] if q.dim() == 3 else -1
+    H, KVH, bs = _check_cache_args(q, kv_cache, block_tables, seq_lens, B, 1)
+    out = _check_out(out, q)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if B == 0:
+        return out
+    D = q.shape[2]
+    G = H // KVH
+    max_blocks = block_tables.shape[1]
+    num_splits = min(num_splits, max(1, max_blocks))
+    blocks_per_split = triton.cdiv(max_blocks, num_splits)
+    kc, vc = kv_cache[0], kv_cache[1]
+    split = num_splits > 1
+    if split:
+        part_acc = torch.empty(B, H, num_splits, D, dtype=torch.float32, device=q.device)
+        part_m = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+    else:
+        part_acc = part_m = part_l = out  # unused
+    _decode_kernel[(B, KVH, num_splits)](
+        out, part_acc, part_m, part_l, q, kc, vc, block_tables, seq_lens,
+        float(scale), blocks_per_split,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2), block_tables.stride(0),
+        NUM_HEADS=H, G=G, G_PAD=next_pow2(G), D=D, D_PAD=next_pow2(D), BLOCK_SIZE=bs,
+        NUM_SPLITS=num_splits, SPLIT=split, num_warps=4,
+    )
+    if split:
+        _decode_reduce_kernel[(B, H)](
+            out, part_acc, part_m, part_l, out.stride(0), out.stride(1),
+            NUM_HEADS=H, NUM_SPLITS=num_splits, S_PAD=next_pow2(num_splits), D=D, D_PAD=next_pow2(D),
+            num_warps=1,
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Prefill / mixed chunks (varlen)
+# ----------------------------------------------------------------------------------------
+@triton.jit
+def _varlen_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, cu_q_ptr,
+    scale,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_cb, stride_cs, stride_ch, stride_bt,
+    G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, Q_PER_TILE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    tile = tl.program_id(1)
+    kvh = tl.program_id(2)
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx = seq_len - q_len  # keys cached before this chunk
+    tile_q0 = tile * Q_PER_TILE
+
+    r = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D_PAD)
+    t = tl.arange(0, BLOCK_SIZE)
+    d_mask = d < D
+    q_idx = tile_q0 + r // G  # query index inside the chunk
+    head = kvh * G + r % G
+    row_mask = (r < Q_PER_TILE * G) & (q_idx < q_len)
+    q_pos = ctx + q_idx  # absolute position: sees keys 0..q_pos
+    io_mask = row_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + (q_start + q_idx)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=io_mask, other=0.0)  # [BLOCK_M, D_PAD]
+
+    last_q = tl.minimum(tile_q0 + Q_PER_TILE, q_len) - 1
+    n_blocks = tl.where(tile_q0 < q_len, (ctx + last_q) // BLOCK_SIZE + 1, 0)  # causal: no block past the tile
+    m = tl.full([BLOCK_M], _NEG, tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    for blk in range(0, n_blocks):
+        block_id = tl.load(block_tables_ptr + seq * stride_bt + blk).to(tl.int64)
+        k_pos = blk * BLOCK_SIZE + t
+        kv_off = block_id * stride_cb + t[:, None] * stride_cs + kvh * stride_ch + d[None, :]
+        kv_mask = (k_pos < seq_len)[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # [BS, D_PAD]
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_M, BS] fp32
+        visible = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < seq_len)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+    o = acc / tl.where(l > 0, l, 1.0)[:, None]
+    tl.store(out_ptr + (q_start + q_idx)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def varlen_tile(num_queries_per_kv: int) -> tuple[int, int]:
+    """(BLOCK_M rows, queries per tile): a tile stacks Q_PER_TILE queries x G heads."""
+    G = num_queries_per_kv
+    block_m = max(next_pow2(G), min(128, next_pow2(16 * G)))
+    return block_m, block_m // G
+
+
+def paged_attention_varlen(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor, max_query_len: int, scale: float, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q: [T, H, D]; sequence i owns query rows cu_seqlens_q[i]:cu_seqlens_q[i+1] (absolute
+    rows of q; they need not start at 0) and has seq_lens[i] keys in the cache including
+    its queries, which are its last positions. One launch for all sequences; rows of `out`
+    outside every sequence's range are left untouched."""
+    N = block_tables.shape[0] if block_tables.dim() == 2 else -1
+    H, KVH, bs = _check_cache_args(q, kv_cache, block_tables, seq_lens, N, 16)
+    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=INDEX_DTYPES, device=q.device)
+    check_shape("cu_seqlens_q", cu_seqlens_q, (N + 1,))
+    out = _check_out(out, q)
+    if N == 0 or max_query_len < 1:
+        return out
+    D = q.shape[2]
+    G = H // KVH
+    block_m, q_per_tile = varlen_tile(G)
+    kc, vc = kv_cache[0], kv_cache[1]
+    grid = (N, triton.cdiv(max_query_len, q_per_tile), KVH)
+    _varlen_kernel[grid](
+        out, q, kc, vc, block_tables, seq_lens, cu_seqlens_q, float(scale),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2), block_tables.stride(0),
+        G=G, D=D, D_PAD=max(16, next_pow2(D)), BLOCK_SIZE=bs, BLOCK_M=block_m, Q_PER_TILE=q_per_tile,
+        # NOTE: fp32 inputs would default to tf32 on GPU (~1e-3 error): ask for ieee.
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Torch references (per sequence, no tricks)
+# ----------------------------------------------------------------------------------------
+def gather_kv(kv_cache: torch.Tensor, table: list[int], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's keys and values, contiguous: each [seq_len, KVH, D]."""
+    bs = kv_cache.shape[2]
+    blocks = torch.tensor(table[: -(-seq_len // bs)], dtype=torch.long, device=kv_cache.device)
+    kv = kv_cache[:, blocks].flatten(1, 2)[:, :seq_len]
+    return kv[0], kv[1]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [n, H, D] are the last n positions of k/v [L, KVH, D]; causal; fp32 math."""
+    n, H, _ = q.shape
+    L, KVH, _ = k.shape
+    g = H // KVH
+    kf = k.float().repeat_interleave(g, dim=1)  # [L, H, D]
+    vf = v.float().repeat_interleave(g, dim=1)
+    s = torch.einsum("nhd,lhd->hnl", q.float(), kf) * scale  # [H, n, L]
+    q_pos = torch.arange(L - n, L, device=q.device)
+    s = s.masked_fill(torch.arange(L, device=q.device)[None, :] > q_pos[:, None], float("-inf"))
+    return torch.einsum("hnl,lhd->nhd", s.softmax(-1), vf).to(q.dtype)
+
+
+def paged_attention_varlen_reference(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale) -> torch.Tensor:
+    """Same contract as paged_attention_varlen; rows outside every sequence are zero."""
+    out = torch.zeros_like(q)
+    cu = cu_seqlens_q.tolist()
+    for i, (table, L) in enumerate(zip(block_tables.tolist(), seq_lens.tolist())):
+        if cu[i + 1] > cu[i]:
+            k, v = gather_kv(kv_cache, table, L)
+            out[cu[i] : cu[i + 1]] = _attend(q[cu[i] : cu[i + 1]], k, v, scale)
+    return out
+
+
+def paged_attention_decode_reference(q, kv_cache, block_tables, seq_lens, scale) -> torch.Tensor:
+    cu = torch.arange(q.shape[0] + 1)
+    return paged_attention_varlen_reference(q, kv_cache, block_tables, seq_lens, cu, scale)

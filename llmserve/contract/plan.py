@@ -1,0 +1,92 @@
+"""The step plan (scheduler -> worker) and the step result (worker -> scheduler).
+
+Plain data: ids and ints only, as in vLLM v1's SchedulerOutput. A request travels in
+full (NewRequestData) the first step a worker sees it, and again after a preemption;
+otherwise only as a delta (CachedRequestData). The worker never allocates blocks:
+block ids arrive ready-made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmserve.contract.outputs import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class WorkerSamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    logprobs: int | None = None
+
+
+@dataclass
+class NewRequestData:
+    request_id: str
+    token_ids: list[int]  # Prompt, then the tokens generated before a preemption.
+    num_prompt_tokens: int
+    sampling: WorkerSamplingParams
+    block_ids: list[int]  # The whole block table.
+    num_computed_tokens: int  # KV already in the cache (prefix-cache hits).
+    num_scheduled_tokens: int  # Tokens to compute this step.
+    trace_context: dict[str, str] = field(default_factory=dict)  # W3C; empty when tracing is off.
+
+
+@dataclass
+class CachedRequestData:
+    request_id: str
+    new_block_ids: list[int]  # Appended to the worker's copy of the block table.
+    num_computed_tokens: int  # Before this step.
+    num_scheduled_tokens: int
+
+
+@dataclass
+class StepPlan:
+    step_id: int
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    cached_requests: list[CachedRequestData] = field(default_factory=list)
+    # Requests whose state the worker drops: finished, aborted or preempted.
+    finished_request_ids: list[str] = field(default_factory=list)
+    # Block moves the worker performs before the forward, in this order:
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu block, cpu block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, gpu block)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src gpu block, dst gpu block)
+    # Decode steps to run back to back (multi-step scheduling). Above 1 every scheduled
+    # request computes one token, its last sampled one, and each step feeds its sampled
+    # tokens to the next; block tables already hold the slots of all num_steps tokens.
+    num_steps: int = 1
+    trace_context: dict[str, str] = field(default_factory=dict)  # The step span's (W3C); may be empty.
+
+    @property
+    def total_scheduled_tokens(self) -> int:
+        return sum(r.num_scheduled_tokens for r in self.new_requests) + sum(
+            r.num_scheduled_tokens for r in self.cached_requests
+        )
+
+    @property
+    def has_block_ops(self) -> bool:
+        return bool(self.swap_out or self.swap_in or self.copies)
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing for a worker to do (no request scheduled, no block to move)."""
+        return not self.new_requests and not self.cached_requests and not self.has_block_ops
+
+
+@dataclass
+class SampledToken:
+    request_id: str
+    token_id: int
+    logprobs: TokenLogprobs | None = None
+
+
+@dataclass
+class StepResult:
+    step_id: int
+    # One per sampling request per step run, step by step (a request's tokens in order).
+    sampled: list[SampledToken] = field(default_factory=list)
+    error: str = ""
+    execute_seconds: float = 0.0
+    num_steps: int = 1  # Steps run: the plan's num_steps, fewer when interrupted.

@@ -1,0 +1,312 @@
+"""Conversions between the internal protobuf messages and plain dataclasses.
+
+Protobuf stays at the edge: services call these at the gRPC boundary, and nothing
+behind it (scheduling, model code) sees a generated *_pb2 type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from llmserve.internal.v1 import scheduler_pb2, worker_pb2
+from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
+from llmserve.contract.plan import (
+    CachedRequestData,
+    NewRequestData,
+    SampledToken,
+    StepPlan,
+    StepResult,
+    WorkerSamplingParams,
+)
+from llmserve.contract.sampling import SamplingParams
+from llmserve.v1 import generation_pb2
+from llmserve.contract.worker_info import WorkerInfo
+
+
+def _optional(msg, name: str):
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+# --- logprobs -------------------------------------------------------------------
+
+
+def logprobs_to_pb(lp: TokenLogprobs) -> generation_pb2.TokenLogprobs:
+    return generation_pb2.TokenLogprobs(
+        token_id=lp.token_id,
+        logprob=lp.logprob,
+        top_token_ids=lp.top_token_ids,
+        top_logprobs=lp.top_logprobs,
+    )
+
+
+def logprobs_from_pb(msg: generation_pb2.TokenLogprobs) -> TokenLogprobs:
+    return TokenLogprobs(
+        token_id=msg.token_id,
+        logprob=msg.logprob,
+        top_token_ids=tuple(msg.top_token_ids),
+        top_logprobs=tuple(msg.top_logprobs),
+    )
+
+
+# --- router <-> scheduler -------------------------------------------------------
+
+
+def sampling_to_pb(p: SamplingParams) -> scheduler_pb2.SamplingOptions:
+    return scheduler_pb2.SamplingOptions(
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        seed=p.seed,
+        ignore_eos=p.ignore_eos,
+        logprobs=p.logprobs,
+        stop_token_ids=p.stop_token_ids,
+    )
+
+
+def sampling_from_pb(msg: scheduler_pb2.SamplingOptions) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=msg.max_tokens,
+        temperature=msg.temperature,
+        top_p=msg.top_p,
+        top_k=msg.top_k,
+        seed=_optional(msg, "seed"),
+        ignore_eos=msg.ignore_eos,
+        logprobs=_optional(msg, "logprobs"),
+        stop_token_ids=tuple(msg.stop_token_ids),
+    )
+
+
+def add_request_to_pb(request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                      n: int = 1, priority: int = 0,
+                      trace_context: dict[str, str] | None = None) -> scheduler_pb2.AddRequest:
+    return scheduler_pb2.AddRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
+                                    sampling=sampling_to_pb(sampling), n=n, priority=priority,
+                                    trace_context=trace_context)
+
+
+def request_output_to_pb(out: RequestOutput) -> scheduler_pb2.RequestOutput:
+    return scheduler_pb2.RequestOutput(
+        request_id=out.request_id,
+        index=out.index,
+        new_token_ids=out.new_token_ids,
+        logprobs=[logprobs_to_pb(lp) for lp in out.logprobs],
+        finish_reason=int(out.finish_reason),
+        num_cached_tokens=out.num_cached_tokens,
+        error=out.error,
+        stop_token_id=out.stop_token_id,
+    )
+
+
+def request_output_from_pb(msg: scheduler_pb2.RequestOutput) -> RequestOutput:
+    return RequestOutput(
+        request_id=msg.request_id,
+        index=msg.index,
+        new_token_ids=list(msg.new_token_ids),
+        logprobs=[logprobs_from_pb(lp) for lp in msg.logprobs],
+        finish_reason=FinishReason(msg.finish_reason),
+        num_cached_tokens=msg.num_cached_tokens,
+        error=msg.error,
+        stop_token_id=msg.stop_token_id,
+    )
+
+
+def scheduler_stats_to_pb(s, worker_ready: bool, step_times=None) -> scheduler_pb2.SchedulerStats:
+    """From the core's SchedulerStats dataclass and the engine loop's StepTimes."""
+    step_fields = dataclasses.asdict(step_times) if step_times is not None else {}
+    return scheduler_pb2.SchedulerStats(
+        **step_fields,
+        num_waiting=s.num_waiting,
+        num_running=s.num_running,
+        num_total_blocks=s.num_total_blocks,
+        num_free_blocks=s.num_free_blocks,
+        num_preemptions=s.num_preemptions,
+        num_steps=s.num_steps,
+        num_finished=s.num_finished,
+        num_aborted=s.num_aborted,
+        worker_ready=worker_ready,
+        prompt_tokens_total=s.prompt_tokens_total,
+        generation_tokens_total=s.generation_tokens_total,
+        num_swapped=s.num_swapped,
+        kv_cache_usage=s.kv_cache_usage,
+        prefix_cache_queries=s.prefix_cache_queries,
+        prefix_cache_hits=s.prefix_cache_hits,
+        num_preemptions_recompute=s.num_preemptions_recompute,
+        num_preemptions_swap=s.num_preemptions_swap,
+        num_swapped_out_blocks=s.num_swapped_out_blocks,
+        num_cached_blocks=s.num_cached_blocks,
+        num_cpu_blocks=s.num_cpu_blocks,
+        num_free_cpu_blocks=s.num_free_cpu_blocks,
+        num_allocated_blocks=s.num_allocated_blocks,
+        num_cow_copies=s.num_cow_copies,
+        num_failed=s.num_failed,
+    )
+
+
+# --- scheduler <-> worker -------------------------------------------------------
+
+
+def worker_info_to_pb(info: WorkerInfo) -> worker_pb2.WorkerInfo:
+    return worker_pb2.WorkerInfo(
+        model=info.model,
+        model_path=info.model_path,
+        num_kv_blocks=info.num_kv_blocks,
+        block_size=info.block_size,
+        dtype=info.dtype,
+        max_model_len=info.max_model_len,
+        vocab_size=info.vocab_size,
+        eos_token_ids=info.eos_token_ids,
+        tensor_parallel_size=info.tensor_parallel_size,
+        bos_token_id=info.bos_token_id,
+        num_cpu_blocks=info.num_cpu_blocks,
+    )
+
+
+def worker_info_from_pb(msg: worker_pb2.WorkerInfo) -> WorkerInfo:
+    return WorkerInfo(
+        model=msg.model,
+        model_path=msg.model_path,
+        num_kv_blocks=msg.num_kv_blocks,
+        block_size=msg.block_size,
+        dtype=msg.dtype,
+        max_model_len=msg.max_model_len,
+        vocab_size=msg.vocab_size,
+        eos_token_ids=tuple(msg.eos_token_ids),
+        tensor_parallel_size=msg.tensor_parallel_size,
+        bos_token_id=msg.bos_token_id,
+        num_cpu_blocks=msg.num_cpu_blocks,
+    )
+
+
+def _worker_sampling_to_pb(p: WorkerSamplingParams) -> worker_pb2.WorkerSampling:
+    return worker_pb2.WorkerSampling(
+        temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed, logprobs=p.logprobs
+    )
+
+
+def _worker_sampling_from_pb(msg: worker_pb2.WorkerSampling) -> WorkerSamplingParams:
+    return WorkerSamplingParams(
+        temperature=msg.temperature,
+        top_p=msg.top_p,
+        top_k=msg.top_k,
+        seed=_optional(msg, "seed"),
+        logprobs=_optional(msg, "logprobs"),
+    )
+
+
+def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
+    return worker_pb2.StepPlan(
+        step_id=plan.step_id,
+        new_requests=[
+            worker_pb2.NewRequest(
+                request_id=r.request_id,
+                token_ids=r.token_ids,
+                num_prompt_tokens=r.num_prompt_tokens,
+                sampling=_worker_sampling_to_pb(r.sampling),
+                block_ids=r.block_ids,
+                num_computed_tokens=r.num_computed_tokens,
+                num_scheduled_tokens=r.num_scheduled_tokens,
+                trace_context=r.trace_context,
+            )
+            for r in plan.new_requests
+        ],
+        cached_requests=[
+            worker_pb2.CachedRequest(
+                request_id=r.request_id,
+                new_block_ids=r.new_block_ids,
+                num_computed_tokens=r.num_computed_tokens,
+                num_scheduled_tokens=r.num_scheduled_tokens,
+            )
+            for r in plan.cached_requests
+        ],
+        finished_request_ids=plan.finished_request_ids,
+        swap_out=_moves_to_pb(plan.swap_out),
+        swap_in=_moves_to_pb(plan.swap_in),
+        copies=_moves_to_pb(plan.copies),
+        num_steps=plan.num_steps,
+        trace_context=plan.trace_context,
+    )
+
+
+def plan_command_to_pb(plan: StepPlan) -> worker_pb2.WorkerCommand:
+    return worker_pb2.WorkerCommand(plan=step_plan_to_pb(plan))
+
+
+def interrupt_command_to_pb(step_id: int) -> worker_pb2.WorkerCommand:
+    return worker_pb2.WorkerCommand(interrupt=worker_pb2.Interrupt(step_id=step_id))
+
+
+def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
+    return StepPlan(
+        step_id=msg.step_id,
+        new_requests=[
+            NewRequestData(
+                request_id=r.request_id,
+                token_ids=list(r.token_ids),
+                num_prompt_tokens=r.num_prompt_tokens,
+                sampling=_worker_sampling_from_pb(r.sampling),
+                block_ids=list(r.block_ids),
+                num_computed_tokens=r.num_computed_tokens,
+                num_scheduled_tokens=r.num_scheduled_tokens,
+                trace_context=dict(r.trace_context),
+            )
+            for r in msg.new_requests
+        ],
+        cached_requests=[
+            CachedRequestData(
+                request_id=r.request_id,
+                new_block_ids=list(r.new_block_ids),
+                num_computed_tokens=r.num_computed_tokens,
+                num_scheduled_tokens=r.num_scheduled_tokens,
+            )
+            for r in msg.cached_requests
+        ],
+        finished_request_ids=list(msg.finished_request_ids),
+        swap_out=_moves_from_pb(msg.swap_out),
+        swap_in=_moves_from_pb(msg.swap_in),
+        copies=_moves_from_pb(msg.copies),
+        num_steps=max(1, msg.num_steps),
+        trace_context=dict(msg.trace_context),
+    )
+
+
+def _moves_to_pb(moves: list[tuple[int, int]]) -> list[worker_pb2.BlockMove]:
+    return [worker_pb2.BlockMove(src=src, dst=dst) for src, dst in moves]
+
+
+def _moves_from_pb(msgs) -> list[tuple[int, int]]:
+    return [(m.src, m.dst) for m in msgs]
+
+
+def step_result_to_pb(result: StepResult) -> worker_pb2.StepResult:
+    return worker_pb2.StepResult(
+        step_id=result.step_id,
+        sampled=[
+            worker_pb2.SampledToken(
+                request_id=s.request_id,
+                token_id=s.token_id,
+                logprobs=logprobs_to_pb(s.logprobs) if s.logprobs is not None else None,
+            )
+            for s in result.sampled
+        ],
+        error=result.error,
+        execute_seconds=result.execute_seconds,
+        num_steps=result.num_steps,
+    )
+
+
+def step_result_from_pb(msg: worker_pb2.StepResult) -> StepResult:
+    return StepResult(
+        step_id=msg.step_id,
+        sampled=[
+            SampledToken(
+                request_id=s.request_id,
+                token_id=s.token_id,
+                logprobs=logprobs_from_pb(s.logprobs) if s.HasField("logprobs") else None,
+            )
+            for s in msg.sampled
+        ],
+        error=msg.error,
+        execute_seconds=msg.execute_seconds,
+        num_steps=max(1, msg.num_steps),
+    )

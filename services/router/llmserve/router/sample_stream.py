@@ -1,0 +1,72 @@
+"""Turns one sample's token outputs into streamed text: incremental detokenization,
+then stop strings (which the engine cannot see: it stops on token ids only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
+from llmserve.router.detokenizer import IncrementalDetokenizer
+from llmserve.router.stop_strings import StopStringMatcher
+
+
+@dataclass
+class SampleDelta:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs]
+    finish_reason: FinishReason
+    stop_reason: str = ""
+    error: str = ""
+
+
+@dataclass
+class SampleStream:
+    index: int
+    detokenizer: IncrementalDetokenizer
+    stop_matcher: StopStringMatcher
+    num_tokens: int = 0
+    num_cached_tokens: int = 0
+    finish_reason: FinishReason = FinishReason.NONE
+    stop_reason: str = ""
+    token_text: dict = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason != FinishReason.NONE
+
+    def process(self, out: RequestOutput, decode_token) -> SampleDelta:
+        """Consumes one engine output (one token, or several with a stream interval);
+        `decode_token(id)` names a stop token id."""
+        self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
+        # Token by token, so a stop string that ends inside a multi-token output cuts
+        # the tokens after it too: the result does not depend on how outputs were grouped.
+        emit, matched, kept = "", None, 0
+        for token_id in out.new_token_ids:
+            kept += 1
+            text, matched = self.stop_matcher.feed(self.detokenizer.push([token_id]))
+            emit += text
+            if matched is not None:
+                break
+        if matched is None and out.finished:
+            text, matched = self.stop_matcher.feed(self.detokenizer.flush())
+            emit += text
+        self.num_tokens += kept
+        finish, stop_reason = out.finish_reason, ""
+        if matched is not None:
+            finish, stop_reason = FinishReason.STOP, matched
+        elif out.finished:
+            emit += self.stop_matcher.flush()
+            if out.stop_token_id >= 0:
+                stop_reason = decode_token(out.stop_token_id)
+        self.finish_reason, self.stop_reason = finish, stop_reason
+        return SampleDelta(
+            index=self.index,
+            text=emit,
+            token_ids=list(out.new_token_ids[:kept]),
+            logprobs=list(out.logprobs[:kept]),
+            finish_reason=finish,
+            stop_reason=stop_reason,
+            error=out.error,
+        )

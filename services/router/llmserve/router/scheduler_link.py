@@ -1,0 +1,145 @@
+"""The router's end of the scheduler Session stream.
+
+Adds and aborts go out on one long-lived bidirectional stream; the reader task hands
+each request's outputs to that request's own queue, so streams stay isolated
+(vLLM's per-request output queues, over gRPC instead of ZMQ).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from llmserve.contract import wire
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from llmserve.contract.grpc_server import SERVING, insecure_channel
+from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+from llmserve.contract.outputs import FinishReason, RequestOutput
+from llmserve.contract.sampling import SamplingParams
+from llmserve.contract.worker_info import WorkerInfo
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerUnavailable(RuntimeError):
+    pass
+
+
+class SchedulerLink:
+    def __init__(self, address: str):
+        self.address = address
+        self._channel = insecure_channel(address)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._call = None
+        self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._reader: asyncio.Task | None = None
+        self.connected = asyncio.Event()
+        self.disconnected = asyncio.Event()
+        # grpc.aio allows one write in flight per call; many requests share this one.
+        self._write_lock = asyncio.Lock()
+
+    async def wait_serving_info(self, timeout_s: float) -> tuple[WorkerInfo, int]:
+        """Polls until the scheduler has a worker; returns (worker info, KV blocks)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                info = await self._stub.GetServingInfo(
+                    scheduler_pb2.GetServingInfoRequest(), timeout=5, wait_for_ready=True
+                )
+                return wire.worker_info_from_pb(info.worker), info.num_kv_blocks
+            except grpc.aio.AioRpcError as err:
+                if loop.time() > deadline:
+                    raise SchedulerUnavailable(
+                        f"scheduler {self.address} has no worker after {timeout_s:.0f} s: {err.details()}"
+                    ) from err
+                await asyncio.sleep(0.5)
+
+    async def connect(self) -> None:
+        """Opens a new Session stream (after a lost one, too)."""
+        self.disconnected.clear()
+        self._call = self._stub.Session()
+        self._reader = asyncio.create_task(self._read_forever(self._call), name="scheduler-reader")
+        self.connected.set()
+
+    async def _read_forever(self, call) -> None:
+        reason = "scheduler closed the session"
+        try:
+            while True:
+                update = await call.read()
+                if update == grpc.aio.EOF:
+                    break
+                for out_pb in update.outputs:
+                    queue = self._queues.get(out_pb.request_id)
+                    if queue is not None:
+                        queue.put_nowait(wire.request_output_from_pb(out_pb))
+        except grpc.aio.AioRpcError as err:
+            reason = f"scheduler unavailable: {err.code().name} {err.details()}"
+        except asyncio.CancelledError:
+            return
+        self.connected.clear()
+        logger.error("%s", reason)
+        self._fail_all(reason)
+        self.disconnected.set()
+
+    def fail_requests(self, request_ids: list[str], reason: str) -> None:
+        """Ends these requests' streams with an error (the router's shutdown timeout)."""
+        for request_id in request_ids:
+            if (queue := self._queues.get(request_id)) is not None:
+                queue.put_nowait(RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=reason))
+
+    def _fail_all(self, reason: str) -> None:
+        for request_id, queue in list(self._queues.items()):
+            queue.put_nowait(RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=reason))
+
+    async def add(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                  n: int = 1, priority: int = 0, trace_context: dict[str, str] | None = None) -> asyncio.Queue:
+        """Queue a request of `n` samples; its outputs (every sample's) land in the queue."""
+        if not self.connected.is_set():
+            raise SchedulerUnavailable(f"not connected to scheduler {self.address}")
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._queues[request_id] = queue
+        add = wire.add_request_to_pb(request_id, prompt_token_ids, sampling, n, priority, trace_context)
+        await self._write(scheduler_pb2.RouterMessage(add=add))
+        return queue
+
+    async def _write(self, message: scheduler_pb2.RouterMessage) -> None:
+        async with self._write_lock:
+            await self._call.write(message)
+
+    def release(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.release(request_id)
+        if request_ids and self.connected.is_set():
+            try:
+                await self._write(
+                    scheduler_pb2.RouterMessage(abort=scheduler_pb2.AbortRequests(request_ids=request_ids))
+                )
+            except grpc.aio.AioRpcError as err:
+                logger.warning("abort of %s not delivered: %s", request_ids, err.details())
+
+    async def scheduler_serving(self) -> bool:
+        """The scheduler's own health: SERVING only while it has a worker."""
+        try:
+            reply = await health_pb2_grpc.HealthStub(self._channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=2
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == SERVING
+
+    async def stats(self) -> scheduler_pb2.SchedulerStats:
+        return await self._stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=5)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._call is not None:
+            self._call.cancel()
+        await self._channel.close()

@@ -1,0 +1,340 @@
+"""The router: the public `llmserve.v1.Generation` API.
+
+    client ──Generate──▶ validate ─▶ tokenize ─▶ SchedulerLink.add ─┐
+    client ◀─deltas──── stop strings ◀─ detokenize ◀─ outputs queue ◀┘
+
+It owns everything textual (tokenizer, chat template, detokenization, stop strings);
+the scheduler and workers see token ids only. A cancelled or disconnected client
+aborts its request in the scheduler, so its KV blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_reflection.v1alpha import reflection
+
+from llmserve.contract import wire
+from llmserve.contract.grpc_server import ServiceServer
+from llmserve.contract.outputs import FinishReason
+from llmserve.router.detokenizer import IncrementalDetokenizer
+from llmserve.router.sample_stream import SampleStream
+from llmserve.router.scheduler_link import SchedulerLink, SchedulerUnavailable
+from llmserve.router.stop_strings import StopStringMatcher
+from llmserve.router.tokenizer import PromptTokenizer
+from llmserve.router.validation import (
+    RequestError,
+    ServedModel,
+    check_model_name,
+    check_sampling_fields,
+    check_token_ids,
+    invalid,
+    resolve_sampling,
+)
+from llmserve.contract.sampling import SamplingParams
+from llmserve.telemetry import RouterMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
+from llmserve.telemetry.requests import RouterRequest
+from llmserve.v1 import generation_pb2, generation_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "llmserve.v1.Generation"
+HEALTH_POLL_S = 1.0  # How often the router re-reads the scheduler's health.
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    model_dir: Path
+    model_name: str
+    scheduler_address: str = "localhost:50052"
+    host: str = "0.0.0.0"
+    port: int = 50051
+    connect_timeout_s: float = 300.0
+    metrics_port: int = 0  # Prometheus endpoint (0 = off).
+    shutdown_timeout_s: float = 30.0  # After SIGTERM: how long in-flight streams may run on.
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+    def __init__(self, tokenizer: PromptTokenizer, link: SchedulerLink, metrics: RouterMetrics):
+        self.tokenizer = tokenizer
+        self.link = link
+        self.metrics = metrics
+        self.draining = False  # After SIGTERM: new calls get UNAVAILABLE, running ones finish.
+        # Known once the scheduler has a worker; until then every call is UNAVAILABLE.
+        self.served: ServedModel | None = None
+        self.model_info: generation_pb2.ModelInfo | None = None
+        self.serving = False  # Follows the scheduler's health (set by _stay_connected).
+        self._active: set[str] = set()
+
+    def set_ready(self, served: ServedModel, model_info: generation_pb2.ModelInfo) -> None:
+        self.served, self.model_info = served, model_info
+
+    async def _require_ready(self, context) -> None:
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the router is shutting down")
+        if self.served is None or not self.serving or not self.link.connected.is_set():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is ready: the scheduler or worker is down")
+
+    # --- Generate ------------------------------------------------------------
+
+    async def Generate(self, request, context):
+        await self._require_ready(context)
+        telemetry = RouterRequest(self.metrics, context.invocation_metadata(), request.model or self.served.name)
+        try:
+            with telemetry.tokenize_span():
+                request_id, prompt_ids, sampling, n = await self._prepare(request)
+        except RequestError as err:
+            telemetry.finish("rejected", err.message)
+            await context.abort(err.code, err.message)
+        telemetry.admitted(request_id, len(prompt_ids))
+        finish = "abort"  # Unless the samples end by themselves.
+        self._active.add(request_id)
+        # One engine request of n samples sharing the prompt's KV; sample i draws with seed + i.
+        streams = [SampleStream(index=i, detokenizer=IncrementalDetokenizer(self.tokenizer),
+                                stop_matcher=StopStringMatcher(sampling.stop)) for i in range(n)]
+        unfinished = set(range(n))  # Samples the client has not seen end.
+        engine_live = set(range(n))  # Samples the engine still runs.
+        added = False
+        try:
+            queue = await self.link.add(request_id, prompt_ids, sampling, n=n, priority=request.priority,
+                                        trace_context=telemetry.trace_context())
+            added = True
+            while unfinished:
+                out = await queue.get()
+                if out.finished:
+                    engine_live.discard(out.index)
+                stream = streams[out.index] if 0 <= out.index < n else None
+                if stream is None or stream.finished:
+                    continue  # A sample cut by a stop string runs on until the request ends.
+                with telemetry.detokenizing():
+                    delta = stream.process(out, self._token_text)
+                telemetry.tokens_out(len(delta.token_ids))
+                if delta.finish_reason != FinishReason.NONE:
+                    unfinished.discard(out.index)
+                    finish = delta.finish_reason.name.lower()
+                response = self._response(request_id, delta)
+                if not unfinished:
+                    response.usage.CopyFrom(self._usage(len(prompt_ids), streams))
+                yield response
+                if delta.finish_reason == FinishReason.ERROR:
+                    telemetry.finish("error", delta.error)
+                    telemetry = None
+                    await self._fail(context, delta.error)
+        finally:
+            if telemetry is not None:
+                telemetry.finish(finish)
+            # Client cancelled or disconnected (CancelledError lands here), or done.
+            if added:
+                self.link.release(request_id)
+                if engine_live:
+                    await self.link.abort([request_id])
+            self._active.discard(request_id)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    async def _fail(self, context, error: str) -> None:
+        lost = ("unavailable", "worker lost", "no worker")
+        code = grpc.StatusCode.UNAVAILABLE if any(s in error for s in lost) else grpc.StatusCode.INTERNAL
+        await context.abort(code, error or "generation failed")
+
+    async def _prepare(self, request) -> tuple[str, list[int], SamplingParams, int]:
+        check_model_name(request.model, self.served)
+        n, _ = check_sampling_fields(request.params)
+        request_id = request.request_id or uuid.uuid4().hex
+        if request_id in self._active:
+            raise RequestError(grpc.StatusCode.ALREADY_EXISTS, f"request id {request_id!r} is already running")
+        prompt_ids = await self._prompt_ids(request)
+        sampling = resolve_sampling(request.params, len(prompt_ids), self.served)
+        return request_id, prompt_ids, sampling, n
+
+    async def _prompt_ids(self, request) -> list[int]:
+        kind = request.WhichOneof("input")
+        if kind is None:
+            raise invalid("the request has no input: set one of text, token_ids or messages")
+        if kind == "text":
+            if not request.text:
+                raise invalid("the prompt text is empty")
+            return await asyncio.to_thread(self.tokenizer.encode_text, request.text)
+        if kind == "token_ids":
+            ids = list(request.token_ids.ids)
+            if not ids:
+                raise invalid("token_ids is empty")
+            check_token_ids(ids, self.served)
+            return ids
+        return (await self._render_chat(request.messages))[1]
+
+    async def _render_chat(self, messages_pb) -> tuple[str, list[int]]:
+        messages = [(m.role, m.content) for m in messages_pb.messages]
+        if not messages:
+            raise invalid("messages is empty")
+        try:
+            return await asyncio.to_thread(self.tokenizer.encode_chat, messages)
+        except ValueError as err:
+            raise invalid(str(err)) from err
+        except Exception as err:  # Jinja errors from the template (e.g. an unknown role).
+            raise invalid(f"the chat template rejected the messages: {err}") from err
+
+    @staticmethod
+    def _response(request_id: str, delta) -> generation_pb2.GenerateResponse:
+        return generation_pb2.GenerateResponse(
+            request_id=request_id,
+            index=delta.index,
+            text=delta.text,
+            token_ids=delta.token_ids,
+            logprobs=[wire.logprobs_to_pb(lp) for lp in delta.logprobs],
+            finish_reason=int(delta.finish_reason),
+            stop_reason=delta.stop_reason,
+            error=delta.error,
+        )
+
+    @staticmethod
+    def _usage(prompt_tokens: int, streams) -> generation_pb2.Usage:
+        streams = list(streams)
+        return generation_pb2.Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=sum(s.num_tokens for s in streams),
+            cached_tokens=max((s.num_cached_tokens for s in streams), default=0),
+        )
+
+    # --- Tokenize / GetModelInfo ---------------------------------------------
+
+    async def Tokenize(self, request, context):
+        await self._require_ready(context)
+        try:
+            check_model_name(request.model, self.served)
+            kind = request.WhichOneof("input")
+            if kind == "text":
+                add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+                ids = await asyncio.to_thread(self.tokenizer.encode_text, request.text, add_special)
+                prompt = request.text
+            elif kind == "messages":
+                prompt, ids = await self._render_chat(request.messages)
+            else:
+                raise invalid("the request has no input: set text or messages")
+        except RequestError as err:
+            await context.abort(err.code, err.message)
+        return generation_pb2.TokenizeResponse(token_ids=ids, count=len(ids), prompt=prompt)
+
+    async def GetModelInfo(self, request, context):
+        await self._require_ready(context)
+        try:
+            check_model_name(request.model, self.served)
+        except RequestError as err:
+            await context.abort(err.code, err.message)
+        return self.model_info
+
+
+def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer) -> generation_pb2.ModelInfo:
+    return generation_pb2.ModelInfo(
+        model=served.name,
+        max_model_len=served.max_model_len,
+        vocab_size=served.vocab_size,
+        eos_token_ids=sorted(set(worker.eos_token_ids) | set(tokenizer.eos_token_ids)),
+        dtype=worker.dtype,
+        block_size=worker.block_size,
+        num_kv_blocks=num_kv_blocks,
+        tensor_parallel_size=worker.tensor_parallel_size,
+        bos_token_id=worker.bos_token_id,
+    )
+
+
+async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
+    setup_tracing("llmserve-router")
+    metrics = RouterMetrics(setup_metrics("router", config.metrics_port, config.host))
+    tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, config.model_dir)
+    server = ServiceServer(SERVICE_NAME, config.host, config.port)
+    link = SchedulerLink(config.scheduler_address)
+    # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
+    servicer = GenerationServicer(tokenizer, link, metrics)
+    generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server.server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server.server
+    )
+    await server.start()
+    supervisor = asyncio.create_task(_stay_connected(config, link, servicer, server, tokenizer))
+    stopped = asyncio.create_task(stop_event.wait())
+    try:
+        await asyncio.wait({supervisor, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if supervisor.done():
+            supervisor.result()  # Re-raises why the router cannot serve.
+    finally:
+        stopped.cancel()
+        await server.set_serving(False)
+        if stop_event.is_set():
+            await _drain(servicer, link, config.shutdown_timeout_s)
+        supervisor.cancel()
+        await server.stop(grace=2.0)
+        await link.close()
+        shutdown_metrics()
+        shutdown_tracing()
+
+
+async def _drain(servicer: GenerationServicer, link: SchedulerLink, timeout_s: float) -> None:
+    """SIGTERM: refuse new calls, let running streams finish for up to `timeout_s`, then
+    end the rest with UNAVAILABLE."""
+    servicer.draining = True
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    if servicer._active:
+        logger.info("draining %d in-flight requests (up to %.0f s)", len(servicer._active), timeout_s)
+    while servicer._active and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if servicer._active:
+        left = sorted(servicer._active)
+        logger.warning("shutdown timeout: aborting %d requests", len(left))
+        link.fail_requests(left, f"unavailable: the router is shutting down (requests still running after"
+                                 f" the {timeout_s:.0f} s shutdown timeout were aborted)")
+        await link.abort(left)
+        end = loop.time() + 2.0
+        while servicer._active and loop.time() < end:
+            await asyncio.sleep(0.05)
+    logger.info("drained")
+
+
+async def _stay_connected(config: RouterConfig, link: SchedulerLink, servicer: GenerationServicer,
+                          server: ServiceServer, tokenizer: PromptTokenizer) -> None:
+    """Connects to the scheduler, and again whenever the session is lost. The router's
+    health follows the scheduler's: SERVING only while a worker can run steps."""
+    while True:
+        await _refresh_serving_info(config, link, servicer, tokenizer)
+        await link.connect()
+        servicer.serving = True
+        await server.set_serving(True)
+        logger.info("router serving %s on port %d", servicer.served.name, server.port)
+        serving = True
+        while not link.disconnected.is_set():
+            try:
+                await asyncio.wait_for(link.disconnected.wait(), HEALTH_POLL_S)
+                break
+            except TimeoutError:
+                pass
+            now_serving = await link.scheduler_serving()
+            if now_serving and not serving:
+                # A worker (re)registered: its KV cache may differ from the last one's.
+                await _refresh_serving_info(config, link, servicer, tokenizer)
+            if now_serving != serving:
+                servicer.serving = serving = now_serving
+                await server.set_serving(now_serving)
+        servicer.serving = False
+        await server.set_serving(False)
+        logger.warning("lost the scheduler session; reconnecting")
+
+
+async def _refresh_serving_info(config: RouterConfig, link: SchedulerLink, servicer: GenerationServicer,
+                                tokenizer: PromptTokenizer) -> None:
+    worker, num_kv_blocks = await link.wait_serving_info(config.connect_timeout_s)
+    # The KV cache must hold at least one whole sequence, or a request could never run.
+    max_model_len = min(worker.max_model_len, num_kv_blocks * worker.block_size)
+    if max_model_len < worker.max_model_len:
+        logger.warning(
+            "max_model_len lowered from %d to %d: the KV cache holds only %d tokens",
+            worker.max_model_len, max_model_len, num_kv_blocks * worker.block_size,
+        )
+    served = ServedModel(name=config.model_name, max_model_len=max_model_len, vocab_size=worker.vocab_size)
+    servicer.set_ready(served, _model_info(served, worker, num_kv_blocks, tokenizer))

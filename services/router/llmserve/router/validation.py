@@ -1,0 +1,109 @@
+"""Checks a public GenerateRequest and resolves its sampling defaults.
+
+User input gets a real error with a gRPC status code (never an `assert`, which
+vanishes under `python -O`); the router turns `RequestError` into the call's status.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import grpc
+
+from llmserve.contract.sampling import SamplingParams
+
+MAX_LOGPROBS = 20
+MAX_N = 64
+
+
+class RequestError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def invalid(message: str) -> RequestError:
+    return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The limits a request is checked against (from the scheduler's serving info)."""
+
+    name: str
+    max_model_len: int
+    vocab_size: int
+
+
+def check_model_name(requested: str, served: ServedModel) -> None:
+    if requested and requested != served.name:
+        raise RequestError(
+            grpc.StatusCode.NOT_FOUND,
+            f"model {requested!r} is not served here; this router serves {served.name!r}",
+        )
+
+
+def check_token_ids(token_ids: list[int], served: ServedModel) -> None:
+    for token_id in token_ids:
+        if not 0 <= token_id < served.vocab_size:
+            raise invalid(f"token id {token_id} is outside the vocabulary [0, {served.vocab_size})")
+
+
+def check_sampling_fields(params) -> tuple[int, int | None]:
+    """Validates the pb SamplingParams fields that do not depend on the prompt.
+
+    Returns (n, max_tokens or None when unset).
+    """
+    temperature = params.temperature if params.HasField("temperature") else 1.0
+    if not temperature >= 0 or math.isinf(temperature):  # `not >=` also catches NaN.
+        raise invalid(f"temperature must be a finite number >= 0, got {temperature}")
+    top_p = params.top_p if params.HasField("top_p") else 1.0
+    if not 0 < top_p <= 1:
+        raise invalid(f"top_p must be in (0, 1], got {top_p}")
+    if params.top_k < -1:
+        raise invalid(f"top_k must be -1 or 0 (off) or a positive number, got {params.top_k}")
+    n = params.n if params.HasField("n") else 1
+    if not 1 <= n <= MAX_N:
+        raise invalid(f"n must be between 1 and {MAX_N}, got {n}")
+    if params.HasField("logprobs") and not 0 <= params.logprobs <= MAX_LOGPROBS:
+        raise invalid(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {params.logprobs}")
+    if any(s == "" for s in params.stop):
+        raise invalid("stop strings must not be empty")
+    max_tokens = params.max_tokens if params.HasField("max_tokens") else None
+    if max_tokens is not None and max_tokens < 1:
+        raise invalid(f"max_tokens must be at least 1, got {max_tokens}")
+    return n, max_tokens
+
+
+def resolve_sampling(params, prompt_len: int, served: ServedModel) -> SamplingParams:
+    """Checks the prompt's length against max_model_len and fills in the defaults."""
+    _, max_tokens = check_sampling_fields(params)
+    if prompt_len == 0:
+        raise invalid("the prompt is empty")
+    if prompt_len >= served.max_model_len:
+        raise invalid(
+            f"the prompt has {prompt_len} tokens; max_model_len is {served.max_model_len}, "
+            f"which leaves no room to generate"
+        )
+    room = served.max_model_len - prompt_len
+    if max_tokens is None:
+        max_tokens = room
+    elif max_tokens > room:
+        raise invalid(
+            f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} "
+            f"exceeds max_model_len {served.max_model_len}"
+        )
+    check_token_ids(list(params.stop_token_ids), served)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=params.temperature if params.HasField("temperature") else 1.0,
+        top_p=params.top_p if params.HasField("top_p") else 1.0,
+        top_k=max(params.top_k, 0),
+        seed=params.seed if params.HasField("seed") else None,
+        ignore_eos=params.ignore_eos,
+        logprobs=params.logprobs if params.HasField("logprobs") else None,
+        stop_token_ids=tuple(params.stop_token_ids),
+        stop=tuple(params.stop),
+    )

@@ -1,0 +1,438 @@
+"""The scheduler service: request queues, the paged KV cache's block tables, and the
+engine loop that drives the worker.
+
+    router ──Session(add/abort)──▶ ┌──────────── engine loop ────────────┐
+                                   │ schedule() → StepPlan               │──Execute──▶ worker
+    router ◀──SchedulerUpdate───── │ update_from_output(plan, result)    │◀─StepResult─
+                                   └─────────────────────────────────────┘
+
+Everything touching the Scheduler core runs on one asyncio loop, so the core needs no
+locks: aborts and adds interleave with steps only at the `await` on the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from llmserve.contract import wire
+from llmserve.contract.grpc_server import ServiceServer
+from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+from llmserve.contract.outputs import FinishReason, RequestOutput
+from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from llmserve.scheduler.step_times import StepTimes
+from llmserve.scheduler.stream_interval import OutputCoalescer
+from llmserve.scheduler.worker_link import WorkerGroup, WorkerLink, WorkerLost
+from llmserve.contract.sampling import SamplingParams
+from llmserve.telemetry import SchedulerMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
+from llmserve.telemetry import tracing
+from llmserve.telemetry.requests import SchedulerRequests
+
+logger = logging.getLogger(__name__)
+
+# The readiness request's id (an id no router sends: routers use uuid4 hex or the client's).
+READINESS_REQUEST_ID = "__llmserve_readiness__"
+WORKER_HEALTH_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class SchedulerServiceConfig:
+    host: str = "0.0.0.0"
+    port: int = 50052
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 512
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "auto"  # swap | recompute | auto
+    log_stats_interval_s: float = 10.0
+    step_timeout_s: float = 300.0  # A worker group must answer a step within this, or is lost.
+    metrics_port: int = 0  # Prometheus endpoint (0 = off).
+    shutdown_timeout_s: float = 30.0  # After SIGTERM: how long running requests may go on.
+    stream_interval: int = 1  # Send a sample's tokens every N (its first and last at once).
+    num_scheduler_steps: int = 1  # Decode steps one plan may run back to back on the worker.
+
+
+class RouterSession:
+    """One router's stream: outputs of its requests are queued here for writing."""
+
+    _ids = itertools.count()
+
+    def __init__(self):
+        self.id = next(self._ids)
+        self.updates: asyncio.Queue[scheduler_pb2.SchedulerUpdate | None] = asyncio.Queue()
+        self.request_ids: set[str] = set()
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, config: SchedulerServiceConfig, server: ServiceServer):
+        self.config = config
+        self.server = server
+        self.core: Scheduler | None = None
+        self.worker: WorkerLink | None = None
+        self._owners: dict[str, RouterSession] = {}
+        self._work = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self._num_worker_failures = 0
+        # A TP x PP group registers rank by rank: rank -> (address, info), until complete.
+        self._pending_ranks: dict[int, tuple[str, object]] = {}
+        self._pending_topology: tuple[int, int] | None = None
+        self.metrics = SchedulerMetrics(setup_metrics("scheduler", config.metrics_port, config.host))
+        self.requests = SchedulerRequests(self.metrics)
+        self.draining = False  # After SIGTERM: no new requests.
+        self._probe: asyncio.Future | None = None  # The readiness request's outcome.
+        self.ready = False  # A worker is registered and its readiness step has run.
+        self.step_times = StepTimes()
+        self.coalescer = OutputCoalescer(config.stream_interval)
+
+    # --- worker registration -------------------------------------------------
+
+    async def RegisterWorker(self, request, context):
+        info = wire.worker_info_from_pb(request.info)
+        tp, pp = max(1, request.tp_size), max(1, request.pp_size)
+        group = None
+        if tp * pp > 1:
+            group = await self._register_rank(request, info, tp, pp, context)
+            if group is None:  # the group is not complete yet
+                return scheduler_pb2.RegisterWorkerResponse()
+            info = group.info
+        if self.worker is not None:
+            # A restarted worker replaces the old one; requests on the old one are lost.
+            await self._drop_worker("replaced by a new registration")
+        core_config = SchedulerConfig(
+            block_size=info.block_size,
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_model_len=info.max_model_len,
+            enable_chunked_prefill=self.config.enable_chunked_prefill,
+            enable_prefix_caching=self.config.enable_prefix_caching,
+            preemption_mode=self.config.preemption_mode,
+            num_scheduler_steps=self.config.num_scheduler_steps,
+        )
+        self.core = Scheduler(core_config, num_blocks=info.num_kv_blocks, eos_token_ids=info.eos_token_ids,
+                              num_cpu_blocks=info.num_cpu_blocks)
+        self.worker = group or WorkerLink(request.address, info)
+        self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
+        asyncio.create_task(self._prove_ready(self.worker), name="readiness-probe")
+        asyncio.create_task(self._watch_worker(self.worker), name="worker-watchdog")
+        logger.info(
+            "worker %s registered: %s, %d KV blocks of %d tokens (%d tokens), %d CPU swap blocks,"
+            " max_model_len %d", request.address, info.model, info.num_kv_blocks, info.block_size,
+            info.num_kv_blocks * info.block_size, info.num_cpu_blocks, info.max_model_len,
+        )
+        return scheduler_pb2.RegisterWorkerResponse()
+
+    async def _register_rank(self, request, info, tp: int, pp: int, context) -> WorkerGroup | None:
+        """One rank of a TP x PP group. Returns the group once all tp*pp ranks have
+        registered (plans then go to every rank; tokens come from the last stage's TP
+        rank 0), None before. Ranks serving another model are refused."""
+        world = tp * pp
+        if not 0 <= request.rank < world:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rank {request.rank} outside 0..{world - 1}")
+        if self._pending_topology != (tp, pp):  # a new group (or a re-started one) begins
+            self._pending_ranks, self._pending_topology = {}, (tp, pp)
+        for rank, (_, other) in self._pending_ranks.items():
+            if rank != request.rank and other.model_path != info.model_path:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"rank {request.rank} serves {info.model_path!r} but rank {rank} serves "
+                                    f"{other.model_path!r}: every rank of a group must load the same model")
+        self._pending_ranks[request.rank] = (request.address, info)
+        missing = [r for r in range(world) if r not in self._pending_ranks]
+        if missing:
+            logger.info("rank %d of a tp=%d x pp=%d group registered (%s); waiting for rank(s) %s",
+                        request.rank, tp, pp, request.address, missing)
+            return None
+        ranks, self._pending_ranks, self._pending_topology = self._pending_ranks, {}, None
+        links = [WorkerLink(*ranks[r]) for r in range(world)]
+        logger.info("worker group complete: tp=%d x pp=%d, driver rank %d", tp, pp, (pp - 1) * tp)
+        return WorkerGroup(links, driver=(pp - 1) * tp, step_timeout_s=self.config.step_timeout_s)
+
+    async def _prove_ready(self, worker: WorkerLink) -> None:
+        """Readiness: one 1-token request through the worker before turning SERVING, so
+        SERVING means a step has run (model, KV cache and the Execute stream all work)."""
+        self._probe = asyncio.get_running_loop().create_future()
+        self.core.add_request(READINESS_REQUEST_ID, [worker.info.bos_token_id if worker.info.bos_token_id >= 0 else 0],
+                              SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+        self._work.set()
+        error = await self._probe
+        if self.worker is not worker:
+            return  # Replaced or lost meanwhile.
+        if error:
+            logger.error("readiness step failed: %s", error)
+            await self._drop_worker(f"readiness step failed: {error}")
+            return
+        self.ready = True
+        if not self.draining:
+            await self.server.set_serving(True)
+        logger.info("readiness step ran: serving")
+
+    async def _watch_worker(self, worker: WorkerLink) -> None:
+        """Notices a lost worker while idle too (a step would notice it only when one runs):
+        two failed health checks in a row drop it, and health turns NOT_SERVING."""
+        failures = 0
+        while self.worker is worker:
+            await asyncio.sleep(WORKER_HEALTH_POLL_S)
+            failures = 0 if await worker.alive() else failures + 1
+            if failures >= 2 and self.worker is worker:
+                logger.error("worker %s stopped answering health checks", worker.address)
+                self._num_worker_failures += 1
+                await self._drop_worker("it stopped answering health checks")
+
+    async def _drop_worker(self, reason: str) -> None:
+        self.ready = False
+        await self.server.set_serving(False)
+        if self._probe is not None and not self._probe.done():
+            self._probe.set_result(f"worker lost: {reason}")
+        if self.core is not None:
+            ids = [r for r in self._owners]
+            self._dispatch(self.core.fail_requests(ids, f"worker lost: {reason}"))
+        if self._loop_task is not None and self._loop_task is not asyncio.current_task():
+            self._loop_task.cancel()
+        if self.worker is not None:
+            await self.worker.close()
+        self.worker = None
+        self._loop_task = None
+
+    # --- router sessions -----------------------------------------------------
+
+    async def Session(self, request_iterator, context):
+        session = RouterSession()
+        reader = asyncio.create_task(self._read_router(session, context))
+        try:
+            while True:
+                update = await session.updates.get()
+                if update is None:
+                    break
+                await context.write(update)
+        finally:
+            reader.cancel()
+            # The router is gone (or its stream broke): nobody can receive these outputs.
+            self._abort(list(session.request_ids))
+
+    async def _read_router(self, session: RouterSession, context) -> None:
+        try:
+            while True:
+                message = await context.read()
+                if message == grpc.aio.EOF:
+                    break
+                kind = message.WhichOneof("kind")
+                if kind == "add":
+                    self._add(session, message.add)
+                elif kind == "abort":
+                    self._abort(list(message.abort.request_ids))
+        finally:
+            await session.updates.put(None)
+
+    def _add(self, session: RouterSession, add) -> None:
+        request_id = add.request_id
+        if self.draining:
+            self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR,
+                                              error="unavailable: the scheduler is shutting down"))
+            return
+        if self.core is None or self.worker is None:
+            self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR,
+                                              error="no worker is registered"))
+            return
+        if request_id in self._owners:
+            self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR,
+                                              error=f"request id {request_id!r} is already running"))
+            return
+        try:
+            self.core.add_request(request_id, list(add.prompt_token_ids), wire.sampling_from_pb(add.sampling),
+                                  n=add.n or 1, priority=add.priority)
+        except ValueError as err:
+            self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=str(err)))
+            return
+        self._owners[request_id] = session
+        session.request_ids.add(request_id)
+        self.requests.added(request_id, add.trace_context, len(add.prompt_token_ids), add.n or 1)
+        self._work.set()
+        # A multi-step run in flight ends after its current step, so this request's prompt
+        # waits for one decode step, not for the whole run.
+        self.worker.interrupt()
+
+    def _abort(self, request_ids: list[str]) -> None:
+        if self.core is None:
+            return
+        live = [r for r in request_ids if r in self._owners]
+        if live:
+            self._dispatch(self.core.abort_requests(live))
+            self._work.set()  # The worker must drop their state at the next step.
+
+    def _send(self, session: RouterSession, output: RequestOutput) -> None:
+        session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=[wire.request_output_to_pb(output)]))
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """Groups a step's outputs by owning router, one update message per router."""
+        per_session: dict[int, tuple[RouterSession, list]] = {}
+        ended: list[str] = []
+        for out in outputs:
+            if out.request_id == READINESS_REQUEST_ID:
+                if out.finished and self._probe is not None and not self._probe.done():
+                    self._probe.set_result(out.error if out.finish_reason == FinishReason.ERROR else "")
+                continue
+            if out.new_token_ids:
+                self.requests.produced(out.request_id)
+            if out.finished and (self.core is None or self.core.get_group(out.request_id) is None):
+                self.requests.finished(out.request_id, out.finish_reason.name.lower(), out.error)
+            session = self._owners.get(out.request_id)
+            if session is None:
+                continue
+            out = self.coalescer.push(out)
+            if out is None:
+                continue  # Held until the sample's next N tokens or its end.
+            per_session.setdefault(session.id, (session, []))[1].append(wire.request_output_to_pb(out))
+            if out.finished:
+                ended.append(out.request_id)
+        # NOTE: after the loop: several samples of one request may end in one step.
+        for request_id in ended:
+            if request_id in self._owners and (self.core is None or self.core.get_group(request_id) is None):
+                self._owners.pop(request_id).request_ids.discard(request_id)
+                self.coalescer.forget(request_id)
+        for session, pbs in per_session.values():
+            session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=pbs))
+
+    # --- the engine loop -----------------------------------------------------
+
+    async def _engine_loop(self) -> None:
+        core, worker = self.core, self.worker
+        while True:
+            if not core.has_unfinished_requests():
+                self._work.clear()
+                await self._work.wait()
+                continue
+            start = time.perf_counter()
+            plan = core.schedule()
+            if plan.is_empty:
+                # Nothing can run until an abort or a new request changes the picture.
+                self._work.clear()
+                await self._work.wait()
+                continue
+            step_span = self._step_span(plan)
+            try:
+                result = await worker.execute(plan)
+            except WorkerLost as err:
+                step_span.end()
+                logger.error("%s", err)
+                self._num_worker_failures += 1
+                await self._drop_worker(str(err))
+                return
+            try:
+                self._dispatch(core.update_from_output(plan, result))
+            except Exception as err:  # A bug must fail the step's requests, not hang them.
+                logger.exception("applying step %d failed", plan.step_id)
+                ids = [r.request_id for r in plan.new_requests + plan.cached_requests]
+                self._dispatch(core.fail_requests(ids, f"internal scheduler error: {err}"))
+            if result.error:
+                logger.error("step %d failed on the worker: %s", plan.step_id, result.error)
+                step_span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR, result.error))
+            step_span.end()
+            seconds = time.perf_counter() - start
+            self.step_times.record(plan, seconds, result.execute_seconds, result.num_steps)
+            self.metrics.step_time.record(seconds)
+            self.metrics.step_tokens.record(plan.total_scheduled_tokens * result.num_steps)
+            self.metrics.stats = core.stats()
+            # Let session readers run between steps so aborts and adds land promptly.
+            await asyncio.sleep(0)
+
+    def _step_span(self, plan):
+        """The step's span (linked to its requests); puts trace contexts into the plan."""
+        group_ids = []
+        for r in plan.new_requests + plan.cached_requests:
+            seq = self.core.get_request(r.request_id)
+            group_ids.append(seq.group.request_id if seq is not None else r.request_id)
+        self.requests.scheduled(group_ids)
+        if not tracing.enabled():
+            return tracing.trace.INVALID_SPAN
+        prefill = sum(r.num_scheduled_tokens for r in plan.new_requests)
+        span = tracing.start_span("scheduler.step", parent=tracing.otel_context.Context(),
+                                  links=self.requests.links(dict.fromkeys(group_ids)), attributes={
+            "llmserve.step_id": plan.step_id,
+            "llmserve.batch_size": len(plan.new_requests) + len(plan.cached_requests),
+            "llmserve.num_new_requests": len(plan.new_requests),
+            "llmserve.num_scheduled_tokens": plan.total_scheduled_tokens,
+            "llmserve.num_new_request_tokens": prefill,
+            "llmserve.num_swap_out": len(plan.swap_out), "llmserve.num_swap_in": len(plan.swap_in)})
+        plan.trace_context = tracing.context_to_map(span)
+        for r, group_id in zip(plan.new_requests, group_ids):
+            r.trace_context = self.requests.prefill_context(group_id)
+        return span
+
+    # --- introspection -------------------------------------------------------
+
+    async def GetStats(self, request, context):
+        if self.core is None:
+            return scheduler_pb2.SchedulerStats(worker_ready=False)
+        return wire.scheduler_stats_to_pb(self.core.stats(), worker_ready=self.worker is not None,
+                                          step_times=self.step_times)
+
+    async def GetServingInfo(self, request, context):
+        if self.worker is None or self.core is None or not self.ready:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no worker is ready yet")
+        return scheduler_pb2.ServingInfo(
+            worker=wire.worker_info_to_pb(self.worker.info),
+            num_kv_blocks=self.core.stats().num_total_blocks,
+        )
+
+    async def log_stats_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.log_stats_interval_s)
+            if self.core is not None and self.core.has_unfinished_requests():
+                s = self.core.stats()
+                logger.info(
+                    "running: %d, waiting: %d, swapped: %d, KV cache usage: %.1f%%, CPU swap usage:"
+                    " %.1f%%, prefix cache hit rate: %.1f%%, preemptions: %d recompute / %d swap,"
+                    " swapped-out blocks: %d, cached blocks: %d",
+                    s.num_running, s.num_waiting, s.num_swapped, 100 * s.kv_cache_usage,
+                    100 * (1 - s.num_free_cpu_blocks / s.num_cpu_blocks) if s.num_cpu_blocks else 0.0,
+                    100 * s.prefix_cache_hit_rate, s.num_preemptions_recompute, s.num_preemptions_swap,
+                    s.num_swapped_out_blocks, s.num_cached_blocks,
+                )
+
+    async def drain(self) -> None:
+        """SIGTERM: refuse new requests, let running ones finish for up to the shutdown
+        timeout, then fail the rest (their routers answer UNAVAILABLE)."""
+        self.draining = True
+        await self.server.set_serving(False)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_timeout_s
+        while self._owners and self.worker is not None and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self._owners and self.core is not None:
+            left = list(self._owners)
+            logger.warning("shutdown timeout: failing %d requests", len(left))
+            self._dispatch(self.core.fail_requests(
+                left, f"unavailable: the scheduler is shutting down (still running after the"
+                      f" {self.config.shutdown_timeout_s:.0f} s shutdown timeout)"))
+        await asyncio.sleep(0.1)  # Let the session writers send the last outputs.
+        self.requests.close_all("scheduler shut down")
+
+    async def shutdown(self) -> None:
+        if self.core is not None:
+            self._abort(list(self._owners))
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        if self.worker is not None:
+            await self.worker.close()
+
+
+async def serve(config: SchedulerServiceConfig, stop_event: asyncio.Event) -> None:
+    setup_tracing("llmserve-scheduler")
+    server = ServiceServer("llmserve.internal.v1.Scheduler", config.host, config.port)
+    servicer = SchedulerServicer(config, server)
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server.server)
+    await server.start()
+    stats_task = asyncio.create_task(servicer.log_stats_forever())
+    try:
+        await stop_event.wait()
+        await servicer.drain()
+    finally:
+        stats_task.cancel()
+        await servicer.shutdown()
+        await server.stop(grace=2.0)
+        shutdown_metrics()
+        shutdown_tracing()

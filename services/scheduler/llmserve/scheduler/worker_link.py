@@ -1,0 +1,117 @@
+"""The scheduler's end of a worker's Execute stream: send a plan, await its result (and
+interrupt a multi-step plan while it runs)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from llmserve.contract import wire
+from llmserve.contract.grpc_server import insecure_channel
+from llmserve.internal.v1 import worker_pb2_grpc
+from llmserve.contract.plan import StepPlan, StepResult
+from llmserve.contract.worker_info import WorkerInfo
+
+
+class WorkerLost(RuntimeError):
+    """The worker's stream ended or broke: its KV cache and request state are gone."""
+
+
+class WorkerLink:
+    def __init__(self, address: str, info: WorkerInfo):
+        self.address = address
+        self.info = info
+        self._channel = insecure_channel(address)
+        self._call = worker_pb2_grpc.WorkerStub(self._channel).Execute()
+        # The multi-step plan the worker is running (its step id), until it is interrupted
+        # or answered; None otherwise. Only then may an interrupt be written: grpc.aio
+        # allows one write at a time, and the plan's write is done by then.
+        self._interruptible: int | None = None
+        self._interrupt_task: asyncio.Task | None = None
+
+    async def execute(self, plan: StepPlan) -> StepResult:
+        try:
+            await self._call.write(wire.plan_command_to_pb(plan))
+            if plan.num_steps > 1:
+                self._interruptible = plan.step_id
+            reply = await self._call.read()
+        except grpc.aio.AioRpcError as err:
+            raise WorkerLost(f"worker {self.address}: {err.code().name} {err.details()}") from err
+        finally:
+            self._interruptible = None
+            if self._interrupt_task is not None:  # Plans and interrupts never overlap in writing.
+                await asyncio.gather(self._interrupt_task, return_exceptions=True)
+                self._interrupt_task = None
+        if reply is grpc.aio.EOF:
+            raise WorkerLost(f"worker {self.address} closed its stream")
+        result = wire.step_result_from_pb(reply)
+        if result.step_id != plan.step_id:
+            raise WorkerLost(f"worker {self.address} answered step {result.step_id}, expected {plan.step_id}")
+        return result
+
+    def interrupt(self) -> None:
+        """Cut the multi-step plan in flight short after the worker's current step (a new
+        request should not wait for the whole run). No-op when no such plan is in flight."""
+        if self._interruptible is None:
+            return
+        command = wire.interrupt_command_to_pb(self._interruptible)
+        self._interruptible = None
+        self._interrupt_task = asyncio.ensure_future(self._call.write(command))
+
+    async def alive(self) -> bool:
+        """False when the worker cannot be reached (its process is gone). A slow answer
+        from a busy worker still counts as alive."""
+        try:
+            await health_pb2_grpc.HealthStub(self._channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        except grpc.aio.AioRpcError as err:
+            return err.code() != grpc.StatusCode.UNAVAILABLE
+        return True
+
+    async def close(self) -> None:
+        self._call.cancel()
+        await self._channel.close()
+
+
+class WorkerGroup:
+    """A TP x PP group of workers driven SPMD: every rank receives every plan; the
+    sampled tokens come from the driver (the last PP stage's TP rank 0). Any rank lost,
+    or a step not answered by every rank within `step_timeout_s`, loses the whole group."""
+
+    def __init__(self, links: list[WorkerLink], driver: int, step_timeout_s: float):
+        self.links, self.driver, self.step_timeout_s = links, driver, step_timeout_s
+        d = links[driver]
+        # NOTE: each rank sized its cache from the same budget and they agreed on the
+        # minimum at start-up; the min here also covers ranks started with other flags.
+        self.info = replace(d.info, num_kv_blocks=min(l.info.num_kv_blocks for l in links),
+                            num_cpu_blocks=min(l.info.num_cpu_blocks for l in links))
+        self.address = ",".join(l.address for l in links)
+
+    async def execute(self, plan: StepPlan) -> StepResult:
+        tasks = [asyncio.ensure_future(l.execute(plan)) for l in self.links]
+        done, pending = await asyncio.wait(tasks, timeout=self.step_timeout_s, return_when=asyncio.FIRST_EXCEPTION)
+        for t in pending:
+            t.cancel()
+        for t in done:
+            if t.exception() is not None:
+                raise t.exception()
+        if pending:
+            late = [self.links[i].address for i, t in enumerate(tasks) if t in pending]
+            raise WorkerLost(f"worker(s) {', '.join(late)} did not answer step {plan.step_id} "
+                             f"within {self.step_timeout_s:.0f} s")
+        return tasks[self.driver].result()
+
+    def interrupt(self) -> None:
+        """Every rank gets it; the driver decides when the ranks stop (see ModelRunner)."""
+        for link in self.links:
+            link.interrupt()
+
+    async def alive(self) -> bool:
+        """False as soon as one rank cannot be reached: the group cannot step without it."""
+        return all(await asyncio.gather(*(l.alive() for l in self.links)))
+
+    async def close(self) -> None:
+        for l in self.links:
+            await l.close()

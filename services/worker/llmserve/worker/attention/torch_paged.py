@@ -1,0 +1,107 @@
+"""Paged attention in plain torch for CPU: decode rows batched into one gather + one
+SDPA; prefill/chunk rows one SDPA each."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from llmserve.kernels import cpu as cpu_kernels
+from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadata, PrefillSeq, row_layout
+
+
+class TorchPagedAttention(AttentionBackend):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cpu_kernels.load()  # Build the CPU kernels at model load, not during the first request.
+
+    @staticmethod
+    def build_metadata(query_lens, seq_lens, block_tables, slot_mapping, block_size) -> AttentionMetadata:
+        qsl, num_decodes = row_layout(query_lens)
+        dec_table = dec_mask = None
+        if num_decodes:
+            dec_table, dec_mask = _decode_tensors(block_tables[:num_decodes], seq_lens[:num_decodes], block_size)
+        prefills = [
+            _prefill_seq(qsl[i], qsl[i + 1], seq_lens[i], block_tables[i], block_size)
+            for i in range(num_decodes, len(query_lens))
+        ]
+        return AttentionMetadata(
+            slot_mapping=slot_mapping, query_start_loc=qsl, seq_lens=list(seq_lens),
+            block_tables=block_tables, block_size=block_size, num_decodes=num_decodes,
+            decode_block_table=dec_table, decode_mask=dec_mask, prefills=prefills,
+            decode_seq_lens=torch.tensor(seq_lens[:num_decodes], dtype=torch.long) if num_decodes else None,
+        )
+
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        # q: [T, H, D]; k, v: [T, KVH, D]; kv_cache: [2, num_blocks, block_size, KVH, D]
+        _write_kv(k, v, kv_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        B = meta.num_decodes
+        if B:
+            out[:B] = self._decode(q[:B], kv_cache, meta)
+        for p in meta.prefills:
+            out[p.token_start : p.token_end] = self._prefill(q, k, v, kv_cache, p)
+        return out
+
+    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        # q: [B, H, D] -> [B, H, D]
+        if kv_cache.device.type == "cpu" and cpu_kernels.load():
+            # Reads K/V blocks in place: ~4x faster than the gather below (memory-bound).
+            return cpu_kernels.paged_attention_decode(q, kv_cache, meta.decode_block_table, meta.decode_seq_lens,
+                                                      self.scale)
+        return self._decode_gather(q, kv_cache, meta)
+
+    def _decode_gather(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The plain-torch path: gather each row's blocks, one masked SDPA for all rows."""
+        B, H, D = q.shape
+        KVH, g = self.num_kv_heads, H // self.num_kv_heads
+        kv = kv_cache[:, meta.decode_block_table]  # [2, B, max_blocks, bs, KVH, D]
+        kv = kv.view(2, B, -1, KVH, D).transpose(2, 3)  # [2, B, KVH, L, D]
+        # NOTE: GQA without copying K/V: the g query heads sharing a kv head become the
+        # "query length" axis (query head h uses kv head h // g, as HF's repeat_kv).
+        qg = q.view(B, KVH, g, D)
+        o = F.scaled_dot_product_attention(qg, kv[0], kv[1], attn_mask=meta.decode_mask, scale=self.scale)
+        return o.reshape(B, H, D)
+
+    def _prefill(self, q, k, v, kv_cache, p: PrefillSeq) -> torch.Tensor:
+        s, e = p.token_start, p.token_end
+        if p.context_len == 0:  # keys are exactly this step's tokens: skip the gather
+            kk, vv = k[s:e], v[s:e]  # [q_len, KVH, D]
+        else:
+            kv = kv_cache[:, p.block_ids].flatten(1, 2)[:, : p.seq_len]  # [2, seq_len, KVH, D]
+            kk, vv = kv[0], kv[1]
+        # NOTE: 4-D inputs ([1, heads, len, D]) take the fused CPU flash kernel; 3-D ones
+        # fall back to a ~4x slower path. enable_gqa measured as fast as expanding K/V.
+        qq = q[s:e].transpose(0, 1)[None]  # [1, H, q_len, D]
+        o = F.scaled_dot_product_attention(
+            qq, kk.transpose(0, 1)[None], vv.transpose(0, 1)[None], attn_mask=p.mask,
+            is_causal=p.mask is None, scale=self.scale, enable_gqa=True,
+        )
+        return o[0].transpose(0, 1)  # [q_len, H, D]
+
+
+def _write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    _, nb, bs, KVH, D = kv_cache.shape
+    flat = kv_cache.view(2, nb * bs, KVH, D)
+    flat[0].index_copy_(0, slot_mapping, k)
+    flat[1].index_copy_(0, slot_mapping, v)
+
+
+def _decode_tensors(tables: list[list[int]], seq_lens: list[int], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    max_blocks = max(-(-n // block_size) for n in seq_lens)
+    padded = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in tables]
+    table = torch.tensor(padded, dtype=torch.long)  # [B, max_blocks]
+    key_pos = torch.arange(max_blocks * block_size)
+    mask = key_pos[None, :] < torch.tensor(seq_lens)[:, None]  # [B, L]
+    return table, mask[:, None, None, :]
+
+
+def _prefill_seq(start: int, end: int, seq_len: int, table: list[int], block_size: int) -> PrefillSeq:
+    q_len = end - start
+    ctx = seq_len - q_len
+    mask = None
+    if ctx:
+        # query i (position ctx+i) sees keys at positions <= ctx+i
+        mask = torch.arange(seq_len)[None, :] <= (ctx + torch.arange(q_len))[:, None]
+    n_blocks = -(-seq_len // block_size)
+    return PrefillSeq(start, end, ctx, seq_len, torch.tensor(table[:n_blocks], dtype=torch.long), mask)

@@ -1,0 +1,80 @@
+"""Paged attention through the Triton kernels (llmserve.kernels): the GPU path.
+
+Same contract as TorchPagedAttention: forward(q, k, v, kv_cache, meta) writes k/v into
+their slots, then attends causally. Per layer: one cache-write launch, one decode launch
+(+ one reduction when split), one varlen launch for every prefill/chunk row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadata, row_layout
+
+# NOTE: flash-decoding only pays when (decode rows x kv heads) leaves the GPU's SMs idle
+# and contexts are long; each split then covers at least _SPLIT_MIN_TOKENS keys.
+_SPLIT_MIN_TOKENS = 512
+_SPLIT_MAX = 16
+_SPLIT_TARGET_PROGRAMS = 128
+
+
+@dataclass(kw_only=True)  # kw_only: the base may grow fields with defaults
+class TritonAttentionMetadata(AttentionMetadata):
+    """The base fields (torch-only ones left empty) plus device tensors for the kernels."""
+
+    block_table: torch.Tensor  # [N, max_blocks] int32, rows padded with block 0
+    seq_lens_t: torch.Tensor  # [N] int32
+    cu_seqlens_q: torch.Tensor  # [N + 1] int32 (absolute token offsets)
+    max_prefill_query_len: int  # over rows num_decodes..N-1 (0 if none)
+    max_decode_seq_len: int  # over rows 0..num_decodes-1 (0 if none)
+
+
+def decode_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int) -> int:
+    programs = num_decodes * num_kv_heads
+    if programs >= _SPLIT_TARGET_PROGRAMS or max_seq_len < 2 * _SPLIT_MIN_TOKENS:
+        return 1
+    by_len = max_seq_len // _SPLIT_MIN_TOKENS
+    by_occupancy = -(-_SPLIT_TARGET_PROGRAMS // programs)
+    return max(1, min(_SPLIT_MAX, by_len, by_occupancy))
+
+
+class TritonPagedAttention(AttentionBackend):
+    @staticmethod
+    def build_metadata(query_lens, seq_lens, block_tables, slot_mapping, block_size) -> TritonAttentionMetadata:
+        """Tensors land on slot_mapping's device. Rows must be ordered decodes first."""
+        dev = slot_mapping.device
+        qsl, num_decodes = row_layout(query_lens)
+        if any(n < 1 for n in query_lens[num_decodes:]):
+            raise ValueError(f"query lengths must be >= 1: {query_lens}")
+        max_blocks = max((-(-n // block_size) for n in seq_lens), default=0)
+        padded = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in block_tables]
+        return TritonAttentionMetadata(
+            slot_mapping=slot_mapping, query_start_loc=qsl, seq_lens=list(seq_lens), block_tables=block_tables,
+            block_size=block_size, num_decodes=num_decodes,
+            decode_block_table=None, decode_mask=None, prefills=[],
+            block_table=torch.tensor(padded, dtype=torch.int32, device=dev).view(len(seq_lens), max_blocks),
+            seq_lens_t=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            cu_seqlens_q=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            max_prefill_query_len=max(query_lens[num_decodes:], default=0),
+            max_decode_seq_len=max(seq_lens[:num_decodes], default=0),
+        )
+
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        # q: [T, H, D]; k, v: [T, KVH, D]; kv_cache: [2, num_blocks, block_size, KVH, D]
+        from llmserve.kernels.triton import paged_attention_decode, paged_attention_varlen, reshape_and_cache
+
+        if not isinstance(meta, TritonAttentionMetadata):
+            raise TypeError("TritonPagedAttention needs metadata from TritonPagedAttention.build_metadata")
+        reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        B, N = meta.num_decodes, len(meta.seq_lens)
+        if B:
+            splits = decode_num_splits(B, self.num_kv_heads, meta.max_decode_seq_len)
+            paged_attention_decode(q[:B], kv_cache, meta.block_table[:B], meta.seq_lens_t[:B], self.scale,
+                                   num_splits=splits, out=out[:B])
+        if N > B:
+            paged_attention_varlen(q, kv_cache, meta.block_table[B:], meta.seq_lens_t[B:], meta.cu_seqlens_q[B:],
+                                   meta.max_prefill_query_len, self.scale, out=out)
+        return out

@@ -1,0 +1,56 @@
+"""RMSNorm, with an optional fused residual add."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llmserve.kernels import cpu as cpu_kernels
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, hidden]; statistics in float32, result cast back before the weight.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Without residual: norm(x). With residual: s = x + residual; return (norm(s), s).
+        On CPU the fused kernel does it in one pass (and may overwrite x and residual)."""
+        if type(self)._norm is RMSNorm._norm and x.dim() == 2 and x.dtype == self.weight.dtype \
+                and cpu_kernels.usable_for(x):
+            if residual is None:
+                return cpu_kernels.rms_norm(x, self.weight, self.eps)
+            return cpu_kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
+        return self.forward_native(x, residual)
+
+    def forward_native(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The plain torch path (any device); the reference for the fused kernels."""
+        if residual is None:
+            return self._norm(x)
+        s = x + residual
+        return self._norm(s), s
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), all in float32, cast back at
+    the end (the checkpoint stores w around 0, not around 1)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__(hidden_size, eps)
+        self.weight.data.zero_()
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)

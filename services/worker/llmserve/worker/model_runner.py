@@ -1,0 +1,228 @@
+"""ModelRunner: loads the model, owns the KV cache and the request states, executes
+one StepPlan at a time."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from llmserve.contract.plan import NewRequestData, SampledToken, StepPlan, StepResult, WorkerSamplingParams
+from llmserve.contract.worker_info import WorkerInfo
+from llmserve.worker import kv_cache as kvc
+from llmserve.worker.attention import backend_class, install_backend
+from llmserve.worker.input_batch import InputBatch
+from llmserve.worker.distributed import DistInit, init_parallel
+from llmserve.worker.models.decoder import head_dim_of, local_kv_heads
+from llmserve.worker.pipeline import forward_step, share_sampled
+from llmserve.worker.models.loader import load_config, load_model, parse_dtype
+from llmserve.worker.sampler import Sampler
+
+logger = logging.getLogger(__name__)
+
+
+def _as_ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def eos_token_ids(model_dir: Path, config) -> tuple[int, ...]:
+    """Union of config.json's and generation_config.json's eos ids (int or list)."""
+    ids = _as_ids(getattr(config, "eos_token_id", None))
+    gen = Path(model_dir) / "generation_config.json"
+    if gen.is_file():
+        ids += _as_ids(json.loads(gen.read_text()).get("eos_token_id"))
+    return tuple(dict.fromkeys(ids))
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_dir: Path,
+        dtype: str = "float32",
+        block_size: int = 16,
+        kv_cache_memory_bytes: int | None = None,
+        num_kv_blocks: int | None = None,
+        max_model_len: int | None = None,
+        model_name: str | None = None,
+        sampler_seed: int | None = None,
+        attention_backend: str = "auto",
+        swap_space_bytes: int = 0,
+        max_num_batched_tokens: int = 512,
+        gpu_memory_utilization: float = 0.9,
+        dist: DistInit | None = None,
+        model=None,
+    ):
+        """`model`: weights already loaded from `model_dir` with this dtype on one process
+        (no parallel group) to share instead of loading them again (benchmarks time
+        several KV caches and batches against one copy of the weights)."""
+        self.model_dir = Path(model_dir)
+        self.dtype = parse_dtype(dtype)
+        self.block_size = block_size
+        self.config = load_config(self.model_dir)
+        # TP x PP group: join (the ranks must serve the same model the same way), then
+        # build this rank's shard only. A world of 1 initializes nothing.
+        self.parallel = init_parallel(
+            dist or DistInit(),
+            payload={"model_path": str(self.model_dir.resolve()), "dtype": str(self.dtype), "block_size": block_size},
+            agree_on=("model_path", "dtype", "block_size"))
+        if model is not None and self.parallel.world.size > 1:
+            raise ValueError("a parallel group's rank loads its own shard; it cannot share weights")
+        self.model = model if model is not None else load_model(self.model_dir, self.dtype, self.config,
+                                                                  parallel=self.parallel)
+        cfg = self.config
+        self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        window = getattr(cfg, "sliding_window", None)
+        if window and getattr(cfg, "use_sliding_window", True):
+            # NOTE: no sliding-window attention: cap the length where full attention is exact.
+            self.max_model_len = min(self.max_model_len, window)
+        # NOTE: this rank caches its own layers and its own KV heads only.
+        num_layers, kvh, hd = self.model.num_local_layers, local_kv_heads(cfg, self.parallel.tp.size), head_dim_of(cfg)
+        # "auto": Triton where the KV cache lives on CUDA, torch elsewhere.
+        self.attention_backend = backend_class(attention_backend, torch.empty(0).device)
+        install_backend(self.model, self.attention_backend)
+        block_bytes = kvc.bytes_per_block(block_size, kvh, hd, num_layers, self.dtype)
+        if num_kv_blocks is None:
+            num_kv_blocks = self._blocks_from_profile(
+                block_bytes, kv_cache_memory_bytes, max_num_batched_tokens, gpu_memory_utilization)
+        # Every rank sized its cache from the same budget; all allocate the smallest count.
+        num_kv_blocks = self.parallel.min_over_world(num_kv_blocks)
+        self.num_kv_blocks = num_kv_blocks
+        self.kv_caches = kvc.allocate_kv_caches(num_layers, num_kv_blocks, block_size, kvh, hd, self.dtype)
+        # NOTE: swap space lives in host memory (pinned would speed up GPU copies).
+        self.num_cpu_blocks = self.parallel.min_over_world(swap_space_bytes // block_bytes)
+        self.cpu_kv_caches = kvc.allocate_kv_caches(
+            num_layers, self.num_cpu_blocks, block_size, kvh, hd, self.dtype, zeroed=False) if self.num_cpu_blocks else []
+        self.batch = InputBatch(block_size, num_kv_blocks, self.max_model_len, self.attention_backend)
+        self.sampler = Sampler(sampler_seed)
+        self._interrupted_step_id = -1  # Set by interrupt() from the service's thread.
+        self._info = WorkerInfo(
+            model=model_name or self.model_dir.name,
+            model_path=str(self.model_dir),
+            num_kv_blocks=num_kv_blocks,
+            block_size=block_size,
+            dtype="bfloat16" if self.dtype == torch.bfloat16 else "float32",
+            max_model_len=self.max_model_len,
+            vocab_size=cfg.vocab_size,
+            eos_token_ids=eos_token_ids(self.model_dir, cfg),
+            bos_token_id=cfg.bos_token_id if getattr(cfg, "bos_token_id", None) is not None else -1,
+            num_cpu_blocks=self.num_cpu_blocks,
+            tensor_parallel_size=self.parallel.tp.size,
+        )
+        logger.info("# KV blocks: %d (%d CPU swap blocks), max concurrency for %d-token requests: %.2fx",
+                    num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
+                    num_kv_blocks * block_size / self.max_model_len)
+
+    def _blocks_from_profile(self, block_bytes: int, kv_cache_memory_bytes: int | None,
+                             max_num_batched_tokens: int, gpu_memory_utilization: float) -> int:
+        """KV blocks that fit the memory left once a dummy forward of max_num_batched_tokens
+        tokens has shown the peak activation memory (vLLM's profiling run)."""
+        device = next(self.model.parameters()).device
+        with kvc.PeakMemory(device) as peak:
+            self._dummy_forward(max_num_batched_tokens)
+        if device.type == "cuda":
+            total = torch.cuda.mem_get_info(device)[1]
+            # NOTE: max_memory_allocated counts the weights and the activation peak.
+            budget = int(total * gpu_memory_utilization) - torch.cuda.max_memory_allocated(device)
+        elif kv_cache_memory_bytes is not None:
+            budget = kv_cache_memory_bytes  # Explicit: the KV cache's own size.
+        else:  # A share of the RAM available now, less what activations will take.
+            budget = kvc.default_kv_cache_bytes() - peak.peak_bytes
+        logger.info("profiling: %d-token dummy forward peaked at %.1f MiB; KV cache budget %.1f MiB",
+                    max_num_batched_tokens, peak.peak_bytes / 2**20, budget / 2**20)
+        return kvc.num_blocks_for_budget(budget, block_bytes)
+
+    def _dummy_forward(self, num_tokens: int) -> None:
+        """One prefill step of `num_tokens` tokens (split into max_model_len sequences)
+        on a scratch cache just large enough, sampling every sequence."""
+        bs, cfg = self.block_size, self.config
+        lens = [min(self.max_model_len, num_tokens - start) for start in range(0, num_tokens, self.max_model_len)]
+        num_blocks = sum(-(-n // bs) for n in lens)
+        caches = kvc.allocate_kv_caches(self.model.num_local_layers, num_blocks, bs,
+                                        local_kv_heads(cfg, self.parallel.tp.size), head_dim_of(cfg), self.dtype)
+        batch = InputBatch(bs, num_blocks, self.max_model_len, self.attention_backend)
+        plan, next_block = StepPlan(step_id=-1), 0
+        for i, n in enumerate(lens):
+            blocks = list(range(next_block, next_block + -(-n // bs)))
+            next_block += len(blocks)
+            plan.new_requests.append(NewRequestData(f"profile-{i}", [0] * n, n, WorkerSamplingParams(0.0),
+                                                    blocks, 0, n))
+        with torch.inference_mode():
+            inp = batch.build_inputs(batch.apply_plan(plan))
+            # NOTE: every rank profiles in lockstep (the same collectives as a real step).
+            forward_step(self.model, self.parallel, inp.input_ids, inp.positions, caches, inp.meta,
+                         inp.sample_indices)
+
+    @property
+    def info(self) -> WorkerInfo:
+        return self._info
+
+    def reset_requests(self) -> None:
+        """Forget every request (a new scheduler stream resends them in full)."""
+        self.batch.states.clear()
+
+    def interrupt(self, step_id: int) -> None:
+        """Ask the multi-step plan `step_id` to stop after its current step. Any thread may
+        call it; a plan that is done (or not yet started) and has another id ignores it."""
+        self._interrupted_step_id = step_id
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step, or a multi-step plan's decode steps back to back (each step's
+        sampled tokens are the next one's inputs) until done or interrupted. Raises
+        ValueError on an inconsistent plan (states unchanged)."""
+        t0 = time.perf_counter()
+        steps_run = 0
+        with torch.inference_mode():
+            rows = self.batch.apply_plan(plan)
+            self._move_blocks(plan)
+            sampled: list[SampledToken] = []
+            while rows and steps_run < plan.num_steps and (steps_run == 0 or self._run_on(plan.step_id)):
+                sampled += self._run(rows)
+                steps_run += 1
+        return StepResult(step_id=plan.step_id, sampled=sampled, execute_seconds=time.perf_counter() - t0,
+                          num_steps=max(steps_run, 1))
+
+    def _run_on(self, step_id: int) -> bool:
+        """Whether a multi-step run goes on to its next step. In a TP x PP group every rank
+        must run the same steps, so the driver decides for all (interrupts reach the ranks
+        at different moments)."""
+        go_on = self._interrupted_step_id != step_id
+        if self.parallel.world.size == 1:
+            return go_on
+        return bool(self.parallel.broadcast_from_driver([int(go_on) if self.parallel.is_driver else 0])[0])
+
+    def _move_blocks(self, plan: StepPlan) -> None:
+        """The plan's swaps and copy-on-write copies, before the forward: out, in, copies."""
+        gpu, cpu = self.kv_caches, self.cpu_kv_caches
+        kvc.check_moves(plan.swap_out, self.num_kv_blocks, self.num_cpu_blocks, "swap-out")
+        kvc.check_moves(plan.swap_in, self.num_cpu_blocks, self.num_kv_blocks, "swap-in")
+        kvc.check_moves(plan.copies, self.num_kv_blocks, self.num_kv_blocks, "copy")
+        kvc.swap_blocks(gpu, cpu, plan.swap_out)
+        kvc.swap_blocks(cpu, gpu, plan.swap_in)
+        kvc.swap_blocks(gpu, gpu, plan.copies)
+
+    def _run(self, rows) -> list[SampledToken]:
+        inp = self.batch.build_inputs(rows)
+        # [S, vocab] on the last PP stage; None elsewhere (hidden states went to the next stage)
+        logits = forward_step(self.model, self.parallel, inp.input_ids, inp.positions, self.kv_caches,
+                              inp.meta, inp.sample_indices)
+        for st, n in rows:
+            st.num_computed_tokens += n
+        if not inp.sample_states:
+            return []
+        states = inp.sample_states
+        tokens, logprobs = None, [None] * len(states)
+        if self.parallel.is_driver:  # sampling happens on the last stage's TP rank 0 only
+            tokens, logprobs = self.sampler(
+                logits, [s.sampling for s in states], [s.num_output_tokens for s in states]
+            )
+        tokens = share_sampled(self.parallel, tokens, len(states))  # every rank appends the same ids
+        out = []
+        for st, tok, lp in zip(states, tokens, logprobs):
+            st.token_ids.append(tok)
+            out.append(SampledToken(st.request_id, tok, lp))
+        return out
