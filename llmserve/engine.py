@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from llmserve.contract.outputs import RequestOutput
@@ -71,15 +71,20 @@ class InProcessEngine:
         self.steps: list[StepRecord] = []
 
     @classmethod
-    def from_model_dir(cls, model_dir: Path, dtype: str = "float32", kv_cache_memory_bytes: int | None = None,
-                       num_kv_blocks: int | None = None, swap_space_bytes: int = 0,
-                       **scheduler_kwargs) -> "InProcessEngine":
+    def from_model_dir(cls, model_dir: Path, **settings) -> "InProcessEngine":
+        """An engine for a model directory: each keyword is a setting of the runner
+        (`RunnerConfig`: dtype, num_kv_blocks, kv_cache_memory, swap_space, ...) or of the
+        scheduler (this constructor's). Offline use has no swap space unless asked for."""
+        from llmserve.worker.config import RunnerConfig
         from llmserve.worker.model_runner import ModelRunner
 
-        runner = ModelRunner(model_dir, dtype=dtype, kv_cache_memory_bytes=kv_cache_memory_bytes,
-                             num_kv_blocks=num_kv_blocks, swap_space_bytes=swap_space_bytes,
-                             max_num_batched_tokens=scheduler_kwargs.get("max_num_batched_tokens", 512))
-        return cls(runner, **scheduler_kwargs)
+        runner_fields = {f.name for f in fields(RunnerConfig)}
+        runner_settings = {"swap_space": 0, **{k: v for k, v in settings.items() if k in runner_fields}}
+        if "max_num_batched_tokens" in settings:  # The profiling forward is a full step.
+            runner_settings["max_num_batched_tokens"] = settings["max_num_batched_tokens"]
+        runner = ModelRunner(model_dir, RunnerConfig(**runner_settings))
+        return cls(runner, **{k: v for k, v in settings.items() if k not in runner_fields or
+                              k == "max_num_batched_tokens"})
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     n: int = 1, priority: int = 0) -> None:

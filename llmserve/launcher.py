@@ -20,6 +20,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from llmserve.router.config import RouterConfig
+from llmserve.scheduler.config import SchedulerServiceConfig
+from llmserve.settings import Command, group, setting, to_argv
+from llmserve.worker.config import RunnerConfig, WorkerConfig
+
 logger = logging.getLogger(__name__)
 
 
@@ -168,52 +173,83 @@ class LocalCluster:
         self.stop()
 
 
-def scheduler_flags(args) -> list[str]:
-    """The scheduler's command-line flags back from parsed ones (`llmserve up`, and the
-    clusters `llmserve bench` launches)."""
-    flags = ["--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-             "--preemption-mode", args.preemption_mode, "--stream-interval", str(args.stream_interval),
-             "--num-scheduler-steps", str(args.num_scheduler_steps)]
-    return flags + ["--no-chunked-prefill"] * args.no_chunked_prefill + ["--no-prefix-caching"] * args.no_prefix_caching
+# Settings a process of a local cluster gets from the launcher itself, not from the user.
+_PER_PROCESS = ("host", "port", "metrics-port", "shutdown-timeout")
+_WORKER_ADDRESSING = ("scheduler", "advertise-host", "register-timeout", "rank", "dist-init", "dist-timeout")
 
 
-def run_local_cluster(args) -> int:
+@dataclass(frozen=True)
+class EngineSettings:
+    """What an engine is built from, in process or as a local cluster: the worker's model
+    and runner settings and the scheduler's, as the services declare them."""
+
+    worker: WorkerConfig = group(WorkerConfig, skip=_PER_PROCESS + _WORKER_ADDRESSING)
+    scheduler: SchedulerServiceConfig = group(SchedulerServiceConfig,
+                                              skip=_PER_PROCESS + ("log-stats-interval", "step-timeout"))
+
+    def scheduler_argv(self) -> list[str]:
+        return to_argv(self.scheduler, skip=_PER_PROCESS)
+
+    def worker_argv(self) -> list[str]:
+        """The worker's runner flags (ClusterSpec adds the model, the launcher the group's shape)."""
+        return to_argv(self.worker, skip=_PER_PROCESS + _WORKER_ADDRESSING + ("tp-size", "pp-size", "model",
+                                                                            "served-model-name"))
+
+    def scheduler_options(self) -> dict:
+        """The scheduler's policy as the in-process engine takes it."""
+        s = self.scheduler
+        return dict(max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
+                    enable_chunked_prefill=s.enable_chunked_prefill, enable_prefix_caching=s.enable_prefix_caching,
+                    preemption_mode=s.preemption_mode, num_scheduler_steps=s.num_scheduler_steps)
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    """`llmserve up`: every setting of the three services, but those the launcher sets
+    per process (addresses, ranks), plus the cluster's own."""
+
+    engine: EngineSettings = group(EngineSettings)
+    router: RouterConfig = group(RouterConfig, skip=_PER_PROCESS + ("scheduler", "model", "served-model-name"))
+    port: int = setting(50051, help="the router's (public) port")
+    scheduler_port: int = setting(50052, help="the scheduler's port")
+    worker_port: int = setting(50053, help="the worker's port (rank 0's in a group)")
+    prompt: str | None = setting(None, help="answer this prompt (as a chat message), then stop",
+                                 unset="none: serve until Ctrl-C")
+    max_tokens: int = setting(128, help="token limit of the --prompt answer")
+    startup_timeout: float = setting(600.0, help="seconds the cluster may take to become ready")
+    metrics_port: int = setting(0, help="Prometheus endpoints: router, scheduler, worker on PORT, +1, +2 (0 = off)")
+    shutdown_timeout: float = setting(30.0, help="after SIGTERM, seconds in-flight streams may run on")
+
+
+def run_local_cluster(config: UpConfig, log_level: str = "INFO") -> int:
     """`llmserve up`: start the cluster, answer --prompt if given, else serve until Ctrl-C."""
     from llmserve.model_store import resolve_model_dir
 
-    model_dir = resolve_model_dir(args.model)  # Convert the default model once, before the children race.
-    scheduler_args = scheduler_flags(args)
-    worker_args = ["--dtype", args.dtype, "--block-size", str(args.block_size),
-                   "--attention-backend", args.attention_backend, "--swap-space", str(args.swap_space),
-                   "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-                   "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
-    if args.kv_cache_memory is not None:
-        worker_args += ["--kv-cache-memory", str(args.kv_cache_memory)]
-    if args.num_kv_blocks is not None:
-        worker_args += ["--num-kv-blocks", str(args.num_kv_blocks)]
-    if args.max_model_len is not None:
-        worker_args += ["--max-model-len", str(args.max_model_len)]
+    worker = config.engine.worker
+    model_dir = resolve_model_dir(worker.model)  # Convert the default model once, before the children race.
     ops = {"router": [], "scheduler": [], "worker": []}
     for offset, name in enumerate(ops):
-        ops[name] += ["--shutdown-timeout", str(args.shutdown_timeout)]
-        if args.metrics_port:
-            ops[name] += ["--metrics-port", str(args.metrics_port + offset)]
-    scheduler_args += ops["scheduler"]
-    worker_args += ops["worker"]
-    spec = ClusterSpec(router_args=ops["router"], shutdown_timeout_s=args.shutdown_timeout,model_dir=model_dir, router_port=args.port, scheduler_port=args.scheduler_port,
-                       worker_port=args.worker_port, model_name=args.served_model_name,
-                       scheduler_args=scheduler_args, worker_args=worker_args, log_level=args.log_level,
-                       tp_size=args.tp_size, pp_size=args.pp_size)
+        ops[name] += ["--shutdown-timeout", str(config.shutdown_timeout)]
+        if config.metrics_port:
+            ops[name] += ["--metrics-port", str(config.metrics_port + offset)]
+    spec = ClusterSpec(model_dir=model_dir, router_port=config.port, scheduler_port=config.scheduler_port,
+                       worker_port=config.worker_port, model_name=worker.served_model_name,
+                       scheduler_args=config.engine.scheduler_argv() + ops["scheduler"],
+                       worker_args=config.engine.worker_argv() + ops["worker"],
+                       router_args=to_argv(config.router, skip=_PER_PROCESS + ("scheduler", "model",
+                                                                               "served-model-name")) + ops["router"],
+                       shutdown_timeout_s=config.shutdown_timeout, log_level=log_level,
+                       tp_size=worker.tp_size, pp_size=worker.pp_size)
     cluster = LocalCluster(spec)
     # Ctrl-C reaches the whole foreground process group; the children shut down on it
     # by themselves, and stop() below makes sure none is left behind. SIGTERM reaches
     # this process only: it becomes KeyboardInterrupt, and stop() passes it on.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        cluster.start(timeout_s=args.startup_timeout)
+        cluster.start(timeout_s=config.startup_timeout)
         logger.info("cluster ready: router at %s (Ctrl-C stops it)", cluster.router_address)
-        if args.prompt is not None:
-            return asyncio.run(_answer(cluster.router_address, args.prompt, args.max_tokens))
+        if config.prompt is not None:
+            return asyncio.run(_answer(cluster.router_address, config.prompt, config.max_tokens))
         while all(p.poll() is None for p in cluster.processes.values()):
             time.sleep(0.5)
         logger.error("a service exited; stopping the cluster")
@@ -227,6 +263,13 @@ def run_local_cluster(args) -> int:
             (logger.info if code == 0 else logger.error)("%s exited with code %d", name, code)
         clean = all(code == 0 for code in codes.values())
     return 0 if clean else 1
+
+
+def _run_up(config: UpConfig) -> int:
+    return run_local_cluster(config, logging.getLevelName(logging.getLogger().getEffectiveLevel()))
+
+
+COMMAND = Command("up", "start router, scheduler and worker on localhost", UpConfig, _run_up)
 
 
 def _interrupt(signum, frame) -> None:

@@ -4,7 +4,17 @@ import argparse
 
 import pytest
 
-from llmserve.cli import apply_env_defaults, build_parser, parse_bytes
+from llmserve.cli import build_parser, load_commands
+from llmserve.launcher import UpConfig
+from llmserve.scheduler.config import SchedulerServiceConfig
+from llmserve.settings import SettingsError, options, parse_bytes, resolve, to_argv
+from llmserve.worker.config import WorkerConfig
+
+
+def parse(argv: list[str]):
+    """argv -> the command's resolved config, as `llmserve` builds it."""
+    args = build_parser().parse_args(argv)
+    return resolve(load_commands()[args.command].config, args, file=args.config)
 
 
 def test_parse_bytes():
@@ -19,13 +29,15 @@ def test_environment_variables_set_defaults_and_flags_win(monkeypatch):
     monkeypatch.setenv("LLMSERVE_KV_CACHE_MEMORY", "1GiB")
     monkeypatch.setenv("LLMSERVE_MAX_NUM_SEQS", "7")
     monkeypatch.setenv("LLMSERVE_NO_CHUNKED_PREFILL", "true")
-    parser = build_parser()
-    apply_env_defaults(parser)
-    worker = parser.parse_args(["worker"])
-    assert worker.kv_cache_memory == 2**30
-    scheduler = parser.parse_args(["scheduler"])
-    assert scheduler.max_num_seqs == 7 and scheduler.no_chunked_prefill is True
-    assert parser.parse_args(["scheduler", "--max-num-seqs", "9"]).max_num_seqs == 9
+    worker = parse(["worker"])
+    assert worker.runner.kv_cache_memory == 2**30
+    scheduler = parse(["scheduler"])
+    assert scheduler.max_num_seqs == 7 and scheduler.enable_chunked_prefill is False
+    assert parse(["scheduler", "--max-num-seqs", "9"]).max_num_seqs == 9
+    assert parse(["scheduler", "--chunked-prefill"]).enable_chunked_prefill is True
+    monkeypatch.setenv("LLMSERVE_MAX_NUM_SEQS", "many")
+    with pytest.raises(SettingsError, match="LLMSERVE_MAX_NUM_SEQS"):
+        parse(["scheduler"])
 
 
 @pytest.mark.parametrize("argv", [["up"], ["router"], ["scheduler"], ["worker"], ["generate", "hi"]])
@@ -34,19 +46,50 @@ def test_every_command_parses_with_defaults(argv):
     assert args.command == argv[0]
 
 
+@pytest.mark.parametrize("command,config_cls", [("up", UpConfig), ("scheduler", SchedulerServiceConfig),
+                                                ("worker", WorkerConfig)])
+def test_defaults_and_help_come_from_the_declaration(command, config_cls, capsys):
+    """Nothing given: the config is the dataclass's own defaults; --help shows every
+    setting with its default and its environment variable."""
+    assert parse([command]) == config_cls()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for opt in options(config_cls):
+        assert f"--{opt.name}" in text and f"(default: {opt.shown_default}; env {opt.env})" in text, opt.name
+
+
 @pytest.mark.parametrize("front", [["up"], ["bench", "serve"], ["bench", "throughput"]])
 def test_scheduler_flags_reach_the_launched_scheduler_unchanged(front):
-    from llmserve.launcher import scheduler_flags
+    from llmserve.bench.cli import BenchSettings
 
-    parser = build_parser()
     given = ["--max-num-seqs", "7", "--max-num-batched-tokens", "300", "--no-chunked-prefill",
              "--no-prefix-caching", "--preemption-mode", "swap", "--stream-interval", "4",
              "--num-scheduler-steps", "8"]
-    outer = parser.parse_args(front + given)
-    inner = parser.parse_args(["scheduler", *scheduler_flags(outer)])
-    for name in ("max_num_seqs", "max_num_batched_tokens", "no_chunked_prefill", "no_prefix_caching",
+    args = build_parser().parse_args(front + given)
+    outer = resolve(UpConfig if front == ["up"] else BenchSettings, args).engine
+    inner = parse(["scheduler", *outer.scheduler_argv()])
+    for name in ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
                  "preemption_mode", "stream_interval", "num_scheduler_steps"):
-        assert getattr(inner, name) == getattr(outer, name) != getattr(parser.parse_args(["scheduler"]), name), name
+        assert getattr(inner, name) == getattr(outer.scheduler, name) != getattr(SchedulerServiceConfig(), name), name
+    # The same budget sizes the worker's profiling forward.
+    assert parse(["worker", *outer.worker_argv()]).runner.max_num_batched_tokens == 300
     for flag in ("--stream-interval", "--num-scheduler-steps"):
         with pytest.raises(SystemExit):
-            parser.parse_args(["scheduler", flag, "0"])
+            build_parser().parse_args(["scheduler", flag, "0"])
+
+
+def test_to_argv_round_trips_every_worker_setting():
+    config = parse(["worker", "--dtype", "bfloat16", "--kv-cache-memory", "3MiB", "--swap-space", "0.5",
+                    "--max-model-len", "77", "--tp-size", "2", "--rank", "1", "--served-model-name", "m"])
+    assert config.runner.swap_space == 2**29 and config.runner.kv_cache_memory == 3 * 2**20
+    assert parse(["worker", *to_argv(config)]) == config
+
+
+def test_readme_settings_table_is_current():
+    from pathlib import Path
+
+    from llmserve.cli import settings_table
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert settings_table() in readme, "README's settings table is stale: paste settings_table()"

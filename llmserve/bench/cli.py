@@ -1,20 +1,36 @@
-"""The `llmserve bench ...` subcommands' flags."""
+"""The `llmserve bench ...` subcommands' flags.
+
+The engine's flags are the services' own settings (llmserve.launcher.EngineSettings),
+with the benchmarks' defaults: a 1 GiB KV cache and no swap space, so that a run's
+figures do not depend on the host's free memory.
+"""
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import dataclass
+
 from llmserve.bench.workloads import add_workload_flags
+from llmserve.launcher import EngineSettings
+from llmserve.settings import Command, add_flags, group, resolve
+from llmserve.worker.config import DTYPES, RunnerConfig, WorkerConfig
 
 
-def add_bench_parser(sub, add_model_flags, add_scheduler_flags, parse_bytes) -> None:
-    bench = sub.add_parser("bench", help="benchmarks (throughput offline, serve online)")
+def _bench_engine() -> EngineSettings:
+    return EngineSettings(worker=WorkerConfig(runner=RunnerConfig(kv_cache_memory=2**30, swap_space=0)))
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    engine: EngineSettings = group(_bench_engine)
+
+
+def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
 
     def common(p):
-        add_model_flags(p)
-        add_scheduler_flags(p)
+        add_flags(p, BenchSettings)
         add_workload_flags(p)
-        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-        p.add_argument("--kv-cache-memory", type=parse_bytes, default=2**30)
         p.add_argument("--output-dir", default="bench-results", help="JSON + PNG go here")
 
     tput = bench_sub.add_parser("throughput", help="offline: in-process engine, optionally gRPC stack and HF")
@@ -39,10 +55,9 @@ def add_bench_parser(sub, add_model_flags, add_scheduler_flags, parse_bytes) -> 
                        help="rounds (each on a fresh cluster with --launch, then its in-process decode step); "
                             "figures are the median round's")
 
-
     prof = bench_sub.add_parser("profile", help="where the time of one decode step goes")
-    add_model_flags(prof)
-    prof.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    prof.add_argument("--model", default="default", help="local HF model directory, or 'default'")
+    prof.add_argument("--dtype", default="float32", choices=DTYPES)
     prof.add_argument("--batch", type=int, default=64)
     prof.add_argument("--context", type=int, default=256, help="prompt tokens per sequence")
 
@@ -52,6 +67,9 @@ def run_bench(args) -> int:
         from llmserve.bench.profile_step import bench_profile
 
         return bench_profile(args)
+    args.engine = resolve(BenchSettings, args).engine
+    runner = args.engine.worker.runner
+    args.model, args.dtype, args.kv_cache_memory = args.engine.worker.model, runner.dtype, runner.kv_cache_memory
     if args.bench_command == "throughput":
         from llmserve.bench.throughput import bench_throughput
 
@@ -59,3 +77,7 @@ def run_bench(args) -> int:
     from llmserve.bench.serve import bench_serve
 
     return bench_serve(args)
+
+
+COMMAND = Command("bench", "benchmarks (throughput offline, serve online, profile a step)", None, run_bench,
+                  add_bench_arguments)

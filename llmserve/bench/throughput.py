@@ -15,6 +15,7 @@ from llmserve.bench.flops import ModelBytes, ModelFlops, measure_matmul_peak, me
 from llmserve.bench.report import machine_info, median_round, plot_throughput, write_json
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 from llmserve.engine import InProcessEngine
+from llmserve.worker.model_runner import ModelRunner
 from llmserve.contract.sampling import SamplingParams
 
 
@@ -76,12 +77,11 @@ def roofline(engine: InProcessEngine, peak_flops: float, bandwidth: float, dtype
 
 def cluster_spec(model_dir: Path, args):
     """A local cluster configured like the in-process engine of the same run."""
-    from llmserve.launcher import ClusterSpec, free_port, scheduler_flags
+    from llmserve.launcher import ClusterSpec, free_port
 
     return ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
-                       worker_port=free_port(), log_level="WARNING", scheduler_args=scheduler_flags(args),
-                       worker_args=["--dtype", args.dtype, "--kv-cache-memory", str(args.kv_cache_memory),
-                                    "--max-num-batched-tokens", str(args.max_num_batched_tokens)])
+                       worker_port=free_port(), log_level="WARNING", scheduler_args=args.engine.scheduler_argv(),
+                       worker_args=args.engine.worker_argv())
 
 
 def run_through_grpc(model_dir: Path, requests: list[BenchRequest], args) -> dict:
@@ -159,12 +159,8 @@ def bench_throughput(args) -> int:
     bandwidth = measure_memory_bandwidth()
     report["matmul_peak_gflop_per_s"] = peak / 1e9
     report["memory_bandwidth_gb_per_s"] = bandwidth / 1e9
-    scheduler_options = dict(
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_chunked_prefill=not args.no_chunked_prefill, enable_prefix_caching=not args.no_prefix_caching,
-        preemption_mode=args.preemption_mode, num_scheduler_steps=args.num_scheduler_steps)
-    engine = InProcessEngine.from_model_dir(model_dir, dtype=args.dtype, kv_cache_memory_bytes=args.kv_cache_memory,
-                                            **scheduler_options)
+    scheduler_options = args.engine.scheduler_options()
+    engine = InProcessEngine(ModelRunner(model_dir, args.engine.worker.runner), **scheduler_options)
     block_size = engine.scheduler.kv.block_size
     # NOTE: rounds interleave the systems (engine, gRPC, baselines, engine, ...) so a change
     # in the machine's load during the run lands on all of them, not on one.

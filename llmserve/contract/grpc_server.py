@@ -3,7 +3,11 @@ health service, and channel options sized for step plans and long prompts."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import _async as health_async
@@ -65,3 +69,18 @@ class ServiceServer:
 
 def insecure_channel(target: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+
+
+def run_until_signal(serve: Callable[[Any, asyncio.Event], Awaitable[None]], config: Any) -> int:
+    """Runs `serve(config, stop)` on a new event loop; SIGINT or SIGTERM sets `stop`, and
+    the service drains and returns. Returns the process's exit code."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, stop)
+
+    asyncio.run(main())
+    return 0

@@ -17,7 +17,3 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     # Stop strings never leave the router; the engine stops on token ids only.
     stop: tuple[str, ...] = field(default=())
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0

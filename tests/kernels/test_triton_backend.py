@@ -84,11 +84,12 @@ def test_install_backend_swaps_every_layer():
 def test_model_runner_triton_equals_torch(tiny_llama_dir):
     """Chunked prefill, a prefix of cached context, decodes and a mixed step, greedy."""
     from llmserve.worker.model_runner import ModelRunner
+    from llmserve.worker.config import RunnerConfig
     from tests.worker.conftest import PlanDriver
 
     logits, tokens = {}, {}
     for backend in ("torch", "triton"):
-        runner = ModelRunner(tiny_llama_dir, num_kv_blocks=24, block_size=16, attention_backend=backend)
+        runner = ModelRunner(tiny_llama_dir, RunnerConfig(num_kv_blocks=24, block_size=16, attention_backend=backend, swap_space=0))
         assert runner.batch.attention_backend.__name__ == {"torch": "TorchPagedAttention",
                                                           "triton": "TritonPagedAttention"}[backend]
         seen = []

@@ -66,26 +66,30 @@ def test_prometheus_names_are_unique_and_documented():
 
 
 def test_cluster_config_file(tmp_path, monkeypatch):
-    from llmserve.cli import apply_env_defaults, build_parser, load_up_config
-    from llmserve.config_file import ConfigError
+    from llmserve.cli import build_parser
+    from llmserve.launcher import UpConfig
+    from llmserve.settings import SettingsError, resolve
+
+    def up(argv: list[str]) -> UpConfig:
+        args = build_parser().parse_args(["up", *argv])
+        return resolve(UpConfig, args, file=args.config)
 
     monkeypatch.delenv("LLMSERVE_MAX_NUM_SEQS", raising=False)
     monkeypatch.setenv("LLMSERVE_BLOCK_SIZE", "32")
     cfg = tmp_path / "cluster.yaml"
     cfg.write_text("max-num-seqs: 7\nkv_cache_memory: 1GiB\nno-prefix-caching: true\nblock-size: 8\n")
-    parser = build_parser()
-    apply_env_defaults(parser)
-    args = load_up_config(parser, ["up", "--config", str(cfg), "--port", "6001"])
-    assert (args.max_num_seqs, args.kv_cache_memory, args.no_prefix_caching) == (7, 2**30, True)
-    assert args.block_size == 32  # The environment wins over the file,
-    assert args.port == 6001  # and the command line over both.
+    config = up(["--config", str(cfg), "--port", "6001"])
+    scheduler, runner = config.engine.scheduler, config.engine.worker.runner
+    assert (scheduler.max_num_seqs, runner.kv_cache_memory, scheduler.enable_prefix_caching) == (7, 2**30, False)
+    assert runner.block_size == 32  # The environment wins over the file,
+    assert config.port == 6001  # and the command line over both.
     toml = tmp_path / "cluster.toml"
     toml.write_text('max-num-seqs = 9\ndtype = "bfloat16"\n')
-    args = load_up_config(build_parser(), ["up", "--config", str(toml)])
-    assert (args.max_num_seqs, args.dtype) == (9, "bfloat16")
+    config = up(["--config", str(toml)])
+    assert (config.engine.scheduler.max_num_seqs, config.engine.worker.runner.dtype) == (9, "bfloat16")
     bad = tmp_path / "bad.yaml"
     bad.write_text("max-num-sequences: 3\n")
-    with pytest.raises(ConfigError, match="unknown option"):
-        load_up_config(build_parser(), ["up", "--config", str(bad)])
+    with pytest.raises(SettingsError, match="unknown settings"):
+        up(["--config", str(bad)])
     # The example file in the repository loads.
-    load_up_config(build_parser(), ["up", "--config", str(ROOT / "cluster.yaml")])
+    up(["--config", str(ROOT / "cluster.yaml")])

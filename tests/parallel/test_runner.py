@@ -19,12 +19,12 @@ def _drive(rank: int, tp: int, pp: int, port: int, model_dir: str, queue) -> Non
         torch.set_num_threads(1)
         from llmserve.worker.distributed import DistInit
         from llmserve.worker.model_runner import ModelRunner
+        from llmserve.worker.config import RunnerConfig
         from tests.worker.conftest import PlanDriver
 
         dist = DistInit(tp, pp, rank, f"tcp://127.0.0.1:{port}") if tp * pp > 1 else None
         # Ranks get different budgets: all must allocate the smallest block count.
-        runner = ModelRunner(model_dir, block_size=4, kv_cache_memory_bytes=2**20 * (rank + 1),
-                             max_num_batched_tokens=32, dist=dist)
+        runner = ModelRunner(model_dir, RunnerConfig(block_size=4, kv_cache_memory=2**20 * (rank + 1), max_num_batched_tokens=32, swap_space=0), dist=dist)
         drv = PlanDriver(runner, 4, runner.num_kv_blocks)
         drv.add("a", [5, 6, 7, 8, 9])
         drv.add("b", list(range(20, 33)))

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from llmserve.router.detokenizer import IncrementalDetokenizer
+from llmserve.router.detokenizer import IncrementalDetokenizer, StreamDetokenizer, new_detokenizer
 
 FFFD = "\ufffd"
 
@@ -17,6 +17,21 @@ TEXTS = [
     "  leading spaces, Mixed 中文 and English, emoji 🎉 at end 🎉",
     "Ελληνικά, русский текст, العربية, हिन्दी, 한국어 텍스트, 日本語のテキスト",
 ]
+
+
+@pytest.fixture(params=["window", "decode_stream"])
+def make(request):
+    """Both detokenizers meet every behavioural test: the Python window (the fallback) and
+    tokenizers' DecodeStream (what the router uses for a tokenizer with a Rust backend)."""
+
+    def build(tokenizer, skip_special_tokens=True):
+        if request.param == "window":
+            return IncrementalDetokenizer(tokenizer, skip_special_tokens)
+        detok = new_detokenizer(tokenizer, skip_special_tokens)
+        assert isinstance(detok, StreamDetokenizer)
+        return detok
+
+    return build
 
 
 def _stream(detok, ids, chunk_sizes):
@@ -35,10 +50,10 @@ def _stream(detok, ids, chunk_sizes):
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_one_token_at_a_time(smollm2, text):
+def test_one_token_at_a_time(smollm2, text, make):
     ids = smollm2.encode_text(text)
     assert smollm2.decode(ids) == text  # The texts round-trip through this tokenizer.
-    detok = IncrementalDetokenizer(smollm2)
+    detok = make(smollm2)
     deltas = [detok.push([i]) for i in ids] + [detok.flush()]
     assert "".join(deltas) == text
     assert not any(FFFD in d for d in deltas)
@@ -46,30 +61,30 @@ def test_one_token_at_a_time(smollm2, text):
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_random_chunks(smollm2, text):
+def test_random_chunks(smollm2, text, make):
     ids = smollm2.encode_text(text)
     rng = random.Random(len(text))
     for _ in range(20):
-        detok = IncrementalDetokenizer(smollm2)
+        detok = make(smollm2)
         deltas = _stream(detok, ids, [rng.randint(1, 7) for _ in ids])
         assert "".join(deltas) == text
         assert not any(FFFD in d for d in deltas)
 
 
-def test_multibyte_characters_are_held_back(smollm2):
+def test_multibyte_characters_are_held_back(smollm2, make):
     # 👩 is split over byte-level tokens: nothing may be emitted until it is whole.
     ids = smollm2.encode_text("a👩")
     assert len(ids) >= 3
-    detok = IncrementalDetokenizer(smollm2)
+    detok = make(smollm2)
     assert detok.push(ids[:1]) == "a"
     assert [detok.push([i]) for i in ids[1:-1]] == [""] * (len(ids) - 2)
     assert detok.push(ids[-1:]) == "👩"
     assert detok.flush() == ""
 
 
-def test_unfinished_character_is_flushed_as_decode_does(smollm2):
+def test_unfinished_character_is_flushed_as_decode_does(smollm2, make):
     ids = smollm2.encode_text("ok 你")[:-1]  # Cut inside 你.
-    detok = IncrementalDetokenizer(smollm2)
+    detok = make(smollm2)
     deltas = [detok.push([i]) for i in ids]
     assert "".join(deltas) == "ok "
     assert smollm2.decode(ids) == "ok " + FFFD
@@ -77,23 +92,23 @@ def test_unfinished_character_is_flushed_as_decode_does(smollm2):
     assert detok.flush() == ""
 
 
-def test_special_tokens_skipped_or_kept(smollm2):
+def test_special_tokens_skipped_or_kept(smollm2, make):
     ids = smollm2.encode_text("<|im_start|>assistant\nHi there<|im_end|><repo_name>")
     assert ids[0] == 1 and ids[-2:] == [2, 3]
     for skip in (True, False):
-        detok = IncrementalDetokenizer(smollm2, skip_special_tokens=skip)
+        detok = make(smollm2, skip_special_tokens=skip)
         deltas = [detok.push([i]) for i in ids] + [detok.flush()]
         assert "".join(deltas) == smollm2.decode(ids, skip_special_tokens=skip)
     assert "".join(deltas).endswith("Hi there<|im_end|><repo_name>")
 
 
-def test_random_token_ids(smollm2):
+def test_random_token_ids(smollm2, make):
     rng = random.Random(0)
     for _ in range(300):
         ids = [rng.randrange(smollm2.vocab_size) for _ in range(rng.randint(1, 40))]
         expected = smollm2.decode(ids)
         for chunked in (False, True):
-            detok = IncrementalDetokenizer(smollm2)
+            detok = make(smollm2)
             sizes = [rng.randint(1, 5) if chunked else 1 for _ in ids]
             deltas = _stream(detok, ids, sizes)
             assert "".join(deltas) == expected, ids
@@ -157,17 +172,34 @@ def _sentencepiece_like():
     return hf, vocab, pieces
 
 
-def test_leading_space_stripping_tokenizer():
+def test_leading_space_stripping_tokenizer(make):
     hf, vocab, pieces = _sentencepiece_like()
     ids = [vocab["▁Hello"], vocab["▁world"], vocab["!"]]
     # Decoded alone, "▁world" loses its space; the stream must keep it.
     assert hf.decode(ids[1:2]) == "world"
-    detok = IncrementalDetokenizer(hf)
+    detok = make(hf)
     assert [detok.push([i]) for i in ids] == ["Hello", " world", "!"]
     rng = random.Random(1)
     for _ in range(500):
         ids = [i for _ in range(rng.randint(1, 20)) for i in rng.choice(pieces)]
-        detok = IncrementalDetokenizer(hf)
+        detok = make(hf)
         deltas = _stream(detok, ids, [rng.randint(1, 3) for _ in ids])
         assert "".join(deltas) == hf.decode(ids, skip_special_tokens=True), ids
         assert not any(FFFD in d for d in deltas), ids
+
+
+def test_decode_stream_gives_invalid_bytes_out_once_text_follows(smollm2):
+    cont, first = _byte_token(smollm2, 0xA9), _byte_token(smollm2, 0xF0)
+    ids = ([first] + [cont] * 50 + smollm2.encode_text(" ok")) * 5
+    detok = new_detokenizer(smollm2)
+    deltas = [detok.push([i]) for i in ids] + [detok.flush()]
+    assert "".join(deltas) == smollm2.decode(ids)
+    assert detok.window_size == 0
+
+
+def test_a_tokenizer_without_a_rust_backend_gets_the_window(smollm2):
+    class PythonOnly:  # decode() only, as a slow tokenizer offers
+        def decode(self, ids, skip_special_tokens=True):
+            return smollm2.decode(ids, skip_special_tokens)
+
+    assert isinstance(new_detokenizer(PythonOnly()), IncrementalDetokenizer)

@@ -34,7 +34,7 @@ def test_bf16_greedy_matches_hf_bf16():
     prompts = [tok(tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                            add_generation_prompt=True), add_special_tokens=False)["input_ids"]
                for p in CHAT_PROMPTS] + [tok(p)["input_ids"] for p in RAW_PROMPTS]
-    engine = InProcessEngine.from_model_dir(model_dir, dtype="bfloat16", kv_cache_memory_bytes=2**28)
+    engine = InProcessEngine.from_model_dir(model_dir, dtype="bfloat16", kv_cache_memory=2**28)
     ours = engine.run([(f"r{i}", p, SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True))
                        for i, p in enumerate(prompts)])
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()

@@ -8,11 +8,12 @@ import torch
 from llmserve.contract.plan import StepPlan
 from llmserve.worker import kv_cache as kvc
 from llmserve.worker.model_runner import ModelRunner
+from llmserve.worker.config import RunnerConfig
 
 
 def test_moves_run_in_order_and_touch_only_their_blocks(tiny_llama_dir):
     block_bytes = kvc.bytes_per_block(4, 2, 16, 3, torch.float32)
-    runner = ModelRunner(tiny_llama_dir, block_size=4, num_kv_blocks=8, swap_space_bytes=4 * block_bytes)
+    runner = ModelRunner(tiny_llama_dir, RunnerConfig(block_size=4, num_kv_blocks=8, swap_space=4 * block_bytes))
     assert runner.info.num_cpu_blocks == 4
     torch.manual_seed(0)
     for layer in runner.kv_caches + runner.cpu_kv_caches:
@@ -34,7 +35,7 @@ def test_moves_run_in_order_and_touch_only_their_blocks(tiny_llama_dir):
 
 
 def test_out_of_range_moves_are_rejected(tiny_llama_dir):
-    runner = ModelRunner(tiny_llama_dir, block_size=4, num_kv_blocks=8)
+    runner = ModelRunner(tiny_llama_dir, RunnerConfig(block_size=4, num_kv_blocks=8, swap_space=0))
     with pytest.raises(ValueError, match="swap-out"):
         runner.execute(StepPlan(0, swap_out=[(1, 0)]))  # No swap space.
     with pytest.raises(ValueError, match="copy"):
@@ -45,9 +46,9 @@ def test_kv_blocks_from_profiled_budget(tiny_llama_dir, caplog, monkeypatch):
     block_bytes = kvc.bytes_per_block(16, 2, 16, 3, torch.float32)
     monkeypatch.setattr(kvc, "default_kv_cache_bytes", lambda: 2**30)
     with caplog.at_level("INFO"):
-        runner = ModelRunner(tiny_llama_dir, max_num_batched_tokens=300)
+        runner = ModelRunner(tiny_llama_dir, RunnerConfig(max_num_batched_tokens=300, swap_space=0))
     # The default budget less the measured activation peak.
     assert 0 < runner.num_kv_blocks <= 2**30 // block_bytes
-    assert ModelRunner(tiny_llama_dir, kv_cache_memory_bytes=200 * block_bytes).num_kv_blocks == 200
+    assert ModelRunner(tiny_llama_dir, RunnerConfig(kv_cache_memory=200 * block_bytes, swap_space=0)).num_kv_blocks == 200
     assert "# KV blocks:" in caplog.text and "max concurrency for 256-token requests" in caplog.text
     assert "300-token dummy forward" in caplog.text

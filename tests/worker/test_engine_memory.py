@@ -37,7 +37,7 @@ def run(engine, prompts=PROMPTS, sampling=None):
 
 CONFIGS = {
     "large": dict(num_kv_blocks=200),
-    "tiny-swap": dict(num_kv_blocks=7, swap_space_bytes=SWAP_BYTES, preemption_mode="swap"),
+    "tiny-swap": dict(num_kv_blocks=7, swap_space=SWAP_BYTES, preemption_mode="swap"),
     "tiny-recompute": dict(num_kv_blocks=7, preemption_mode="recompute"),
     "no-prefix-caching": dict(num_kv_blocks=7, enable_prefix_caching=False),
     "chunked-8": dict(num_kv_blocks=7, max_num_batched_tokens=8),
@@ -64,7 +64,7 @@ def test_greedy_outputs_match_hf_under_every_memory_setting(tiny_llama_dir, refe
 
 
 def test_greedy_samples_under_swap_pressure_match_hf(tiny_llama_dir, reference):
-    engine = InProcessEngine.from_model_dir(tiny_llama_dir, num_kv_blocks=9, swap_space_bytes=SWAP_BYTES)
+    engine = InProcessEngine.from_model_dir(tiny_llama_dir, num_kv_blocks=9, swap_space=SWAP_BYTES)
     outputs: dict[tuple[str, int], list[int]] = {}
     for rid in ("r1", "r3"):
         engine.add_request(rid, PROMPTS[rid], greedy(), n=3)

@@ -6,6 +6,7 @@ import pytest
 
 from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
 from llmserve.worker.model_runner import ModelRunner
+from llmserve.worker.config import RunnerConfig
 
 from .conftest import PlanDriver, hf_greedy
 
@@ -27,7 +28,7 @@ def reference(tiny_llama_dir):
 
 
 def _runner(model_dir) -> ModelRunner:
-    return ModelRunner(model_dir, block_size=BLOCK, num_kv_blocks=NUM_BLOCKS, max_model_len=128)
+    return ModelRunner(model_dir, RunnerConfig(block_size=BLOCK, num_kv_blocks=NUM_BLOCKS, max_model_len=128, swap_space=0))
 
 
 def test_info(tiny_llama_dir):
@@ -114,7 +115,7 @@ def test_seeded_sampling_survives_batching_and_preemption(tiny_llama_dir):
 
 def test_a_runner_can_share_another_runners_weights(tiny_llama_dir, reference):
     first = _runner(tiny_llama_dir)
-    second = ModelRunner(tiny_llama_dir, block_size=BLOCK, num_kv_blocks=24, max_model_len=128, model=first.model)
+    second = ModelRunner(tiny_llama_dir, RunnerConfig(block_size=BLOCK, num_kv_blocks=24, max_model_len=128, swap_space=0), model=first.model)
     assert second.model is first.model and second.num_kv_blocks == 24
     assert second.kv_caches[0].data_ptr() != first.kv_caches[0].data_ptr()  # its own KV cache
     d = PlanDriver(second, BLOCK, 24)

@@ -10,6 +10,7 @@ import pytest
 
 from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
 from llmserve.worker.model_runner import ModelRunner
+from llmserve.worker.config import RunnerConfig
 
 from .conftest import PlanDriver, hf_greedy
 
@@ -20,7 +21,7 @@ PROMPTS = {"a": [11, 45, 3, 99, 120, 7, 8, 250], "b": list(range(20, 43))}
 
 
 def _runner(model_dir, max_model_len: int = 128) -> ModelRunner:
-    return ModelRunner(model_dir, block_size=BLOCK, num_kv_blocks=NUM_BLOCKS, max_model_len=max_model_len)
+    return ModelRunner(model_dir, RunnerConfig(block_size=BLOCK, num_kv_blocks=NUM_BLOCKS, max_model_len=max_model_len, swap_space=0))
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +99,8 @@ def test_an_interrupt_over_the_execute_stream_cuts_a_long_run(tiny_llama_dir):
     from llmserve.worker import service
 
     async def run():
-        config = service.WorkerConfig(model_dir=tiny_llama_dir, model_name="tiny", num_kv_blocks=NUM_BLOCKS,
-                                      max_num_batched_tokens=64)
+        config = service.WorkerConfig(model=str(tiny_llama_dir), served_model_name="tiny", runner=RunnerConfig(num_kv_blocks=NUM_BLOCKS,
+                                      max_num_batched_tokens=64, swap_space=0))
         servicer = await service.load_servicer(config)
         server = ServiceServer("llmserve.internal.v1.Worker", "127.0.0.1", 0)
         worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)

@@ -22,8 +22,9 @@ def model_dir():
 
 def test_smollm2_prefill_logits_and_greedy_match_hf(model_dir):
     from llmserve.worker.model_runner import ModelRunner
+    from llmserve.worker.config import RunnerConfig
 
-    runner = ModelRunner(model_dir, block_size=16, num_kv_blocks=8)
+    runner = ModelRunner(model_dir, RunnerConfig(block_size=16, num_kv_blocks=8, swap_space=0))
     assert runner.info.eos_token_ids[0] == 2 and runner.info.vocab_size == 49152
     hf = hf_model(model_dir)
     with torch.inference_mode():

@@ -6,6 +6,7 @@ import threading
 from llmserve.contract import wire
 from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
 from llmserve.worker import service
+from llmserve.worker.config import RunnerConfig
 
 
 def test_steps_run_on_the_thread_that_loaded_the_model(tiny_llama_dir, monkeypatch):
@@ -22,8 +23,8 @@ def test_steps_run_on_the_thread_that_loaded_the_model(tiny_llama_dir, monkeypat
     monkeypatch.setattr(service, "load_runner", recording_load)
 
     async def run():
-        config = service.WorkerConfig(model_dir=tiny_llama_dir, model_name="tiny", num_kv_blocks=16,
-                                      max_num_batched_tokens=64)
+        config = service.WorkerConfig(model=str(tiny_llama_dir), served_model_name="tiny", runner=RunnerConfig(num_kv_blocks=16,
+                                      max_num_batched_tokens=64, swap_space=0))
         servicer = await service.load_servicer(config)
         real_execute = servicer.runner.execute
 

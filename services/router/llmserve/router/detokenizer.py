@@ -14,6 +14,11 @@ the decoded text was complete, so the window holds the last emitted chunk plus t
 tokens not yet emitted, whatever the length of the sequence.
 
 Invariant (tested): "".join(push(...) for each chunk) + flush() == decode(all ids).
+
+Where the tokenizer is a `tokenizers` (Rust) one, which covers every "fast" HF
+tokenizer, `StreamDetokenizer` hands the same job to `tokenizers.decoders.DecodeStream`:
+one call into Rust per token instead of a few Python-side decodes of the window.
+`IncrementalDetokenizer` stays for the tokenizers it cannot drive.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from llmserve.router.tokenizer import special_token_ids
+
+try:  # tokenizers >= 0.21
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # pragma: no cover - an older tokenizers: the Python window only
+    DecodeStream = None
 
 REPLACEMENT_CHAR = "\ufffd"
 # A held-back tail ending in U+FFFD longer than this many tokens cannot be a character
@@ -125,3 +135,59 @@ class IncrementalDetokenizer:
         if not ids:
             return ""
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
+
+
+class StreamDetokenizer:
+    """One sample's stream of token ids into text deltas through `DecodeStream`.
+
+    DecodeStream returns None while the text so far ends in an unfinished character
+    (and, like our window, keeps a prefix so leading-space rules see their context).
+    The ids it holds back are tracked here, so that `flush` can give them out as
+    `decode` would: an unfinished character at the very end becomes U+FFFD.
+    """
+
+    _CONTEXT = _MAX_PENDING_TOKENS  # Ids of emitted text kept to decode the tail in context.
+
+    def __init__(self, backend: Any, skip_special_tokens: bool = True) -> None:
+        self._backend = backend  # A tokenizers.Tokenizer.
+        self._skip_special = skip_special_tokens
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._emitted: list[int] = []  # The last few ids whose text is out.
+        self._pending: list[int] = []  # Ids whose text DecodeStream still holds.
+
+    @property
+    def window_size(self) -> int:
+        return len(self._pending)
+
+    def push(self, new_token_ids: Iterable[int]) -> str:
+        """Add tokens; return the text that is now certain."""
+        out = []
+        for token_id in new_token_ids:
+            text = self._stream.step(self._backend, int(token_id))
+            self._pending.append(int(token_id))
+            if text is not None:
+                out.append(text)
+                self._emitted = (self._emitted + self._pending)[-self._CONTEXT:]
+                self._pending = []
+        return "".join(out)
+
+    def flush(self) -> str:
+        """The held-back text (an unfinished character decodes to U+FFFD here)."""
+        if not self._pending:
+            return ""
+        context = self._decode(self._emitted)
+        text = self._decode(self._emitted + self._pending)
+        self._pending = []
+        return text[len(context):]
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=self._skip_special) if ids else ""
+
+
+def new_detokenizer(tokenizer: Any, skip_special_tokens: bool = True) -> StreamDetokenizer | IncrementalDetokenizer:
+    """DecodeStream where the tokenizer has a `tokenizers` backend, else the Python window."""
+    hf = getattr(tokenizer, "tokenizer", tokenizer)  # A PromptTokenizer wraps the HF one.
+    backend = getattr(hf, "backend_tokenizer", None)
+    if DecodeStream is not None and backend is not None and hasattr(backend, "decode"):
+        return StreamDetokenizer(backend, skip_special_tokens)
+    return IncrementalDetokenizer(tokenizer, skip_special_tokens)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
-from llmserve.router.detokenizer import IncrementalDetokenizer
+from llmserve.router.detokenizer import IncrementalDetokenizer, StreamDetokenizer
 from llmserve.router.stop_strings import StopStringMatcher
 
 
@@ -24,7 +24,7 @@ class SampleDelta:
 @dataclass
 class SampleStream:
     index: int
-    detokenizer: IncrementalDetokenizer
+    detokenizer: StreamDetokenizer | IncrementalDetokenizer
     stop_matcher: StopStringMatcher
     num_tokens: int = 0
     num_cached_tokens: int = 0

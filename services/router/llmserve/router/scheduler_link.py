@@ -134,9 +134,6 @@ class SchedulerLink:
             return False
         return reply.status == SERVING
 
-    async def stats(self) -> scheduler_pb2.SchedulerStats:
-        return await self._stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=5)
-
     async def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()

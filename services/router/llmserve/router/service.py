@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from grpc_reflection.v1alpha import reflection
@@ -22,7 +20,9 @@ from grpc_reflection.v1alpha import reflection
 from llmserve.contract import wire
 from llmserve.contract.grpc_server import ServiceServer
 from llmserve.contract.outputs import FinishReason
-from llmserve.router.detokenizer import IncrementalDetokenizer
+from llmserve.model_store import resolve_model_dir
+from llmserve.router.config import RouterConfig
+from llmserve.router.detokenizer import new_detokenizer
 from llmserve.router.sample_stream import SampleStream
 from llmserve.router.scheduler_link import SchedulerLink, SchedulerUnavailable
 from llmserve.router.stop_strings import StopStringMatcher
@@ -45,18 +45,6 @@ logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "llmserve.v1.Generation"
 HEALTH_POLL_S = 1.0  # How often the router re-reads the scheduler's health.
-
-
-@dataclass(frozen=True)
-class RouterConfig:
-    model_dir: Path
-    model_name: str
-    scheduler_address: str = "localhost:50052"
-    host: str = "0.0.0.0"
-    port: int = 50051
-    connect_timeout_s: float = 300.0
-    metrics_port: int = 0  # Prometheus endpoint (0 = off).
-    shutdown_timeout_s: float = 30.0  # After SIGTERM: how long in-flight streams may run on.
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -95,7 +83,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         finish = "abort"  # Unless the samples end by themselves.
         self._active.add(request_id)
         # One engine request of n samples sharing the prompt's KV; sample i draws with seed + i.
-        streams = [SampleStream(index=i, detokenizer=IncrementalDetokenizer(self.tokenizer),
+        streams = [SampleStream(index=i, detokenizer=new_detokenizer(self.tokenizer),
                                 stop_matcher=StopStringMatcher(sampling.stop)) for i in range(n)]
         unfinished = set(range(n))  # Samples the client has not seen end.
         engine_live = set(range(n))  # Samples the engine still runs.
@@ -247,7 +235,7 @@ def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer) -> g
 async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-router")
     metrics = RouterMetrics(setup_metrics("router", config.metrics_port, config.host))
-    tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, config.model_dir)
+    tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, resolve_model_dir(config.model))
     server = ServiceServer(SERVICE_NAME, config.host, config.port)
     link = SchedulerLink(config.scheduler_address)
     # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
@@ -336,5 +324,5 @@ async def _refresh_serving_info(config: RouterConfig, link: SchedulerLink, servi
             "max_model_len lowered from %d to %d: the KV cache holds only %d tokens",
             worker.max_model_len, max_model_len, num_kv_blocks * worker.block_size,
         )
-    served = ServedModel(name=config.model_name, max_model_len=max_model_len, vocab_size=worker.vocab_size)
+    served = ServedModel(name=config.served_model_name or tokenizer.name, max_model_len=max_model_len, vocab_size=worker.vocab_size)
     servicer.set_ready(served, _model_info(served, worker, num_kv_blocks, tokenizer))

@@ -16,7 +16,6 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass
 
 import grpc
 
@@ -24,6 +23,7 @@ from llmserve.contract import wire
 from llmserve.contract.grpc_server import ServiceServer
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.contract.outputs import FinishReason, RequestOutput
+from llmserve.scheduler.config import SchedulerServiceConfig
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from llmserve.scheduler.step_times import StepTimes
 from llmserve.scheduler.stream_interval import OutputCoalescer
@@ -38,23 +38,6 @@ logger = logging.getLogger(__name__)
 # The readiness request's id (an id no router sends: routers use uuid4 hex or the client's).
 READINESS_REQUEST_ID = "__llmserve_readiness__"
 WORKER_HEALTH_POLL_S = 0.5
-
-
-@dataclass(frozen=True)
-class SchedulerServiceConfig:
-    host: str = "0.0.0.0"
-    port: int = 50052
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 512
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    preemption_mode: str = "auto"  # swap | recompute | auto
-    log_stats_interval_s: float = 10.0
-    step_timeout_s: float = 300.0  # A worker group must answer a step within this, or is lost.
-    metrics_port: int = 0  # Prometheus endpoint (0 = off).
-    shutdown_timeout_s: float = 30.0  # After SIGTERM: how long running requests may go on.
-    stream_interval: int = 1  # Send a sample's tokens every N (its first and last at once).
-    num_scheduler_steps: int = 1  # Decode steps one plan may run back to back on the worker.
 
 
 class RouterSession:

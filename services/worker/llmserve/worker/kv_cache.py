@@ -49,7 +49,7 @@ def allocate_kv_caches(
     return [make(shape, dtype=dtype) for _ in range(num_layers)]
 
 
-def swap_blocks(src_caches: list[torch.Tensor], dst_caches: list[torch.Tensor], moves: list[tuple[int, int]]) -> None:
+def move_blocks(src_caches: list[torch.Tensor], dst_caches: list[torch.Tensor], moves: list[tuple[int, int]]) -> None:
     """Copy whole blocks (K and V, every layer): dst[:, dst_id] = src[:, src_id] for each move.
 
     src_caches / dst_caches: one [2, num_blocks, block_size, kv_heads, head_dim] tensor per

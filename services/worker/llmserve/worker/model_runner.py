@@ -14,6 +14,7 @@ from llmserve.contract.plan import NewRequestData, SampledToken, StepPlan, StepR
 from llmserve.contract.worker_info import WorkerInfo
 from llmserve.worker import kv_cache as kvc
 from llmserve.worker.attention import backend_class, install_backend
+from llmserve.worker.config import RunnerConfig
 from llmserve.worker.input_batch import InputBatch
 from llmserve.worker.distributed import DistInit, init_parallel
 from llmserve.worker.models.decoder import head_dim_of, local_kv_heads
@@ -40,29 +41,15 @@ def eos_token_ids(model_dir: Path, config) -> tuple[int, ...]:
 
 
 class ModelRunner:
-    def __init__(
-        self,
-        model_dir: Path,
-        dtype: str = "float32",
-        block_size: int = 16,
-        kv_cache_memory_bytes: int | None = None,
-        num_kv_blocks: int | None = None,
-        max_model_len: int | None = None,
-        model_name: str | None = None,
-        sampler_seed: int | None = None,
-        attention_backend: str = "auto",
-        swap_space_bytes: int = 0,
-        max_num_batched_tokens: int = 512,
-        gpu_memory_utilization: float = 0.9,
-        dist: DistInit | None = None,
-        model=None,
-    ):
+    def __init__(self, model_dir: Path, settings: RunnerConfig = RunnerConfig(), *, model_name: str | None = None,
+                 sampler_seed: int | None = None, dist: DistInit | None = None, model=None):
         """`model`: weights already loaded from `model_dir` with this dtype on one process
         (no parallel group) to share instead of loading them again (benchmarks time
         several KV caches and batches against one copy of the weights)."""
         self.model_dir = Path(model_dir)
-        self.dtype = parse_dtype(dtype)
-        self.block_size = block_size
+        self.settings = settings
+        self.dtype = parse_dtype(settings.dtype)
+        block_size = self.block_size = settings.block_size
         self.config = load_config(self.model_dir)
         # TP x PP group: join (the ranks must serve the same model the same way), then
         # build this rank's shard only. A world of 1 initializes nothing.
@@ -74,37 +61,54 @@ class ModelRunner:
             raise ValueError("a parallel group's rank loads its own shard; it cannot share weights")
         self.model = model if model is not None else load_model(self.model_dir, self.dtype, self.config,
                                                                   parallel=self.parallel)
+        self.max_model_len = self._max_model_len(settings.max_model_len)
+        # "auto": Triton where the KV cache lives on CUDA, torch elsewhere.
+        self.attention_backend = backend_class(settings.attention_backend, torch.empty(0).device)
+        install_backend(self.model, self.attention_backend)
+        self._allocate_kv_caches(settings)
+        self.batch = InputBatch(block_size, self.num_kv_blocks, self.max_model_len, self.attention_backend)
+        self.sampler = Sampler(sampler_seed)
+        self._interrupted_step_id = -1  # Set by interrupt() from the service's thread.
+        self._info = self._worker_info(model_name or self.model_dir.name)
+        logger.info("# KV blocks: %d (%d CPU swap blocks), max concurrency for %d-token requests: %.2fx",
+                    self.num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
+                    self.num_kv_blocks * block_size / self.max_model_len)
+
+    def _max_model_len(self, cap: int | None) -> int:
         cfg = self.config
-        self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        max_model_len = min(cap or cfg.max_position_embeddings, cfg.max_position_embeddings)
         window = getattr(cfg, "sliding_window", None)
         if window and getattr(cfg, "use_sliding_window", True):
             # NOTE: no sliding-window attention: cap the length where full attention is exact.
-            self.max_model_len = min(self.max_model_len, window)
+            max_model_len = min(max_model_len, window)
+        return max_model_len
+
+    def _allocate_kv_caches(self, settings: RunnerConfig) -> None:
+        """The KV cache (sized by `num_kv_blocks`, or what the memory budget leaves after a
+        profiling forward) and the host swap pool."""
         # NOTE: this rank caches its own layers and its own KV heads only.
+        cfg, bs = self.config, self.block_size
         num_layers, kvh, hd = self.model.num_local_layers, local_kv_heads(cfg, self.parallel.tp.size), head_dim_of(cfg)
-        # "auto": Triton where the KV cache lives on CUDA, torch elsewhere.
-        self.attention_backend = backend_class(attention_backend, torch.empty(0).device)
-        install_backend(self.model, self.attention_backend)
-        block_bytes = kvc.bytes_per_block(block_size, kvh, hd, num_layers, self.dtype)
+        block_bytes = kvc.bytes_per_block(bs, kvh, hd, num_layers, self.dtype)
+        num_kv_blocks = settings.num_kv_blocks
         if num_kv_blocks is None:
             num_kv_blocks = self._blocks_from_profile(
-                block_bytes, kv_cache_memory_bytes, max_num_batched_tokens, gpu_memory_utilization)
+                block_bytes, settings.kv_cache_memory, settings.max_num_batched_tokens, settings.gpu_memory_utilization)
         # Every rank sized its cache from the same budget; all allocate the smallest count.
-        num_kv_blocks = self.parallel.min_over_world(num_kv_blocks)
-        self.num_kv_blocks = num_kv_blocks
-        self.kv_caches = kvc.allocate_kv_caches(num_layers, num_kv_blocks, block_size, kvh, hd, self.dtype)
+        self.num_kv_blocks = self.parallel.min_over_world(num_kv_blocks)
+        self.kv_caches = kvc.allocate_kv_caches(num_layers, self.num_kv_blocks, bs, kvh, hd, self.dtype)
         # NOTE: swap space lives in host memory (pinned would speed up GPU copies).
-        self.num_cpu_blocks = self.parallel.min_over_world(swap_space_bytes // block_bytes)
+        self.num_cpu_blocks = self.parallel.min_over_world(settings.swap_space // block_bytes)
         self.cpu_kv_caches = kvc.allocate_kv_caches(
-            num_layers, self.num_cpu_blocks, block_size, kvh, hd, self.dtype, zeroed=False) if self.num_cpu_blocks else []
-        self.batch = InputBatch(block_size, num_kv_blocks, self.max_model_len, self.attention_backend)
-        self.sampler = Sampler(sampler_seed)
-        self._interrupted_step_id = -1  # Set by interrupt() from the service's thread.
-        self._info = WorkerInfo(
-            model=model_name or self.model_dir.name,
+            num_layers, self.num_cpu_blocks, bs, kvh, hd, self.dtype, zeroed=False) if self.num_cpu_blocks else []
+
+    def _worker_info(self, model_name: str) -> WorkerInfo:
+        cfg = self.config
+        return WorkerInfo(
+            model=model_name,
             model_path=str(self.model_dir),
-            num_kv_blocks=num_kv_blocks,
-            block_size=block_size,
+            num_kv_blocks=self.num_kv_blocks,
+            block_size=self.block_size,
             dtype="bfloat16" if self.dtype == torch.bfloat16 else "float32",
             max_model_len=self.max_model_len,
             vocab_size=cfg.vocab_size,
@@ -113,9 +117,6 @@ class ModelRunner:
             num_cpu_blocks=self.num_cpu_blocks,
             tensor_parallel_size=self.parallel.tp.size,
         )
-        logger.info("# KV blocks: %d (%d CPU swap blocks), max concurrency for %d-token requests: %.2fx",
-                    num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
-                    num_kv_blocks * block_size / self.max_model_len)
 
     def _blocks_from_profile(self, block_bytes: int, kv_cache_memory_bytes: int | None,
                              max_num_batched_tokens: int, gpu_memory_utilization: float) -> int:
@@ -201,9 +202,9 @@ class ModelRunner:
         kvc.check_moves(plan.swap_out, self.num_kv_blocks, self.num_cpu_blocks, "swap-out")
         kvc.check_moves(plan.swap_in, self.num_cpu_blocks, self.num_kv_blocks, "swap-in")
         kvc.check_moves(plan.copies, self.num_kv_blocks, self.num_kv_blocks, "copy")
-        kvc.swap_blocks(gpu, cpu, plan.swap_out)
-        kvc.swap_blocks(cpu, gpu, plan.swap_in)
-        kvc.swap_blocks(gpu, gpu, plan.copies)
+        kvc.move_blocks(gpu, cpu, plan.swap_out)
+        kvc.move_blocks(cpu, gpu, plan.swap_in)
+        kvc.move_blocks(gpu, gpu, plan.copies)
 
     def _run(self, rows) -> list[SampledToken]:
         inp = self.batch.build_inputs(rows)

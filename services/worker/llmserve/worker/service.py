@@ -13,14 +13,13 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
 from llmserve.contract import wire
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from llmserve.worker.config import WorkerConfig
 from llmserve.contract.grpc_server import SERVING, ServiceServer, insecure_channel
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
 from llmserve.contract.plan import StepResult
@@ -30,33 +29,6 @@ from llmserve.telemetry import tracing
 logger = logging.getLogger(__name__)
 
 REREGISTER_POLL_S = 2.0
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    model_dir: Path
-    model_name: str
-    scheduler_address: str = "localhost:50052"
-    host: str = "0.0.0.0"
-    port: int = 50053
-    advertise_host: str = "localhost"  # How the scheduler reaches this worker.
-    dtype: str = "float32"
-    block_size: int = 16
-    kv_cache_memory_bytes: int | None = None
-    num_kv_blocks: int | None = None
-    max_model_len: int | None = None
-    attention_backend: str = "auto"  # "auto" (triton on CUDA, torch on CPU), "torch", "triton"
-    swap_space_bytes: int = 4 * 2**30  # CPU memory for swapped-out KV blocks.
-    max_num_batched_tokens: int = 512  # Size of the profiling forward.
-    gpu_memory_utilization: float = 0.9
-    register_timeout_s: float = 120.0
-    tp_size: int = 1  # A TP x PP group: each rank is its own worker service (SPMD).
-    pp_size: int = 1
-    rank: int | None = None  # None: $RANK (0 when unset)
-    dist_init: str | None = None  # tcp://HOST:PORT; None: $MASTER_ADDR/$MASTER_PORT
-    dist_timeout_s: float = 60.0  # joining, and every collective
-    metrics_port: int = 0  # Prometheus endpoint (0 = off).
-    shutdown_timeout_s: float = 30.0  # After SIGTERM: how long to keep executing for a draining scheduler.
 
 
 def new_compute_thread() -> concurrent.futures.ThreadPoolExecutor:
@@ -207,6 +179,7 @@ async def register_with_scheduler(config: WorkerConfig, address: str, runner) ->
 
 
 def load_runner(config: WorkerConfig):
+    from llmserve.model_store import resolve_model_dir
     from llmserve.worker.distributed import DistInit
     from llmserve.worker.model_runner import ModelRunner
 
@@ -214,20 +187,8 @@ def load_runner(config: WorkerConfig):
     if config.tp_size * config.pp_size > 1:
         dist = DistInit.from_env(config.tp_size, config.pp_size, config.rank, config.dist_init, config.dist_timeout_s)
 
-    return ModelRunner(
-        config.model_dir,
-        dtype=config.dtype,
-        block_size=config.block_size,
-        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
-        num_kv_blocks=config.num_kv_blocks,
-        max_model_len=config.max_model_len,
-        model_name=config.model_name,
-        attention_backend=config.attention_backend,
-        swap_space_bytes=config.swap_space_bytes,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        dist=dist,
-    )
+    model_dir = resolve_model_dir(config.model)
+    return ModelRunner(model_dir, config.runner, model_name=config.served_model_name or model_dir.name, dist=dist)
 
 
 async def load_servicer(config: WorkerConfig, metrics: WorkerMetrics | None = None, on_fatal=None) -> WorkerServicer:

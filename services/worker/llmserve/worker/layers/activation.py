@@ -7,15 +7,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmserve.kernels import cpu as cpu_kernels
+from llmserve.worker.layers.fused_op import FusedCpuOp
 
 
-class SiluAndMul(nn.Module):
+class SiluAndMul(FusedCpuOp):
     """x: [T, 2*d] laid out [gate | up] -> silu(gate) * up: [T, d]."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.stride(-1) == 1 and cpu_kernels.usable_for(x):
-            return cpu_kernels.silu_and_mul(x)  # one pass instead of silu + mul
-        return self.forward_native(x)
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_kernels.silu_and_mul(x)  # one pass instead of silu + mul
 
     @staticmethod
     def forward_native(x: torch.Tensor) -> torch.Tensor:

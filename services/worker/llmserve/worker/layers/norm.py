@@ -6,9 +6,13 @@ import torch
 from torch import nn
 
 from llmserve.kernels import cpu as cpu_kernels
+from llmserve.worker.layers.fused_op import FusedCpuOp
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(FusedCpuOp):
+    """Without residual: norm(x). With residual: s = x + residual; returns (norm(s), s).
+    On CPU the fused kernel does it in one pass (and may overwrite x and residual)."""
+
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
@@ -23,14 +27,17 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Without residual: norm(x). With residual: s = x + residual; return (norm(s), s).
-        On CPU the fused kernel does it in one pass (and may overwrite x and residual)."""
-        if type(self)._norm is RMSNorm._norm and x.dim() == 2 and x.dtype == self.weight.dtype \
-                and cpu_kernels.usable_for(x):
-            if residual is None:
-                return cpu_kernels.rms_norm(x, self.weight, self.eps)
-            return cpu_kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
-        return self.forward_native(x, residual)
+        return super().forward(x, residual)
+
+    def fits(self, x: torch.Tensor) -> bool:
+        return x.dtype == self.weight.dtype
+
+    def forward_cpu(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return cpu_kernels.rms_norm(x, self.weight, self.eps)
+        return cpu_kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
     def forward_native(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -44,7 +51,10 @@ class RMSNorm(nn.Module):
 
 class OffsetRMSNorm(RMSNorm):
     """Gemma's RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), all in float32, cast back at
-    the end (the checkpoint stores w around 0, not around 1)."""
+    the end (the checkpoint stores w around 0, not around 1). The fused CPU kernel
+    computes w * x, so this norm always takes the torch path."""
+
+    uses_fused_cpu_kernel = False
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__(hidden_size, eps)

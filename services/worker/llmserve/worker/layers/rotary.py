@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from llmserve.kernels import cpu as cpu_kernels
+from llmserve.worker.layers.fused_op import fused_cpu_applies
 
 
 def rope_parameters(config: Any) -> dict:
@@ -79,7 +80,7 @@ def apply_rotary_qkv(qkv: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tenso
     T = qkv.shape[0]
     cos, sin = cos_sin
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-    if qkv.dim() == 2 and qkv.stride(-1) == 1 and cos.dtype == qkv.dtype and cpu_kernels.usable_for(qkv):
+    if cos.dtype == qkv.dtype and fused_cpu_applies(qkv):
         cpu_kernels.rotary_neox_(qkv, cos.reshape(T, -1), sin.reshape(T, -1), num_heads + num_kv_heads, head_dim)
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         return q.view(T, num_heads, head_dim), k.view(T, num_kv_heads, head_dim), v.view(T, num_kv_heads, head_dim)

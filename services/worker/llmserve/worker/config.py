@@ -1,0 +1,77 @@
+"""The worker's settings (flags, LLMSERVE_* variables and config-file keys alike).
+
+`RunnerConfig` is what the model runner needs to load a model and size its KV cache;
+the in-process engine and the benchmarks use it as it is. `WorkerConfig` adds the
+service around it: addresses, the parallel group, operations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmserve.settings import Command, format_bytes, group, parse_bytes, positive_int, setting
+
+# What the loader runs (float16 is not offered: CPU matmuls in it are unusably slow).
+DTYPES = ("float32", "bfloat16")
+
+
+def parse_swap_space(text: str) -> int:
+    """Bytes: a plain number is GiB (vLLM's --swap-space), else a size such as 512MiB."""
+    try:
+        return int(float(text) * 2**30)
+    except ValueError:
+        return parse_bytes(text)
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    dtype: str = setting("float32", choices=DTYPES, help="weights, activations and KV cache dtype")
+    max_model_len: int | None = setting(None, help="cap on prompt + completion tokens", unset="the model's own")
+    attention_backend: str = setting("auto", choices=("auto", "torch", "triton"),
+                                     help="paged attention kernels (auto: triton on CUDA, torch on CPU)")
+    block_size: int = setting(16, parse=positive_int, help="tokens per KV cache block")
+    kv_cache_memory: int | None = setting(None, parse=parse_bytes, show=format_bytes,
+                                          help="bytes for the KV cache, e.g. 2GiB", unset="10% of available RAM")
+    num_kv_blocks: int | None = setting(None, parse=positive_int, help="exact KV block count (overrides the budget)")
+    swap_space: int = setting(4 * 2**30, parse=parse_swap_space, show=format_bytes,
+                              help="host memory for swapped-out KV blocks: GiB, or a size such as 512MiB")
+    gpu_memory_utilization: float = setting(0.9, help="on GPU: share of device memory for weights, activations "
+                                                      "and the KV cache")
+    max_num_batched_tokens: int = setting(512, parse=positive_int,
+                                          help="tokens of the profiling forward that sizes the KV cache "
+                                               "(the scheduler's step budget)")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model: str = setting("default", help="local HF model directory; 'default' = the embedded SmolLM2-135M-Instruct")
+    served_model_name: str | None = setting(None, help="the name clients pass as `model`",
+                                            unset="the directory's name")
+    runner: RunnerConfig = group(RunnerConfig)
+    scheduler_address: str = setting("localhost:50052", flag="scheduler", help="scheduler address to register with")
+    host: str = setting("0.0.0.0", help="address to listen on")
+    port: int = setting(50053, help="port the scheduler dials (0 picks a free one)")
+    advertise_host: str = setting("localhost", help="host name the scheduler dials back")
+    register_timeout_s: float = setting(120.0, flag="register-timeout",
+                                        help="seconds to keep trying to register with the scheduler")
+    tp_size: int = setting(1, parse=positive_int, help="tensor-parallel ranks (attention heads split)")
+    pp_size: int = setting(1, parse=positive_int, help="pipeline stages (layers split)")
+    rank: int | None = setting(None, help="this worker's rank in the group, pp_rank * tp_size + tp_rank",
+                               unset="$RANK")
+    dist_init: str | None = setting(None, help="rendezvous tcp://HOST:PORT, served by rank 0",
+                                    unset="$MASTER_ADDR:$MASTER_PORT")
+    dist_timeout_s: float = setting(60.0, flag="dist-timeout",
+                                    help="seconds to wait for every rank to join, and for any collective")
+    metrics_port: int = setting(0, help="Prometheus endpoint http://HOST:PORT/metrics (0 = off)")
+    shutdown_timeout_s: float = setting(30.0, flag="shutdown-timeout",
+                                        help="after SIGTERM, seconds to keep executing for a draining scheduler")
+
+
+def _run(config: WorkerConfig) -> int:
+    from llmserve.contract.grpc_server import run_until_signal
+    from llmserve.worker.service import serve
+
+    return run_until_signal(serve, config)
+
+
+COMMAND = Command("worker", "model shard + KV cache; executes step plans", WorkerConfig, _run)
