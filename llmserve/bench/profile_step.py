@@ -52,10 +52,11 @@ def decoding_engine(model_dir, dtype: str, batch: int, context: int, model=None,
     their prefill: every further step is a pure decode step at that batch size, for
     `max_new_tokens` steps. Its KV cache holds just those tokens. With `model` (another
     engine's runner's model) the weights are shared, not loaded again."""
+    from llmserve.worker.config import RunnerConfig
     from llmserve.worker.model_runner import ModelRunner
 
-    runner = ModelRunner(model_dir, dtype=dtype, num_kv_blocks=batch * -(-(context + max_new_tokens) // 16) + 1,
-                         model=model)
+    settings = RunnerConfig(dtype=dtype, num_kv_blocks=batch * -(-(context + max_new_tokens) // 16) + 1, swap_space=0)
+    runner = ModelRunner(model_dir, settings, model=model)
     engine = InProcessEngine(runner, max_num_batched_tokens=max(4096, batch * (context + 16)))
     for i, r in enumerate(random_workload(batch, (context, context), (1000, 1000), 49152, seed=1)):
         engine.add_request(f"r{i}", r.prompt_token_ids, SamplingParams(max_tokens=max_new_tokens, temperature=0.0,
