@@ -167,6 +167,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     "llmserve.num_computed_tokens": r.num_computed_tokens})
                 prefill.end()
         span.set_attribute("llmserve.num_sampled", len(result.sampled))
+        span.set_attribute("llmserve.num_steps", result.num_steps)  # Of a multi-step plan: the steps that ran.
         if result.error:
             span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR, result.error))
         span.end()
