@@ -286,7 +286,6 @@ def step_result_to_pb(result: StepResult) -> worker_pb2.StepResult:
             for s in result.sampled
         ],
         error=result.error,
-        execute_seconds=result.execute_seconds,
         num_steps=result.num_steps,
     )
 
@@ -303,6 +302,5 @@ def step_result_from_pb(msg: worker_pb2.StepResult) -> StepResult:
             for s in msg.sampled
         ],
         error=msg.error,
-        execute_seconds=msg.execute_seconds,
         num_steps=max(1, msg.num_steps),
     )

@@ -134,9 +134,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if not isinstance(exc, ValueError) and self._in_group() and self.on_fatal is not None:
                 logger.error("rank %d: the parallel group is broken; stopping", self.runner.parallel.rank)
                 self.on_fatal()
-        result.execute_seconds = time.perf_counter() - start
         if self.metrics is not None:
-            self.metrics.step_time.record(result.execute_seconds)
+            self.metrics.step_time.record(time.perf_counter() - start)
         if span.is_recording():
             self._end_spans(span, plan, result)
         return result
