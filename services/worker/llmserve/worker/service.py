@@ -66,9 +66,9 @@ def new_compute_thread() -> concurrent.futures.ThreadPoolExecutor:
     NOTE: OpenMP (libgomp) keeps a thread team per calling thread. A second team, even an
     idle one, makes the process manage more OpenMP threads than there are cores, and
     libgomp then cuts its spin-wait short: the team's threads sleep in futex between
-    parallel regions and the worker stops filling its cores. Loading on another thread
-    than the steps left a 2-core worker ~20% idle (reference workload through gRPC: 150
-    tok/s before, 179 after, the in-process engine 207 in between)."""
+    parallel regions and the worker stops filling its cores. So loading and the steps
+    share one thread (what the second team cost: docs/benchmarks.md, "Design measurements
+    quoted from the code")."""
     return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
 
 
