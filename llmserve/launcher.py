@@ -50,6 +50,9 @@ class ClusterSpec:
     tp_size: int = 1  # A TP x PP group: one worker process per rank ("worker-0", "worker-1", ...).
     pp_size: int = 1
     dist_port: int | None = None  # Rendezvous port of the group (a free one when None).
+    # Environment variables for one service's processes on top of this process's own:
+    # {"router" | "scheduler" | "worker": {name: value}} ("worker": every rank of a group).
+    service_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def commands(self) -> dict[str, list[str]]:
         base = [sys.executable, "-m", "llmserve.cli", "--log-level", self.log_level]
@@ -108,7 +111,7 @@ class LocalCluster:
             self.spec.log_dir.mkdir(parents=True, exist_ok=True)
             stderr = open(self.spec.log_dir / f"{name}.log", "ab")
         cmd = self.spec.commands()[name]
-        env = dict(os.environ)
+        env = dict(os.environ, **self.spec.service_env.get(name.split("-")[0], {}))
         world = self.spec.tp_size * self.spec.pp_size
         if name.startswith("worker-") and "OMP_NUM_THREADS" not in env:
             # NOTE: ranks of one group share this host's cores; don't oversubscribe them.

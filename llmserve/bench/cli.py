@@ -46,8 +46,10 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     serve = bench_sub.add_parser("serve", help="online: Poisson arrivals against a cluster")
     common(serve)
     serve.add_argument("--target", default="localhost:50051", help="router address")
-    serve.add_argument("--scheduler-target", default=None,
-                       help="the cluster's scheduler address: also report its step times (known with --launch)")
+    serve.add_argument("--span-file", default=None,
+                       help="with --target: the JSON-lines span file the cluster's scheduler and worker append "
+                            "to (their LLMSERVE_SPAN_FILE): also report its engine steps (known with --launch)")
+    serve.add_argument("--scheduler-target", default=None, help=argparse.SUPPRESS)  # Gone: see bench_serve.
     serve.add_argument("--launch", action="store_true", help="start a local cluster for the run")
     serve.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s; inf = all at once")
     serve.add_argument("--max-concurrency", type=int, default=None)

@@ -2,7 +2,10 @@
 style). Requests arrive as a Poisson process at --request-rate (or all at once for
 `inf`), at most --max-concurrency in flight; latencies are taken per streamed delta.
 With --launch, TPOT is set against an in-process decode step at the cluster's batch
-(see compare_with_decode_step), in --repeat rounds paired run by run."""
+(see compare_with_decode_step), in --repeat rounds paired run by run. The cluster's own
+steps come from its trace spans (see step_spans.py): a launched cluster's scheduler and
+worker append them to a span file of the benchmark's; with --target, --span-file names
+the running cluster's (its LLMSERVE_SPAN_FILE)."""
 
 from __future__ import annotations
 
@@ -10,14 +13,18 @@ import asyncio
 import math
 import random
 import statistics
+import tempfile
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmserve.bench import cpu_usage
 from llmserve.bench.report import machine_info, median_round, plot_latency, write_json
+from llmserve.bench.step_spans import StepTotals, read_spans, step_totals
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
-from llmserve.scheduler.step_times import StepTimes
+
+# With --target: how long after the run the cluster may take to append its last step span.
+SPAN_SETTLE_S = 1.0
 
 
 @dataclass
@@ -105,55 +112,29 @@ async def run_load(target: str, requests: list[BenchRequest], request_rate: floa
     return timings, duration
 
 
-# The scheduler's StepTimes fields, which its GetStats reply carries under the same names.
-STEP_TIME_FIELDS = tuple(f.name for f in fields(StepTimes))
-
-
-async def scheduler_step_times(address: str) -> dict:
-    """The scheduler's lifetime step totals (its public GetStats), as a dict."""
-    import grpc
-
-    from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-
-    async with grpc.aio.insecure_channel(address) as channel:
-        stats = await scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
-    return {f: _plain(getattr(stats, f)) for f in STEP_TIME_FIELDS}
-
-
-def _plain(value):
-    """A protobuf map as a dict; scalars as they are."""
-    return value if isinstance(value, (int, float)) else dict(value)
-
-
-def _difference(before, after):
-    if isinstance(after, dict):
-        return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-    return after - before
-
-
 def _per(total: float, count: float) -> float:
     """total / count, NaN when nothing was counted (a run without that kind of step)."""
     return total / count if count else math.nan
 
 
-def engine_steps(before: dict, after: dict) -> dict:
-    """The cluster's steps during the run (difference of two step-total snapshots): how
-    long its decode steps took at what batch, and what share of its busy time went to
-    steps that carried prompt tokens."""
-    d = {f: _difference(before[f], after[f]) for f in STEP_TIME_FIELDS}
-    decodes, prefills = d["num_decode_steps"], d["num_prefill_steps"]
-    busy = d["decode_step_seconds"] + d["prefill_step_seconds"]
+def engine_steps(d: StepTotals) -> dict:
+    """The cluster's steps during the run (from its step spans): how long its decode
+    steps took at what batch, and what share of its busy time went to steps that carried
+    prompt tokens."""
+    decodes, prefills = d.num_decode_steps, d.num_prefill_steps
+    busy = d.decode_step_seconds + d.prefill_step_seconds
     # A step of batch b carries b tokens: TPOT, a mean over a request's tokens, weighs it
     # b times. Per batch size: the steps, the share of decoded tokens, the mean step.
-    tokens = sum(b * n for b, n in d["decode_steps_by_batch"].items())
-    by_batch = {b: {"steps": n, "token_share": b * n / tokens, "ms": 1000 * d["decode_seconds_by_batch"][b] / n}
-                for b, n in sorted(d["decode_steps_by_batch"].items())}
+    tokens = sum(b * n for b, n in d.decode_steps_by_batch.items())
+    by_batch = {b: {"steps": n, "token_share": b * n / tokens, "ms": 1000 * d.decode_seconds_by_batch[b] / n}
+                for b, n in sorted(d.decode_steps_by_batch.items())}
+    worker_seconds = d.decode_step_worker_seconds if d.worker_seconds_known else math.nan
     return {
         "num_decode_steps": decodes,
         "num_prefill_steps": prefills,
-        "decode_step_ms": 1000 * _per(d["decode_step_seconds"], decodes),
-        "decode_step_worker_ms": 1000 * _per(d["decode_step_worker_seconds"], decodes),
-        "decode_batch": _per(d["decode_step_sequences"], decodes),
+        "decode_step_ms": 1000 * _per(d.decode_step_seconds, decodes),
+        "decode_step_worker_ms": 1000 * _per(worker_seconds, decodes),
+        "decode_batch": _per(d.decode_step_sequences, decodes),
         # What a generated token saw, on average: its step's batch (larger than the
         # per-step mean whenever the batch varies) and its step's time.
         "decode_batch_per_token": sum(b * v["token_share"] for b, v in by_batch.items()) if tokens else math.nan,
@@ -161,30 +142,41 @@ def engine_steps(before: dict, after: dict) -> dict:
         "decode_by_batch": by_batch,
         # Multi-step scheduling: decode steps per plan (1 without it; runs end early when a
         # request arrives or one is about to reach its max_tokens).
-        "decode_steps_per_plan": _per(decodes, d["num_decode_plans"]),
-        "prefill_step_ms": 1000 * _per(d["prefill_step_seconds"], prefills),
-        "prefill_step_tokens": _per(d["prefill_step_tokens"], prefills),
-        "prefill_time_share": _per(d["prefill_step_seconds"], busy),
+        "decode_steps_per_plan": _per(decodes, d.num_decode_plans),
+        "prefill_step_ms": 1000 * _per(d.prefill_step_seconds, prefills),
+        "prefill_step_tokens": _per(d.prefill_step_tokens, prefills),
+        "prefill_time_share": _per(d.prefill_step_seconds, busy),
     }
 
 
-async def measured_load(target: str, scheduler: str | None, requests: list[BenchRequest], args,
-                        pids: dict[str, int] | None = None):
-    """run_load, with the scheduler's step totals read before and after when its address
-    is known, and the CPU time of the processes in `pids` (a launched cluster's)."""
-    before = await scheduler_step_times(scheduler) if scheduler else None
+async def measured_load(target: str, requests: list[BenchRequest], args, pids: dict[str, int] | None = None):
+    """run_load, with the wall-clock window it ran in (nanoseconds, the spans' clock) and
+    the CPU time of the processes in `pids` (a launched cluster's) before and after."""
     cpu_before = cpu_usage.snapshot(pids) if pids else None
+    start_ns = time.time_ns()
     timings, duration = await run_load(target, requests, args.request_rate, args.max_concurrency, args.seed)
-    cpu_after = cpu_usage.snapshot(pids) if pids else None
-    steps = engine_steps(before, await scheduler_step_times(scheduler)) if scheduler else None
-    if steps is not None and cpu_before is not None:
-        steps["cpu"] = cpu_usage.cpu_per_step(cpu_before, cpu_after,
-                                              steps["num_decode_steps"] + steps["num_prefill_steps"])
-    return timings, duration, steps
+    end_ns = time.time_ns()
+    cpu = (cpu_before, cpu_usage.snapshot(pids)) if pids else None
+    return timings, duration, (start_ns, end_ns), cpu
+
+
+def cluster_steps(span_file: str | Path, window: tuple[int, int], cpu=None) -> dict:
+    """engine_steps of the scheduler.step spans that started within the run's window,
+    with each process's CPU per step when `cpu` holds its snapshots."""
+    path = Path(span_file)
+    steps = engine_steps(step_totals(read_spans(path) if path.exists() else [], *window))
+    if cpu is not None:
+        steps["cpu"] = cpu_usage.cpu_per_step(*cpu, steps["num_decode_steps"] + steps["num_prefill_steps"])
+    return steps
 
 
 def bench_serve(args) -> int:
     from llmserve.model_store import resolve_model_dir
+
+    if args.scheduler_target:
+        raise SystemExit("bench serve: --scheduler-target is gone (the scheduler no longer reports step totals): "
+                         "pass --span-file with the file the cluster's scheduler and worker append their "
+                         "spans to (LLMSERVE_SPAN_FILE), or use --launch")
 
     model_dir = resolve_model_dir(args.model)
     requests = workload_from_args(args, model_dir)
@@ -209,18 +201,29 @@ def serve_round(model_dir, requests: list[BenchRequest], args) -> dict:
     compared with, so each round's ratio pairs two measurements minutes apart at most."""
     from llmserve.bench.throughput import cluster_spec
     from llmserve.launcher import LocalCluster
+    from llmserve.telemetry.tracing import SPAN_FILE_ENV
 
-    cluster = None
-    target, scheduler, pids = args.target, args.scheduler_target, None
-    if args.launch:
-        cluster = LocalCluster(cluster_spec(model_dir, args)).start()
-        target, scheduler = cluster.router_address, cluster.scheduler_address
-        pids = {name: proc.pid for name, proc in cluster.processes.items()}
-    try:
-        timings, duration, steps = asyncio.run(measured_load(target, scheduler, requests, args, pids))
-    finally:
-        if cluster is not None:
-            cluster.stop()
+    cluster, steps = None, None
+    target, span_file, pids = args.target, args.span_file, None
+    with tempfile.TemporaryDirectory(prefix="llmserve-bench-") as tmp:
+        if args.launch:
+            # The scheduler's and the worker's step spans, and no collector (the router's
+            # request spans are not needed).
+            span_file = Path(tmp) / "spans.jsonl"
+            spec = cluster_spec(model_dir, args)
+            spec.service_env = {name: {SPAN_FILE_ENV: str(span_file)} for name in ("scheduler", "worker")}
+            cluster = LocalCluster(spec).start()
+            target = cluster.router_address
+            pids = {name: proc.pid for name, proc in cluster.processes.items()}
+        try:
+            timings, duration, window, cpu = asyncio.run(measured_load(target, requests, args, pids))
+        finally:
+            if cluster is not None:
+                cluster.stop()  # Its processes gone, every span they ended is in the file.
+        if span_file:
+            if cluster is None:
+                time.sleep(SPAN_SETTLE_S)
+            steps = cluster_steps(span_file, window, cpu)
     metrics = compute_metrics(timings, duration)
     if steps is not None:
         metrics["engine_steps"] = steps
@@ -269,7 +272,7 @@ def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: lis
     machine, right after the run) and sets TPOT median / their mix: what serving through
     the cluster, with arrivals and prefills in between, adds per token.
 
-    With the cluster's step totals, the in-process step is timed at each batch size its
+    With the cluster's step totals (from its step spans), the in-process step is timed at each batch size its
     decode steps ran (those carrying 95% of the decoded tokens) and mixed with the
     weights TPOT gives them: a step of batch b carries b tokens. A step's time is not
     affine in b (one sequence costs a CPU more than half of two), so neither the
@@ -335,6 +338,9 @@ def print_metrics(m: dict) -> None:
         if e.get("cpu", {}).get("ms_per_step"):
             print("CPU per step (ms; the worker's includes its compute): " +
                   ", ".join(f"{name} {ms:.2f}" for name, ms in e["cpu"]["ms_per_step"].items()))
+    else:
+        print("cluster steps: unavailable (no span file: --launch, or --span-file with the running "
+              "cluster's LLMSERVE_SPAN_FILE)")
     if "online_decode_step_over_in_process" in m:
         print(f"  = cluster decode step / in-process step {m['online_decode_step_over_in_process']:.2f}x"
               f"  x  TPOT median / cluster decode step {m['tpot_median_over_online_decode_step']:.2f}x")

@@ -13,8 +13,8 @@ import torch
 
 from llmserve.bench.flops import ModelBytes, ModelFlops, measure_matmul_peak, measure_memory_bandwidth
 from llmserve.bench.report import machine_info, median_round, plot_throughput, write_json
+from llmserve.bench.step_records import RecordingEngine
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
-from llmserve.engine import InProcessEngine
 from llmserve.worker.model_runner import ModelRunner
 from llmserve.contract.sampling import SamplingParams
 
@@ -28,7 +28,7 @@ def _time_weighted(steps, value) -> float:
     return sum(s.seconds * value(s) for s in steps if s.allocated_slots) / total if total else 0.0
 
 
-def run_in_process(engine: InProcessEngine, requests: list[BenchRequest]) -> dict:
+def run_in_process(engine: RecordingEngine, requests: list[BenchRequest]) -> dict:
     # Warm-up: first calls pay for lazy initialisation inside torch.
     engine.run([("warmup", requests[0].prompt_token_ids[:16], SamplingParams(max_tokens=2, temperature=0.0))])
     engine.steps.clear()
@@ -61,7 +61,7 @@ def run_in_process(engine: InProcessEngine, requests: list[BenchRequest]) -> dic
     }
 
 
-def roofline(engine: InProcessEngine, peak_flops: float, bandwidth: float, dtype: torch.dtype, result: dict) -> dict:
+def roofline(engine: RecordingEngine, peak_flops: float, bandwidth: float, dtype: torch.dtype, result: dict) -> dict:
     """The run's roofline floor: per step max(FLOPs / peak, bytes / bandwidth), summed."""
     flops = ModelFlops.from_config(engine.runner.config)
     model_bytes = ModelBytes.from_config(engine.runner.config, dtype)
@@ -160,14 +160,14 @@ def bench_throughput(args) -> int:
     report["matmul_peak_gflop_per_s"] = peak / 1e9
     report["memory_bandwidth_gb_per_s"] = bandwidth / 1e9
     scheduler_options = args.engine.scheduler_options()
-    engine = InProcessEngine(ModelRunner(model_dir, args.engine.worker.runner), **scheduler_options)
+    engine = RecordingEngine(ModelRunner(model_dir, args.engine.worker.runner), **scheduler_options)
     block_size = engine.scheduler.kv.block_size
     # NOTE: rounds interleave the systems (engine, gRPC, baselines, engine, ...) so a change
     # in the machine's load during the run lands on all of them, not on one.
     rounds: dict[str, list[dict]] = {}
     for round_index in range(args.repeat):
         if round_index:  # A fresh scheduler: no prefix-cache hits on the previous round's prompts.
-            engine = InProcessEngine(engine.runner, **scheduler_options)
+            engine = RecordingEngine(engine.runner, **scheduler_options)
         result = run_in_process(engine, requests)
         result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / peak
         result.update(roofline(engine, peak, bandwidth, torch_dtype, result))

@@ -88,5 +88,4 @@ class StepResult:
     # One per sampling request per step run, step by step (a request's tokens in order).
     sampled: list[SampledToken] = field(default_factory=list)
     error: str = ""
-    execute_seconds: float = 0.0
     num_steps: int = 1  # Steps run: the plan's num_steps, fewer when interrupted.

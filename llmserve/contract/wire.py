@@ -6,8 +6,6 @@ behind it (scheduling, model code) sees a generated *_pb2 type.
 
 from __future__ import annotations
 
-import dataclasses
-
 from llmserve.internal.v1 import scheduler_pb2, worker_pb2
 from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
 from llmserve.contract.plan import (
@@ -111,11 +109,9 @@ def request_output_from_pb(msg: scheduler_pb2.RequestOutput) -> RequestOutput:
     )
 
 
-def scheduler_stats_to_pb(s, worker_ready: bool, step_times=None) -> scheduler_pb2.SchedulerStats:
-    """From the core's SchedulerStats dataclass and the engine loop's StepTimes."""
-    step_fields = dataclasses.asdict(step_times) if step_times is not None else {}
+def scheduler_stats_to_pb(s, worker_ready: bool) -> scheduler_pb2.SchedulerStats:
+    """From the core's SchedulerStats dataclass."""
     return scheduler_pb2.SchedulerStats(
-        **step_fields,
         num_waiting=s.num_waiting,
         num_running=s.num_running,
         num_total_blocks=s.num_total_blocks,
@@ -290,7 +286,6 @@ def step_result_to_pb(result: StepResult) -> worker_pb2.StepResult:
             for s in result.sampled
         ],
         error=result.error,
-        execute_seconds=result.execute_seconds,
         num_steps=result.num_steps,
     )
 
@@ -307,6 +302,5 @@ def step_result_from_pb(msg: worker_pb2.StepResult) -> StepResult:
             for s in msg.sampled
         ],
         error=msg.error,
-        execute_seconds=msg.execute_seconds,
         num_steps=max(1, msg.num_steps),
     )

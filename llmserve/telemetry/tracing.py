@@ -8,7 +8,9 @@ context maps are empty.
     OTEL_TRACES_EXPORTER=otlp|console|none (comma-separated list)
     OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL=grpc (default) | http/protobuf
     OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...
-    LLMSERVE_TEST_SPAN_FILE=path   also append every finished span as a JSON line (tests)
+    LLMSERVE_SPAN_FILE=path        also append every finished span as a JSON line to that
+                                   file (no collector needed; several processes may share
+                                   it). LLMSERVE_TEST_SPAN_FILE, its former name, still works.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from opentelemetry import propagate, trace
 
 logger = logging.getLogger(__name__)
 
-SPAN_FILE_ENV = "LLMSERVE_TEST_SPAN_FILE"
+SPAN_FILE_ENV = "LLMSERVE_SPAN_FILE"
+OLD_SPAN_FILE_ENV = "LLMSERVE_TEST_SPAN_FILE"  # Its name until the file served more than tests.
 TRACER_NAME = "llmserve"
 
 _provider = None  # The SDK TracerProvider once set up; None while tracing is off.
@@ -48,6 +51,11 @@ def _otlp_exporter():
     return OTLPSpanExporter()  # Endpoint, headers, timeout, TLS: from OTEL_EXPORTER_OTLP_*.
 
 
+def span_file_path() -> str | None:
+    """The JSON-lines span file the environment asks for, if any."""
+    return os.environ.get(SPAN_FILE_ENV) or os.environ.get(OLD_SPAN_FILE_ENV) or None
+
+
 def exporter_names() -> list[str]:
     """The exporters OTEL_TRACES_EXPORTER asks for ([] = tracing off)."""
     names = [n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "none").split(",")]
@@ -58,7 +66,7 @@ def setup_tracing(service_name: str) -> bool:
     """Installs the SDK tracer provider when the environment asks for traces. Returns
     whether tracing is on. Call once per process, before serving."""
     global _provider, _tracer
-    names, span_file = exporter_names(), os.environ.get(SPAN_FILE_ENV)
+    names, span_file = exporter_names(), span_file_path()
     if not names and not span_file:
         return False
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -160,7 +168,7 @@ def metadata_with_context(parent: trace.Span | otel_context.Context | None = Non
     return pairs or None
 
 
-# --- the JSON-lines file exporter (tests, debugging) -------------------------------
+# --- the JSON-lines file exporter (LLMSERVE_SPAN_FILE: tests, debugging, benchmarks) -
 
 
 def _hex(value: int, width: int) -> str:

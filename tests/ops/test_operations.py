@@ -66,7 +66,7 @@ async def test_trace_metrics_and_health(model_dir, tmp_path):
                        worker_args=["--metrics-port", str(ports["worker"]), "--kv-cache-memory", "64MiB"])
     addresses = {"worker": f"localhost:{spec.worker_port}", "scheduler": f"localhost:{spec.scheduler_port}",
                  "router": f"localhost:{spec.router_port}"}
-    os.environ["LLMSERVE_TEST_SPAN_FILE"] = str(span_file)
+    os.environ["LLMSERVE_SPAN_FILE"] = str(span_file)
     cluster = LocalCluster(spec)
     try:
         for name in ("router", "scheduler", "worker"):
@@ -134,6 +134,7 @@ async def test_trace_metrics_and_health(model_dir, tmp_path):
                         and s["parent_span_id"] in {st["span_id"] for st in steps}]
         assert len(worker_steps) == len(steps)
         assert all("llmserve.num_scheduled_tokens" in s["attributes"] for s in worker_steps)
+        assert all(s["attributes"]["llmserve.num_steps"] == 1 for s in worker_steps)  # Not multi-step.
 
         # --- metrics follow the request -------------------------------------------
         after = {name: scrape(port) for name, port in ports.items()}
@@ -169,7 +170,7 @@ async def test_trace_metrics_and_health(model_dir, tmp_path):
             await asyncio.sleep(0.05)
         assert order == ["scheduler", "router"]
     finally:
-        os.environ.pop("LLMSERVE_TEST_SPAN_FILE", None)
+        os.environ.pop("LLMSERVE_SPAN_FILE", None)
         cluster.stop()
 
 

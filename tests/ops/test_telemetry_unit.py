@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_tracing_is_off_without_exporters(monkeypatch):
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
     monkeypatch.delenv(tracing.SPAN_FILE_ENV, raising=False)
-    assert tracing.exporter_names() == []
+    monkeypatch.delenv(tracing.OLD_SPAN_FILE_ENV, raising=False)
+    assert tracing.exporter_names() == [] and tracing.span_file_path() is None
     assert not tracing.setup_tracing("llmserve-test")
     assert not tracing.enabled()
     assert tracing.start_span("x") is tracing.trace.INVALID_SPAN
@@ -47,7 +48,7 @@ def test_span_file_and_propagation(tmp_path):
         child.end(); root.end()
         tracing.shutdown_tracing()
     """)
-    env = dict(os.environ, LLMSERVE_TEST_SPAN_FILE=str(span_file), OTEL_TRACES_EXPORTER="none")
+    env = dict(os.environ, LLMSERVE_SPAN_FILE=str(span_file), OTEL_TRACES_EXPORTER="none")
     subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=60)
     spans = {s["name"]: s for s in map(json.loads, span_file.read_text().splitlines())}
     assert spans["root"]["trace_id"] == spans["child"]["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
@@ -55,6 +56,14 @@ def test_span_file_and_propagation(tmp_path):
     assert spans["child"]["parent_span_id"] == spans["root"]["span_id"]
     assert spans["child"]["links"][0]["span_id"] == spans["root"]["span_id"]
     assert spans["root"]["service"] == "svc-a"
+
+
+def test_span_file_keeps_its_former_name(monkeypatch, tmp_path):
+    monkeypatch.delenv(tracing.SPAN_FILE_ENV, raising=False)
+    monkeypatch.setenv(tracing.OLD_SPAN_FILE_ENV, str(tmp_path / "old.jsonl"))
+    assert tracing.span_file_path() == str(tmp_path / "old.jsonl")
+    monkeypatch.setenv(tracing.SPAN_FILE_ENV, str(tmp_path / "new.jsonl"))
+    assert tracing.span_file_path() == str(tmp_path / "new.jsonl")
 
 
 def test_prometheus_names_are_unique_and_documented():

@@ -30,6 +30,18 @@ def greedy(max_tokens=GEN, **kw):
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
 
 
+def executed_plans(engine) -> list:
+    """The plans the engine's runner executes from now on, in order."""
+    plans, execute = [], engine.runner.execute
+
+    def record(plan):
+        plans.append(plan)
+        return execute(plan)
+
+    engine.runner.execute = record
+    return plans
+
+
 def run(engine, prompts=PROMPTS, sampling=None):
     out = engine.run([(rid, p, sampling or greedy()) for rid, p in prompts.items()])
     return {rid: c.output_token_ids for rid, c in out.items()}
@@ -47,7 +59,7 @@ CONFIGS = {
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_outputs_match_hf_under_every_memory_setting(tiny_llama_dir, reference, name):
     engine = InProcessEngine.from_model_dir(tiny_llama_dir, **CONFIGS[name])
-    engine.keep_plans = True
+    plans = executed_plans(engine)
     assert run(engine) == reference
     stats = engine.scheduler.stats()
     assert stats.num_free_blocks == stats.num_total_blocks and stats.num_free_cpu_blocks == stats.num_cpu_blocks
@@ -56,11 +68,11 @@ def test_greedy_outputs_match_hf_under_every_memory_setting(tiny_llama_dir, refe
     if name in ("tiny-recompute", "no-prefix-caching"):
         assert stats.num_preemptions_recompute > 0 and stats.num_preemptions_swap == 0
     if name == "chunked-8":
-        assert max(p.total_scheduled_tokens for p in engine.plans) <= 8
+        assert max(p.total_scheduled_tokens for p in plans) <= 8
         # A long prompt is split, and decodes of other requests share its steps.
         assert any(len(p.new_requests) + len(p.cached_requests) > 1 and
                    any(r.num_scheduled_tokens > 1 for r in p.new_requests + p.cached_requests)
-                   for p in engine.plans)
+                   for p in plans)
 
 
 def test_greedy_samples_under_swap_pressure_match_hf(tiny_llama_dir, reference):
@@ -75,9 +87,9 @@ def test_greedy_samples_under_swap_pressure_match_hf(tiny_llama_dir, reference):
     assert engine.scheduler.stats().num_preemptions_swap > 0  # Several samples: swapped (auto).
 
 
-def computed_tokens(engine, request_id):
+def computed_tokens(plans, request_id):
     """Tokens the worker was asked to compute for a request (from the plans it executed)."""
-    return sum(r.num_scheduled_tokens for p in engine.plans for r in p.new_requests + p.cached_requests
+    return sum(r.num_scheduled_tokens for p in plans for r in p.new_requests + p.cached_requests
                if r.request_id == request_id)
 
 
@@ -87,13 +99,13 @@ def test_shared_200_token_prefix_is_computed_once(tiny_llama_dir):
     uncached = InProcessEngine.from_model_dir(tiny_llama_dir, num_kv_blocks=60, enable_prefix_caching=False)
     expected = run(uncached, {"b": second}, greedy(8))
     engine = InProcessEngine.from_model_dir(tiny_llama_dir, num_kv_blocks=60)
-    engine.keep_plans = True
+    plans = executed_plans(engine)
     run(engine, {"a": first}, greedy(8))
     seen = []
     out = engine.run([("b", second, greedy(8))], on_output=seen.append)
     assert out["b"].output_token_ids == expected["b"]
     assert all(o.num_cached_tokens == 192 for o in seen)  # 12 full blocks of 16.
-    assert computed_tokens(engine, "b") == len(second) - 192 + 7  # new prompt tokens + 7 decodes
+    assert computed_tokens(plans, "b") == len(second) - 192 + 7  # new prompt tokens + 7 decodes
     stats = engine.scheduler.stats()
     assert stats.prefix_cache_hits == 192 and stats.prefix_cache_queries == len(first) + len(second)
 

@@ -114,21 +114,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SchedulerStats(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "num_total_blocks", "num_free_blocks", "num_preemptions", "num_steps", "num_finished", "num_aborted", "worker_ready", "prompt_tokens_total", "generation_tokens_total", "num_swapped", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions_recompute", "num_preemptions_swap", "num_swapped_out_blocks", "num_cached_blocks", "num_cpu_blocks", "num_free_cpu_blocks", "num_allocated_blocks", "num_cow_copies", "num_failed", "num_decode_steps", "decode_step_seconds", "decode_step_worker_seconds", "decode_step_sequences", "num_prefill_steps", "prefill_step_seconds", "prefill_step_tokens", "num_decode_plans", "decode_steps_by_batch", "decode_seconds_by_batch")
-    class DecodeStepsByBatchEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: int
-        value: int
-        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
-    class DecodeSecondsByBatchEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: int
-        value: float
-        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    __slots__ = ("num_waiting", "num_running", "num_total_blocks", "num_free_blocks", "num_preemptions", "num_steps", "num_finished", "num_aborted", "worker_ready", "prompt_tokens_total", "generation_tokens_total", "num_swapped", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions_recompute", "num_preemptions_swap", "num_swapped_out_blocks", "num_cached_blocks", "num_cpu_blocks", "num_free_cpu_blocks", "num_allocated_blocks", "num_cow_copies", "num_failed")
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -153,16 +139,6 @@ class SchedulerStats(_message.Message):
     NUM_ALLOCATED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_COW_COPIES_FIELD_NUMBER: _ClassVar[int]
     NUM_FAILED_FIELD_NUMBER: _ClassVar[int]
-    NUM_DECODE_STEPS_FIELD_NUMBER: _ClassVar[int]
-    DECODE_STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    DECODE_STEP_WORKER_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    DECODE_STEP_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
-    NUM_PREFILL_STEPS_FIELD_NUMBER: _ClassVar[int]
-    PREFILL_STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    PREFILL_STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    NUM_DECODE_PLANS_FIELD_NUMBER: _ClassVar[int]
-    DECODE_STEPS_BY_BATCH_FIELD_NUMBER: _ClassVar[int]
-    DECODE_SECONDS_BY_BATCH_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     num_total_blocks: int
@@ -187,17 +163,7 @@ class SchedulerStats(_message.Message):
     num_allocated_blocks: int
     num_cow_copies: int
     num_failed: int
-    num_decode_steps: int
-    decode_step_seconds: float
-    decode_step_worker_seconds: float
-    decode_step_sequences: int
-    num_prefill_steps: int
-    prefill_step_seconds: float
-    prefill_step_tokens: int
-    num_decode_plans: int
-    decode_steps_by_batch: _containers.ScalarMap[int, int]
-    decode_seconds_by_batch: _containers.ScalarMap[int, float]
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_aborted: _Optional[int] = ..., worker_ready: _Optional[bool] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_swapped: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions_recompute: _Optional[int] = ..., num_preemptions_swap: _Optional[int] = ..., num_swapped_out_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., num_free_cpu_blocks: _Optional[int] = ..., num_allocated_blocks: _Optional[int] = ..., num_cow_copies: _Optional[int] = ..., num_failed: _Optional[int] = ..., num_decode_steps: _Optional[int] = ..., decode_step_seconds: _Optional[float] = ..., decode_step_worker_seconds: _Optional[float] = ..., decode_step_sequences: _Optional[int] = ..., num_prefill_steps: _Optional[int] = ..., prefill_step_seconds: _Optional[float] = ..., prefill_step_tokens: _Optional[int] = ..., num_decode_plans: _Optional[int] = ..., decode_steps_by_batch: _Optional[_Mapping[int, int]] = ..., decode_seconds_by_batch: _Optional[_Mapping[int, float]] = ...) -> None: ...
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_aborted: _Optional[int] = ..., worker_ready: _Optional[bool] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_swapped: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions_recompute: _Optional[int] = ..., num_preemptions_swap: _Optional[int] = ..., num_swapped_out_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., num_free_cpu_blocks: _Optional[int] = ..., num_allocated_blocks: _Optional[int] = ..., num_cow_copies: _Optional[int] = ..., num_failed: _Optional[int] = ...) -> None: ...
 
 class GetServingInfoRequest(_message.Message):
     __slots__ = ()

@@ -25,7 +25,6 @@ from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.contract.outputs import FinishReason, RequestOutput
 from llmserve.scheduler.config import SchedulerServiceConfig
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
-from llmserve.scheduler.step_times import StepTimes
 from llmserve.scheduler.stream_interval import OutputCoalescer
 from llmserve.scheduler.worker_link import WorkerGroup, WorkerLink, WorkerLost
 from llmserve.contract.sampling import SamplingParams
@@ -69,7 +68,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.draining = False  # After SIGTERM: no new requests.
         self._probe: asyncio.Future | None = None  # The readiness request's outcome.
         self.ready = False  # A worker is registered and its readiness step has run.
-        self.step_times = StepTimes()
         self.coalescer = OutputCoalescer(config.stream_interval)
 
     # --- worker registration -------------------------------------------------
@@ -315,7 +313,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 step_span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR, result.error))
             step_span.end()
             seconds = time.perf_counter() - start
-            self.step_times.record(plan, seconds, result.execute_seconds, result.num_steps)
             self.metrics.step_time.record(seconds)
             self.metrics.step_tokens.record(plan.total_scheduled_tokens * result.num_steps)
             self.metrics.stats = core.stats()
@@ -350,8 +347,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def GetStats(self, request, context):
         if self.core is None:
             return scheduler_pb2.SchedulerStats(worker_ready=False)
-        return wire.scheduler_stats_to_pb(self.core.stats(), worker_ready=self.worker is not None,
-                                          step_times=self.step_times)
+        return wire.scheduler_stats_to_pb(self.core.stats(), worker_ready=self.worker is not None)
 
     async def GetServingInfo(self, request, context):
         if self.worker is None or self.core is None or not self.ready:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -175,7 +174,6 @@ class ModelRunner:
         """Run one step, or a multi-step plan's decode steps back to back (each step's
         sampled tokens are the next one's inputs) until done or interrupted. Raises
         ValueError on an inconsistent plan (states unchanged)."""
-        t0 = time.perf_counter()
         steps_run = 0
         with torch.inference_mode():
             rows = self.batch.apply_plan(plan)
@@ -184,8 +182,7 @@ class ModelRunner:
             while rows and steps_run < plan.num_steps and (steps_run == 0 or self._run_on(plan.step_id)):
                 sampled += self._run(rows)
                 steps_run += 1
-        return StepResult(step_id=plan.step_id, sampled=sampled, execute_seconds=time.perf_counter() - t0,
-                          num_steps=max(steps_run, 1))
+        return StepResult(step_id=plan.step_id, sampled=sampled, num_steps=max(steps_run, 1))
 
     def _run_on(self, step_id: int) -> bool:
         """Whether a multi-step run goes on to its next step. In a TP x PP group every rank

@@ -38,9 +38,9 @@ def new_compute_thread() -> concurrent.futures.ThreadPoolExecutor:
     NOTE: OpenMP (libgomp) keeps a thread team per calling thread. A second team, even an
     idle one, makes the process manage more OpenMP threads than there are cores, and
     libgomp then cuts its spin-wait short: the team's threads sleep in futex between
-    parallel regions and the worker stops filling its cores. Loading on another thread
-    than the steps left a 2-core worker ~20% idle (reference workload through gRPC: 150
-    tok/s before, 179 after, the in-process engine 207 in between)."""
+    parallel regions and the worker stops filling its cores. So loading and the steps
+    share one thread (what the second team cost: docs/benchmarks.md, "Design measurements
+    quoted from the code")."""
     return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
 
 
@@ -106,9 +106,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if not isinstance(exc, ValueError) and self._in_group() and self.on_fatal is not None:
                 logger.error("rank %d: the parallel group is broken; stopping", self.runner.parallel.rank)
                 self.on_fatal()
-        result.execute_seconds = time.perf_counter() - start
         if self.metrics is not None:
-            self.metrics.step_time.record(result.execute_seconds)
+            self.metrics.step_time.record(time.perf_counter() - start)
         if span.is_recording():
             self._end_spans(span, plan, result)
         return result
@@ -139,6 +138,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     "llmserve.num_computed_tokens": r.num_computed_tokens})
                 prefill.end()
         span.set_attribute("llmserve.num_sampled", len(result.sampled))
+        span.set_attribute("llmserve.num_steps", result.num_steps)  # Of a multi-step plan: the steps that ran.
         if result.error:
             span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR, result.error))
         span.end()

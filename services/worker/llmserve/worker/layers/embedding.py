@@ -46,11 +46,10 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """logits = hidden @ W.T through a second copy of W laid out for the product:
       - on CPU (float32, bfloat16): W packed for its GEMM library (see packed_weight.py).
-        The head is a [rows <= batch] x [hidden, vocab] product bound by streaming W.
-        float32, 576 x 49152: 8 rows 15.0 -> 7.3 ms, 56 rows 15.1 -> 12.3 ms against
-        `hidden @ w_t`; bfloat16 16 rows 3.8 -> 1.8 ms, 63 rows 5.0 -> 3.1 ms.
-      - otherwise: w_t, a contiguous [hidden, vocab] copy (NOTE: ~2x faster than
-        F.linear on CPU for the 576x49152 head).
+        The head is a [rows <= batch] x [hidden, vocab] product bound by streaming W,
+        which the library streams faster in its own layout than `hidden @ w_t` does.
+      - otherwise: w_t, a contiguous [hidden, vocab] copy (NOTE: on CPU, F.linear
+        against W itself is slower for a head this wide).
 
     Tied embeddings: pass `tied_to=embed_tokens`; the weight is then the embedding's own
     Parameter. Call `process_weights_after_loading()` after loading to refresh the copy.

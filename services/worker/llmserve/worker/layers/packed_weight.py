@@ -2,18 +2,16 @@
 them fastest, then held only in that layout (the dense copy is released).
 
   float32:  on Intel CPUs, MKL's packed-GEMM format (cblas_sgemm_pack / sgemm_compute,
-            through torch's `mkl::_mkl_linear`). On a Xeon, over this model's four
-            layer products (576->960, 576->576, 576->3072, 1536->576), against plain MKL
-            sgemm: 8 rows 0.31 -> 0.24 ms, 16 rows 0.46 -> 0.39, 56 rows 1.42 -> 1.12, 64
-            rows 1.61 -> 1.25; a 512-token prefill unchanged. The 576 x 49152 LM head: 8
-            rows 15.0 -> 7.3 ms, 56 rows 15.1 -> 12.3 ms.
-            On other CPUs, oneDNN's blocked layout: MKL takes slower kernels off Intel.
-            On an AMD EPYC (Zen 4, 2 threads), oneDNN against MKL, both packed: the
-            576->3072 product at 4 rows 0.092 against 0.356 ms, 64 rows 1.01 against
-            1.93; the LM head at 16 rows 5.3 against 16.0 ms; 512 rows 15-25% faster.
+            through torch's `mkl::_mkl_linear`): faster than plain MKL sgemm on the few
+            rows of a decode step and on the LM head (a long prefill gains nothing).
+            On other CPUs, oneDNN's blocked layout: MKL takes slower kernels off Intel,
+            and there oneDNN's packed products beat MKL's packed ones, decode and prefill.
             LLMSERVE_CPU_FP32_GEMM = mkl | onednn | dense overrides the choice.
   bfloat16: oneDNN's blocked layout (the reorder torch's own compiler applies to frozen
-            linears). Decode products 18-26 -> 11-16 ms per step for this model.
+            linears), which shortens a decode step's products.
+
+The figures behind these choices: docs/benchmarks.md, "Design measurements quoted from
+the code".
 
 Anything else (GPU, float16, a torch without MKL / oneDNN) keeps its dense weight.
 """
