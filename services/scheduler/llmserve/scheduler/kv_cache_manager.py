@@ -20,8 +20,8 @@ Sharing (n > 1): the samples of a request hold the same prompt blocks (ref count
                                The last holder of 2 (sample 1) then writes in place.
 
 Prefix hashes: block i of a token list is identified by
-hash_block(hash of block i-1, its block_size token ids, extra keys), so a hash names the
-whole prefix up to the end of its block. The hash is SHA-256: with a 64-bit
+hash_block(hash of block i-1, its block_size token ids), so a hash names the whole
+prefix up to the end of its block. The hash is SHA-256: with a 64-bit
 non-cryptographic hash a client could search for a prompt whose blocks collide with
 another user's and be served their cached KV (vLLM's CVE-2025-25183).
 """
@@ -43,13 +43,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def hash_block(parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple = ()) -> bytes:
+def hash_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
     """The prefix-cache key of a full block (a 32-byte SHA-256 digest), chained from its
     parent block's key."""
     digest = hashlib.sha256(parent or b"")
     digest.update(array("q", token_ids).tobytes())  # fixed 8 bytes per id: no ambiguity
-    if extra_keys:
-        digest.update(repr(extra_keys).encode())
     return digest.digest()
 
 
@@ -244,7 +242,7 @@ class KVCacheManager:
             tokens, bs = request.all_token_ids, self.block_size
             for index in range(len(hashes), num_full):
                 parent = hashes[-1] if hashes else None
-                hashes.append(hash_block(parent, tokens[index * bs : (index + 1) * bs], request.extra_keys))
+                hashes.append(hash_block(parent, tokens[index * bs : (index + 1) * bs]))
         return hashes
 
     def blocks_to_hold(self, requests: Sequence[Request]) -> int:
@@ -335,13 +333,6 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         """A copy of the sequence's GPU block table ([] if it holds none)."""
         return list(self._block_tables.get(request_id, ()))
-
-    def get_cpu_block_ids(self, request_id: str) -> list[int]:
-        """A copy of the swapped-out sequence's CPU block table ([] if none)."""
-        return list(self._cpu_tables.get(request_id, ()))
-
-    def num_blocks_held(self, request_id: str) -> int:
-        return len(self._block_tables.get(request_id, ()))
 
     def tables(self) -> dict[str, list[int]]:
         """Every GPU block table, by sequence id (copies). For checks and tests."""

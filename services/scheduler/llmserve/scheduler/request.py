@@ -75,7 +75,6 @@ class Request:
     group: RequestGroup
     index: int = 0  # Which sample.
     is_root: bool = False  # Prefills prompt[:-1] for the samples, samples nothing.
-    extra_keys: tuple = ()  # Anything besides token ids that changes the KV (a LoRA id).
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
