@@ -1,16 +1,14 @@
 from llmserve.contract.sampling import SamplingParams
-from llmserve.scheduler.kv_cache_manager import KVCacheManager, hash_block
-from llmserve.scheduler.request import Request, RequestGroup
+from llmserve.scheduler.kv_cache_manager import KVCacheManager
+from llmserve.scheduler.prefix_cache import hash_block
+from llmserve.scheduler.request import Request, Sample
 
 
-def make_request(request_id: str, num_prompt_tokens: int) -> Request:
-    return Request(
-        request_id=request_id,
-        prompt_token_ids=list(range(num_prompt_tokens)),
-        sampling=SamplingParams(),
-        eos_token_ids=frozenset(),
-        group=RequestGroup(request_id, 1, 0, 0),
-    )
+def make_request(request_id: str, num_prompt_tokens: int) -> Sample:
+    """The only sample of a one-sample request."""
+    request = Request(request_id, list(range(num_prompt_tokens)), SamplingParams(), frozenset())
+    (sample,) = request.first_samples()
+    return sample
 
 
 def test_new_blocks_as_tokens_cross_block_boundaries():
@@ -25,7 +23,7 @@ def test_new_blocks_as_tokens_cross_block_boundaries():
     assert kv.allocate_slots(r, 1) == [2]  # Token 8 starts block 2.
     r.num_computed_tokens = 9
     assert kv.allocate_slots(r, 4) == [3]  # Tokens 9-12 -> blocks 2 and 3.
-    assert kv.get_block_ids("a") == [0, 1, 2, 3]
+    assert kv.get_block_ids(r) == [0, 1, 2, 3]
     assert kv.num_free_blocks == 1
     assert kv.usage == 0.8
 
@@ -35,21 +33,21 @@ def test_exhaustion_returns_none_and_allocates_nothing():
     a, b = make_request("a", 12), make_request("b", 9)
     assert kv.allocate_slots(a, 12) == [0, 1, 2]
     assert kv.allocate_slots(b, 9) is None  # Needs 3 blocks, 2 free.
-    assert kv.get_block_ids("b") == []
+    assert kv.get_block_ids(b) == []
     assert kv.num_free_blocks == 2
     kv.free(a)  # Tail first.
     assert kv.pool.free_block_ids() == [3, 4, 2, 1, 0]
     assert kv.allocate_slots(b, 9) == [3, 4, 2]
-    assert kv.get_block_ids("b") == [3, 4, 2]
+    assert kv.get_block_ids(b) == [3, 4, 2]
 
 
 def test_free_is_idempotent_and_returns_a_copy():
     kv = KVCacheManager(num_blocks=2, block_size=4)
     a = make_request("a", 3)
     kv.allocate_slots(a, 3)
-    table = kv.get_block_ids("a")
+    table = kv.get_block_ids(a)
     table.append(99)
-    assert kv.get_block_ids("a") == [0]
+    assert kv.get_block_ids(a) == [0]
     kv.free(a)
     kv.free(a)
     assert kv.num_free_blocks == 2

@@ -277,7 +277,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 continue
             if out.new_token_ids:
                 self.requests.produced(out.request_id)
-            if out.finished and (self.core is None or self.core.get_group(out.request_id) is None):
+            if out.finished and (self.core is None or self.core.get_request(out.request_id) is None):
                 self.requests.finished(out.request_id, out.finish_reason.name.lower(), out.error)
             session = self._owners.get(out.request_id)
             if session is None:
@@ -290,7 +290,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 ended.append(out.request_id)
         # NOTE: after the loop: several samples of one request may end in one step.
         for request_id in ended:
-            if request_id in self._owners and (self.core is None or self.core.get_group(request_id) is None):
+            if request_id in self._owners and (self.core is None or self.core.get_request(request_id) is None):
                 self._owners.pop(request_id).request_ids.discard(request_id)
                 self.coalescer.forget(request_id)
         for session, pbs in per_session.values():
@@ -343,8 +343,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """The step's span (linked to its requests); puts trace contexts into the plan."""
         group_ids = []
         for r in plan.new_requests + plan.cached_requests:
-            seq = self.core.get_request(r.request_id)
-            group_ids.append(seq.group.request_id if seq is not None else r.request_id)
+            sample = self.core.get_sample(r.request_id)
+            group_ids.append(sample.request.request_id if sample is not None else r.request_id)
         self.requests.scheduled(group_ids)
         if not tracing.enabled():
             return tracing.trace.INVALID_SPAN
