@@ -1,7 +1,7 @@
 """The scheduler's records: one `Request` per client request, one `Sample` per sequence.
 
     Request "r" (n = 2)          what the client asked for: prompt, sampling, n, priority,
-      │                          when it was first admitted
+      │                          when it was first admitted, its stream state (service.py)
       ├── Sample "r#p"  root     prefills prompt[:-1] once, samples nothing, then forks:
       ├── Sample "r#0"           one sequence each: tokens, computed count, status, block
       └── Sample "r#1"           tables (GPU, CPU), prefix hashes, what the worker was sent
@@ -17,7 +17,7 @@ import enum
 import time
 from dataclasses import dataclass, field, replace
 
-from llmserve.contract.outputs import FinishReason
+from llmserve.contract.outputs import FinishReason, TokenLogprobs
 from llmserve.contract.sampling import SamplingParams
 
 
@@ -49,6 +49,23 @@ _FINISH_REASONS = {
 }
 
 
+@dataclass
+class HeldTokens:
+    """A sample's tokens produced but not yet streamed (see stream_interval.py)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+
+@dataclass
+class StreamState:
+    """The service's side of a request: who receives its outputs and what is held back."""
+
+    owner: object | None = None  # The router session (service.RouterSession) it streams to.
+    # By sample index: present once the sample's first token was sent, until it ends.
+    held: dict[int, HeldTokens] = field(default_factory=dict)
+
+
 @dataclass(eq=False)  # Compared and hashed by identity: managers hold exactly this record.
 class Request:
     """What a client asked for: one prompt, `n` samples (vLLM's SequenceGroup).
@@ -68,6 +85,7 @@ class Request:
     samples: list[Sample] = field(default_factory=list)  # Live ones (the root, or the samples).
     num_cached_tokens: int = 0  # Prompt tokens found in the prefix cache at admission.
     admitted: bool = False
+    stream: StreamState = field(default_factory=StreamState)
 
     @property
     def key(self) -> tuple[int, int]:
