@@ -75,9 +75,9 @@ def live_slots(scheduler) -> tuple[int, int]:
     blocks holding them; a block shared by several sequences (prefix cache, n > 1)
     counts once."""
     kv, filled = scheduler.kv, {}
-    for request in scheduler.running:
-        for i, block in enumerate(kv.get_block_ids(request.request_id)):
-            n = min(kv.block_size, request.num_computed_tokens - i * kv.block_size)
+    for sample in scheduler.running:
+        for i, block in enumerate(kv.get_block_ids(sample)):
+            n = min(kv.block_size, sample.num_computed_tokens - i * kv.block_size)
             if n > 0:
                 filled[block] = max(filled.get(block, 0), n)
     return sum(filled.values()), len(filled) * kv.block_size

@@ -49,18 +49,18 @@ def workloads(draw):
 def check_invariants(sched: Scheduler) -> None:
     kv = sched.kv
     tables, cpu_tables = kv.tables(), kv.cpu_tables()
-    running = {r.request_id for r in sched.running}
-    swapped = {r.request_id for unit in sched.swapped for r in unit}
+    running = {r.seq_id for r in sched.running}
+    swapped = {r.seq_id for unit in sched.swapped for r in unit}
     assert set(tables) == running, "only running sequences hold GPU blocks"
     assert set(cpu_tables) == swapped, "only swapped sequences hold CPU blocks"
     for request in sched.running:
         assert request.status is RequestStatus.RUNNING
-        assert table_fits(len(tables[request.request_id]), request.num_computed_tokens, sched.config.block_size,
+        assert table_fits(len(tables[request.seq_id]), request.num_computed_tokens, sched.config.block_size,
                           sched.config.num_scheduler_steps)
     for request in sched.waiting:
         assert request.status is RequestStatus.WAITING and request.num_computed_tokens == 0
     for unit in sched.swapped:
-        assert unit and len({r.group.request_id for r in unit}) == 1
+        assert unit and len({r.request.request_id for r in unit}) == 1
         assert all(r.status is RequestStatus.SWAPPED for r in unit)
     for pool, held_tables in ((kv.pool, tables), (kv.cpu_pool, cpu_tables)):
         if pool is None:

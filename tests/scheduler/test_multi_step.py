@@ -28,12 +28,12 @@ def test_a_decode_only_step_becomes_a_run_with_its_slots_allocated_up_front():
         ("a", 5, 1), ("b", 3, 1)]
     # a: positions 5..8 need 9 slots (3 blocks of 4; it held 2); b: 3..6 need 7 (2; it held 1).
     assert [len(c.new_block_ids) for c in plan.cached_requests] == [1, 1]
-    assert [len(sched.kv.get_block_ids(r)) for r in ("a", "b")] == [3, 2]
+    assert [len(sched.kv.get_block_ids(sched.get_sample(r))) for r in ("a", "b")] == [3, 2]
     # One output per sequence for the whole run, its tokens in order, with their logprobs.
     outs = run.outputs[-2:]
     assert [len(o.new_token_ids) for o in outs] == [4, 4]
     assert [lp.token_id for lp in outs[0].logprobs] == outs[0].new_token_ids
-    a = sched.get_request("a")
+    a = sched.get_sample("a")
     assert a.num_computed_tokens == 9 and a.num_tokens == 10  # positions 0..8; its newest token is next
 
 
@@ -91,9 +91,9 @@ def test_an_interrupted_run_applies_the_steps_it_ran_and_keeps_its_slots():
     worker.steps_to_run = lambda plan: 1
     plan = step(sched, worker, run)
     assert plan.num_steps == 4
-    a = sched.get_request("a")
+    a = sched.get_sample("a")
     assert len(run.tokens["a"]) == 2 and a.num_computed_tokens == 6 and a.num_uncomputed_tokens == 1
-    held = sched.kv.get_block_ids("a")
+    held = sched.kv.get_block_ids(a)
     assert len(held) == 3  # the lookahead for positions 6..8 stays
     worker.steps_to_run = None
     nxt = step(sched, worker, run)

@@ -177,10 +177,10 @@ def test_preemption_victim_is_latest_arrival_and_comes_back_in_full():
     assert p1.cached_requests == [CachedRequestData("a", [2], 4, 1)]
     assert p1.new_requests == []
     assert p1.finished_request_ids == ["c", "b"]
-    assert [r.request_id for r in sched.waiting] == ["b", "c"]
+    assert [r.seq_id for r in sched.waiting] == ["b", "c"]
     stats = sched.stats()
     assert (stats.num_preemptions, stats.num_running, stats.num_waiting) == (2, 1, 2)
-    assert sched.get_request("b").num_computed_tokens == 0
+    assert sched.get_sample("b").num_computed_tokens == 0
     p2 = step(sched, worker, run)
     assert scheduled(p2) == {"a": 1}  # b needs 2 blocks, 1 free.
     assert run.finish == {"a": LENGTH}

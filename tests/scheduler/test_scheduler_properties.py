@@ -27,14 +27,14 @@ def check_invariants(sched: Scheduler) -> None:
     held = set()
     for request in sched.running:
         assert request.status is RequestStatus.RUNNING
-        table = kv.get_block_ids(request.request_id)
+        table = kv.get_block_ids(request)
         assert table_fits(len(table), request.num_computed_tokens, config.block_size, config.num_scheduler_steps)
         assert held.isdisjoint(table)
         held.update(table)
         assert all(kv.pool.ref_count(b) == 1 for b in table)
     for request in sched.waiting:
         assert request.status is RequestStatus.WAITING
-        assert kv.get_block_ids(request.request_id) == [] and request.num_computed_tokens == 0
+        assert kv.get_block_ids(request) == [] and request.num_computed_tokens == 0
     assert len(held) + kv.num_free_blocks == kv.num_total_blocks
     assert held.isdisjoint(kv.pool.free_block_ids())
     assert len(sched.running) <= config.max_num_seqs

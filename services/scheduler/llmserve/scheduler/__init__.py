@@ -2,7 +2,7 @@
 
 from llmserve.scheduler.block_pool import BlockPool
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
-from llmserve.scheduler.request import Request, RequestStatus
+from llmserve.scheduler.request import Request, RequestStatus, Sample
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "KVCacheManager",
     "Request",
     "RequestStatus",
+    "Sample",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerStats",

@@ -1,16 +1,29 @@
-"""The scheduler's one record per request."""
+"""The scheduler's records: one `Request` per client request, one `Sample` per sequence.
+
+    Request "r" (n = 2)          what the client asked for: prompt, sampling, n, priority,
+      │                          when it was first admitted, its stream state (service.py)
+      ├── Sample "r#p"  root     prefills prompt[:-1] once, samples nothing, then forks:
+      ├── Sample "r#0"           one sequence each: tokens, computed count, status, block
+      └── Sample "r#1"           tables (GPU, CPU), prefix hashes, what the worker was sent
+
+Sequence ids are the wire ids workers know: `<id>` when n == 1, `<id>#<i>` for sample i,
+`<id>#p` for the root. Everything the scheduler, the KV cache manager and the service
+keep about a request lives on these two records; the managers hold references to them.
+"""
 
 from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from llmserve.contract.outputs import FinishReason
+from llmserve.contract.outputs import FinishReason, TokenLogprobs
 from llmserve.contract.sampling import SamplingParams
 
 
 class RequestStatus(enum.Enum):
+    """Where a sample stands (every live sample of a request shares its queue state)."""
+
     WAITING = enum.auto()  # Queued; holds no blocks (new, or preempted by recompute).
     RUNNING = enum.auto()  # Holds blocks; scheduled each step while budgets allow.
     SWAPPED = enum.auto()  # Preempted by swap: its blocks wait in the CPU pool.
@@ -36,30 +49,77 @@ _FINISH_REASONS = {
 }
 
 
-@dataclass(eq=False)
-class RequestGroup:
+@dataclass
+class HeldTokens:
+    """A sample's tokens produced but not yet streamed (see stream_interval.py)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+
+@dataclass
+class StreamState:
+    """The service's side of a request: who receives its outputs and what is held back."""
+
+    owner: object | None = None  # The router session (service.RouterSession) it streams to.
+    # By sample index: present once the sample's first token was sent, until it ends.
+    held: dict[int, HeldTokens] = field(default_factory=dict)
+
+
+@dataclass(eq=False)  # Compared and hashed by identity: managers hold exactly this record.
+class Request:
     """What a client asked for: one prompt, `n` samples (vLLM's SequenceGroup).
 
     With n > 1 the prompt is first prefilled once, without its last token, by a root
-    sequence; the root then forks into n sample sequences sharing its blocks.
+    sample; the root then forks into n samples sharing its blocks.
     """
 
     request_id: str  # The public id.
-    n: int
-    priority: int  # Lower is served first.
-    arrival_order: int  # FCFS rank among equal priorities.
-    sequences: list[Request] = field(default_factory=list)  # Live ones (root or samples).
+    prompt_token_ids: list[int]
+    sampling: SamplingParams  # As asked; sample i of n > 1 draws with seed + i.
+    eos_token_ids: frozenset[int]
+    n: int = 1
+    priority: int = 0  # Lower is served first.
+    arrival_order: int = 0  # FCFS rank among equal priorities.
+    arrival_time: float = field(default_factory=time.monotonic)
+    samples: list[Sample] = field(default_factory=list)  # Live ones (the root, or the samples).
     num_cached_tokens: int = 0  # Prompt tokens found in the prefix cache at admission.
     admitted: bool = False
+    stream: StreamState = field(default_factory=StreamState)
 
     @property
     def key(self) -> tuple[int, int]:
         """Scheduling order: the largest key is preempted first."""
         return (self.priority, self.arrival_order)
 
+    @property
+    def is_finished(self) -> bool:
+        """No sample is left waiting, running or swapped."""
+        return not self.samples
 
-@dataclass(eq=False)  # Compared by identity: the queues remove exactly this record.
-class Request:
+    def first_samples(self) -> list[Sample]:
+        """What is queued at arrival: a root when n > 1 (and there is a prompt[:-1] to
+        share), else the n samples themselves."""
+        if self.n > 1 and len(self.prompt_token_ids) > 1:
+            return [Sample(f"{self.request_id}#p", self, self.sampling, is_root=True)]
+        return self.new_samples()
+
+    def new_samples(self) -> list[Sample]:
+        """The request's n samples, each with its own sequence id and seed."""
+        return [Sample(self._sample_id(i), self, self._sample_sampling(i), index=i) for i in range(self.n)]
+
+    def _sample_id(self, index: int) -> str:
+        return self.request_id if self.n == 1 else f"{self.request_id}#{index}"
+
+    def _sample_sampling(self, index: int) -> SamplingParams:
+        """Sample `index` draws with seed + index: alone with that seed it gives the same tokens."""
+        if self.n == 1 or self.sampling.seed is None:
+            return self.sampling
+        return replace(self.sampling, seed=self.sampling.seed + index)
+
+
+@dataclass(eq=False)  # Compared and hashed by identity: the queues remove exactly this record.
+class Sample:
     """One sequence: the only sample of a request, one of its n samples, or the root
     that prefills a multi-sample prompt.
 
@@ -68,21 +128,29 @@ class Request:
     prompt being recomputed after a preemption, or the one token sampled last step.
     """
 
-    request_id: str  # The sequence id (the public id when n == 1).
-    prompt_token_ids: list[int]
+    seq_id: str  # The sequence id on the wire (the public id when n == 1).
+    request: Request
     sampling: SamplingParams
-    eos_token_ids: frozenset[int]
-    group: RequestGroup
     index: int = 0  # Which sample.
     is_root: bool = False  # Prefills prompt[:-1] for the samples, samples nothing.
-    extra_keys: tuple = ()  # Anything besides token ids that changes the KV (a LoRA id).
-    arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  # Tokens whose KV is in the cache (or is in this step).
     num_preemptions: int = 0
-    stop_token_id: int = -1  # The eos / stop token that finished the request.
+    stop_token_id: int = -1  # The eos / stop token that finished the sample.
     error: str = ""
+    # ---- KV cache: kept by KVCacheManager only ----
+    block_table: list[int] = field(default_factory=list)  # GPU block ids (see kv_cache_manager.py).
+    cpu_table: list[int] = field(default_factory=list)  # While swapped out: CPU block ids.
+    block_hashes: list[bytes] = field(default_factory=list)  # Of its full blocks so far (memo).
+    num_offered_blocks: int = 0  # Leading table blocks offered to the prefix cache.
+    table_replaced: bool = False  # A copy-on-write replaced a table entry this step.
+    # ---- worker view: kept by WorkerView only ----
+    known_to_worker: bool = False  # Sent in full since the worker last dropped it.
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -103,7 +171,7 @@ class Request:
 
     @property
     def num_target_tokens(self) -> int:
-        """Tokens whose KV this sequence needs before its next step is done."""
+        """Tokens whose KV this sample needs before its next step is done."""
         return self.num_prompt_tokens - 1 if self.is_root else self.num_tokens
 
     @property
@@ -113,11 +181,11 @@ class Request:
 
     @property
     def key(self) -> tuple[int, int]:
-        return self.group.key
+        return self.request.key
 
     @property
     def arrival_order(self) -> int:
-        return self.group.arrival_order
+        return self.request.arrival_order
 
     @property
     def is_finished(self) -> bool:

@@ -24,6 +24,7 @@ from llmserve.contract.grpc_server import ServiceServer
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.contract.outputs import FinishReason, RequestOutput
 from llmserve.scheduler.config import SchedulerServiceConfig
+from llmserve.scheduler.request import Request
 from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from llmserve.scheduler.stream_interval import OutputCoalescer
 from llmserve.scheduler.worker_link import WorkerGroup, WorkerLink, WorkerLost
@@ -47,7 +48,7 @@ class RouterSession:
     def __init__(self):
         self.id = next(self._ids)
         self.updates: asyncio.Queue[scheduler_pb2.SchedulerUpdate | None] = asyncio.Queue()
-        self.request_ids: set[str] = set()
+        self.owned: dict[Request, None] = {}  # Its live requests' records (an ordered set).
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -56,7 +57,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.server = server
         self.core: Scheduler | None = None
         self.worker: WorkerLink | None = None
-        self._owners: dict[str, RouterSession] = {}
+        # The live requests' records by public id (routers name them by id). Each record
+        # carries its owning session and held tokens (Request.stream).
+        self._live: dict[str, Request] = {}
         self._work = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._num_worker_failures = 0
@@ -169,7 +172,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if self._probe is not None and not self._probe.done():
             self._probe.set_result(f"worker lost: {reason}")
         if self.core is not None:
-            ids = [r for r in self._owners]
+            ids = list(self._live)
             self._dispatch(self.core.fail_requests(ids, f"worker lost: {reason}"))
         if self._loop_task is not None and self._loop_task is not asyncio.current_task():
             self._loop_task.cancel()
@@ -192,7 +195,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         finally:
             reader.cancel()
             # The router is gone (or its stream broke): nobody can receive these outputs.
-            self._abort(list(session.request_ids))
+            self._abort([request.request_id for request in session.owned])
 
     async def _read_router(self, session: RouterSession, context) -> None:
         try:
@@ -218,18 +221,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR,
                                               error="no worker is registered"))
             return
-        if request_id in self._owners:
+        if request_id in self._live:
             self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR,
                                               error=f"request id {request_id!r} is already running"))
             return
         try:
-            self.core.add_request(request_id, list(add.prompt_token_ids), wire.sampling_from_pb(add.sampling),
-                                  n=add.n or 1, priority=add.priority)
+            request = self.core.add_request(request_id, list(add.prompt_token_ids),
+                                            wire.sampling_from_pb(add.sampling), n=add.n or 1, priority=add.priority)
         except ValueError as err:
             self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=str(err)))
             return
-        self._owners[request_id] = session
-        session.request_ids.add(request_id)
+        request.stream.owner = session
+        self._live[request_id] = request
+        session.owned[request] = None
         self.requests.added(request_id, add.trace_context, len(add.prompt_token_ids), add.n or 1)
         self._work.set()
         # A multi-step run in flight ends after its current step, so this request's prompt
@@ -239,7 +243,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _abort(self, request_ids: list[str]) -> None:
         if self.core is None:
             return
-        live = [r for r in request_ids if r in self._owners]
+        live = [r for r in request_ids if r in self._live]
         if live:
             self._dispatch(self.core.abort_requests(live))
             self._work.set()  # The worker must drop their state at the next step.
@@ -250,7 +254,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         """Groups a step's outputs by owning router, one update message per router."""
         per_session: dict[int, tuple[RouterSession, list]] = {}
-        ended: list[str] = []
+        ended: list[Request] = []
         for out in outputs:
             if out.request_id == READINESS_REQUEST_ID:
                 if out.finished and self._probe is not None and not self._probe.done():
@@ -258,22 +262,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 continue
             if out.new_token_ids:
                 self.requests.produced(out.request_id)
-            if out.finished and (self.core is None or self.core.get_group(out.request_id) is None):
+            request = self._live.get(out.request_id)
+            if out.finished and (request is None or request.is_finished):
                 self.requests.finished(out.request_id, out.finish_reason.name.lower(), out.error)
-            session = self._owners.get(out.request_id)
-            if session is None:
+            if request is None:
                 continue
-            out = self.coalescer.push(out)
+            out = self.coalescer.push(out, request.stream)
             if out is None:
                 continue  # Held until the sample's next N tokens or its end.
+            session = request.stream.owner
             per_session.setdefault(session.id, (session, []))[1].append(wire.request_output_to_pb(out))
             if out.finished:
-                ended.append(out.request_id)
+                ended.append(request)
         # NOTE: after the loop: several samples of one request may end in one step.
-        for request_id in ended:
-            if request_id in self._owners and (self.core is None or self.core.get_group(request_id) is None):
-                self._owners.pop(request_id).request_ids.discard(request_id)
-                self.coalescer.forget(request_id)
+        for request in ended:
+            if request.is_finished and self._live.get(request.request_id) is request:
+                del self._live[request.request_id]
+                request.stream.owner.owned.pop(request, None)
+                self.coalescer.forget(request.stream)
         for session, pbs in per_session.values():
             session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=pbs))
 
@@ -321,16 +327,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def _step_span(self, plan):
         """The step's span (linked to its requests); puts trace contexts into the plan."""
-        group_ids = []
+        public_ids = []
         for r in plan.new_requests + plan.cached_requests:
-            seq = self.core.get_request(r.request_id)
-            group_ids.append(seq.group.request_id if seq is not None else r.request_id)
-        self.requests.scheduled(group_ids)
+            sample = self.core.get_sample(r.request_id)
+            public_ids.append(sample.request.request_id if sample is not None else r.request_id)
+        self.requests.scheduled(public_ids)
         if not tracing.enabled():
             return tracing.trace.INVALID_SPAN
         prefill = sum(r.num_scheduled_tokens for r in plan.new_requests)
         span = tracing.start_span("scheduler.step", parent=tracing.otel_context.Context(),
-                                  links=self.requests.links(dict.fromkeys(group_ids)), attributes={
+                                  links=self.requests.links(dict.fromkeys(public_ids)), attributes={
             "llmserve.step_id": plan.step_id,
             "llmserve.batch_size": len(plan.new_requests) + len(plan.cached_requests),
             "llmserve.num_new_requests": len(plan.new_requests),
@@ -338,8 +344,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             "llmserve.num_new_request_tokens": prefill,
             "llmserve.num_swap_out": len(plan.swap_out), "llmserve.num_swap_in": len(plan.swap_in)})
         plan.trace_context = tracing.context_to_map(span)
-        for r, group_id in zip(plan.new_requests, group_ids):
-            r.trace_context = self.requests.prefill_context(group_id)
+        for r, public_id in zip(plan.new_requests, public_ids):
+            r.trace_context = self.requests.prefill_context(public_id)
         return span
 
     # --- introspection -------------------------------------------------------
@@ -379,10 +385,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         await self.server.set_serving(False)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.shutdown_timeout_s
-        while self._owners and self.worker is not None and loop.time() < deadline:
+        while self._live and self.worker is not None and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        if self._owners and self.core is not None:
-            left = list(self._owners)
+        if self._live and self.core is not None:
+            left = list(self._live)
             logger.warning("shutdown timeout: failing %d requests", len(left))
             self._dispatch(self.core.fail_requests(
                 left, f"unavailable: the scheduler is shutting down (still running after the"
@@ -392,7 +398,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def shutdown(self) -> None:
         if self.core is not None:
-            self._abort(list(self._owners))
+            self._abort(list(self._live))
         if self._loop_task is not None:
             self._loop_task.cancel()
         if self.worker is not None:

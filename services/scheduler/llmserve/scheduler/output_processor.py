@@ -1,0 +1,200 @@
+"""Applying a step's result: sampled tokens, stop conditions, the fork of n > 1 roots,
+and the end of samples and requests (finished, aborted or failed).
+
+A root that has prefilled prompt[:-1] forks into the request's n samples, which share
+its blocks (ref counts) and each compute the last prompt token themselves, writing into
+the shared partial block: copy-on-write (see kv_cache_manager.py).
+
+    before:  running [ ... r#p ... ]        r#p: blocks [7, 2], 5 of 6 prompt tokens
+    after:   running [ ... r#0 r#1 ... ]    both [7, 2] (ref count 2 each), 5 computed
+"""
+
+from __future__ import annotations
+
+import logging
+
+from llmserve.contract.outputs import RequestOutput
+from llmserve.contract.plan import SampledToken, StepPlan, StepResult
+from llmserve.scheduler.kv_cache_manager import KVCacheManager
+from llmserve.scheduler.queues import Queues
+from llmserve.scheduler.registry import LiveRequests
+from llmserve.scheduler.request import Request, RequestStatus, Sample
+from llmserve.scheduler.stats import Counters
+from llmserve.scheduler.worker_view import WorkerView
+
+logger = logging.getLogger(__name__)
+
+
+class OutputProcessor:
+    """Turns step results into RequestOutputs and ends samples and requests."""
+
+    def __init__(self, config, kv: KVCacheManager, queues: Queues, live: LiveRequests, worker: WorkerView,
+                 counters: Counters) -> None:
+        """Apply results under `config`'s limits (a SchedulerConfig)."""
+        self.config = config
+        self.kv = kv
+        self.queues = queues
+        self.live = live
+        self.worker = worker
+        self.counters = counters
+
+    def apply(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
+        """Apply a step's sampled tokens (see Scheduler.update_from_output)."""
+        if result.step_id != plan.step_id:
+            raise ValueError(f"result for step {result.step_id} given with plan {plan.step_id}")
+        in_plan = self._in_plan(plan)
+        if result.error:
+            self.kv.reset_prefix_cache()  # The failed step may have left blocks half written.
+            request_ids = dict.fromkeys(s.request.request_id for s in in_plan)
+            return self.end_requests(request_ids, RequestStatus.FINISHED_ERROR, result.error)
+        outputs = self._apply_tokens(plan, result, in_plan)
+        for sample in in_plan:
+            if sample.is_root and sample.status is RequestStatus.RUNNING and not sample.num_uncomputed_tokens:
+                self._fork(sample)
+        return outputs
+
+    def _in_plan(self, plan: StepPlan) -> list[Sample]:
+        """The plan's samples still live (some may have been aborted during the step)."""
+        found = (self.live.sample(r.request_id) for r in plan.new_requests + plan.cached_requests)
+        return [s for s in found if s is not None]
+
+    def _apply_tokens(self, plan: StepPlan, result: StepResult, in_plan: list[Sample]) -> list[RequestOutput]:
+        """One output per planned sample that expects a token and got some."""
+        planned = set(in_plan)
+        # A multi-step result lists each sample once per step run, step by step.
+        per_sample: dict[str, list[SampledToken]] = {}
+        for sampled in result.sampled:
+            per_sample.setdefault(sampled.request_id, []).append(sampled)
+        outputs = []
+        for seq_id, sampled in per_sample.items():
+            sample = self.live.sample(seq_id)
+            if sample is None or sample not in planned or not _expects_token(sample):
+                logger.debug("ignoring token for %s", seq_id)
+                continue
+            outputs.append(self._append_tokens(sample, sampled[: plan.num_steps]))
+        return outputs
+
+    # ---- tokens and stops ----
+
+    def _append_tokens(self, sample: Sample, sampled: list[SampledToken]) -> RequestOutput:
+        """Append the sample's tokens; finish it if one of them stops it."""
+        new_token_ids, logprobs, status = self._take_tokens(sample, sampled)
+        if len(sampled) > 1:
+            self.kv.prefix.cache_full_blocks(sample)  # Blocks the run filled (before a finish frees them).
+        if status is not None:
+            self.queues.running.remove(sample)
+            self._finish(sample, status, sample.error)
+        return RequestOutput(
+            request_id=sample.request.request_id,
+            index=sample.index,
+            new_token_ids=new_token_ids,
+            logprobs=logprobs,
+            finish_reason=sample.status.finish_reason,
+            num_cached_tokens=sample.request.num_cached_tokens,
+            stop_token_id=sample.stop_token_id,
+            error=sample.error,
+        )
+
+    def _take_tokens(self, sample: Sample, sampled: list[SampledToken]) -> tuple[list, list, RequestStatus | None]:
+        """Append a step's token, or a multi-step run's tokens in order: each token after
+        the first was computed by the run's next step. Tokens after a stop are dropped.
+        Returns the kept token ids, their logprobs and the finished status (or None)."""
+        new_token_ids, logprobs = [], []
+        for i, token in enumerate(sampled):
+            if i:
+                sample.num_computed_tokens += 1
+            sample.output_token_ids.append(token.token_id)
+            new_token_ids.append(token.token_id)
+            if token.logprobs is not None:
+                logprobs.append(token.logprobs)
+            self.counters.generation_tokens_total += 1
+            status = self._stop_status(sample, token.token_id)
+            if status is not None:
+                return new_token_ids, logprobs, status
+        return new_token_ids, logprobs, None
+
+    def _stop_status(self, sample: Sample, token_id: int) -> RequestStatus | None:
+        """The finished status the token just appended causes, or None.
+
+        Sets sample.stop_token_id (STOP) or sample.error (ERROR) on the way.
+        """
+        sampling = sample.sampling
+        is_eos = token_id in sample.request.eos_token_ids and not sampling.ignore_eos
+        if is_eos or token_id in sampling.stop_token_ids:
+            sample.stop_token_id = token_id
+            return RequestStatus.FINISHED_STOPPED
+        if sample.num_output_tokens >= sampling.max_tokens or sample.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return self._outgrows_cache(sample)
+
+    def _outgrows_cache(self, sample: Sample) -> RequestStatus | None:
+        """ERROR when the whole cache cannot hold the request's live samples any more."""
+        # NOTE: the next step needs KV for all num_tokens tokens of every live sample.
+        # Failing here, rather than in schedule(), keeps the running loop free of
+        # requests that could only preempt everyone and then themselves, forever.
+        samples = sample.request.samples
+        num_blocks = self.kv.blocks_to_hold(samples)
+        what = f"{sample.num_tokens} tokens" if len(samples) == 1 else f"{len(samples)} samples"
+        if error := self.kv.too_small_for(num_blocks, what):
+            sample.error = error
+            return RequestStatus.FINISHED_ERROR
+        return None
+
+    # ---- fork ----
+
+    def _fork(self, root: Sample) -> None:
+        """Replace a root that prefilled prompt[:-1] by the request's n samples, which
+        share its blocks and each compute the last prompt token themselves."""
+        samples = root.request.new_samples()
+        self.live.replace(root, samples)
+        for sample in samples:
+            sample.num_computed_tokens = root.num_computed_tokens
+        self.kv.fork(root, samples)
+        self.queues.replace_running(root, samples)
+        self.worker.drop(root)
+
+    # ---- ends ----
+
+    def end_requests(self, request_ids, status: RequestStatus, error: str) -> list[RequestOutput]:
+        """Finish every live sample of the given public ids (unknown ones are ignored);
+        one output per sample."""
+        outputs = []
+        for request_id in request_ids:
+            request = self.live.request(request_id)
+            if request is not None:
+                outputs += self._end_request(request, status, error)
+        return outputs
+
+    def _end_request(self, request: Request, status: RequestStatus, error: str) -> list[RequestOutput]:
+        """Dequeue and finish every live sample of the request; their end outputs."""
+        outputs = []
+        for sample in list(request.samples):
+            self.queues.remove(sample)
+            self._finish(sample, status, error)
+            outputs += _final_outputs(sample)
+        return outputs
+
+    def _finish(self, sample: Sample, status: RequestStatus, error: str = "") -> None:
+        """Give the sample its final status, free its blocks and forget it (and its
+        request once no sample is left). The caller has already dequeued it."""
+        sample.status = status
+        sample.error = error
+        self.kv.free(sample)
+        self.counters.finished[status] += 1
+        self.worker.drop(sample)
+        self.live.remove(sample)
+
+
+def _expects_token(sample: Sample) -> bool:
+    """Running, done with its prompt, and a sampling sample (not a root)."""
+    return sample.status is RequestStatus.RUNNING and not sample.num_uncomputed_tokens and not sample.is_root
+
+
+def _final_outputs(sample: Sample) -> list[RequestOutput]:
+    """The end outputs of a sample finished without a token (abort, failure)."""
+    request, reason = sample.request, sample.status.finish_reason
+    if sample.is_root:  # The samples did not exist yet: each still gets its end.
+        return [RequestOutput(request.request_id, index=i, finish_reason=reason, error=sample.error)
+                for i in range(request.n)]
+    return [RequestOutput(request_id=request.request_id, index=sample.index, finish_reason=reason,
+                          num_cached_tokens=request.num_cached_tokens, error=sample.error)]

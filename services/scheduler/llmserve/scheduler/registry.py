@@ -1,0 +1,59 @@
+"""The unfinished requests, reachable by public id (from clients) and their live samples
+by sequence id (from workers' results): two indexes onto the same records."""
+
+from __future__ import annotations
+
+from llmserve.scheduler.request import Request, Sample
+
+
+class LiveRequests:
+    """Every unfinished Request and its live Samples; a request leaves with its last sample."""
+
+    def __init__(self) -> None:
+        """No requests yet."""
+        self._requests: dict[str, Request] = {}  # By public id.
+        self._samples: dict[str, Sample] = {}  # By sequence id.
+
+    def __bool__(self) -> bool:
+        return bool(self._requests)
+
+    def request(self, request_id: str) -> Request | None:
+        """The unfinished request with this public id, or None."""
+        return self._requests.get(request_id)
+
+    def sample(self, seq_id: str) -> Sample | None:
+        """The live sample with this sequence id, or None."""
+        return self._samples.get(seq_id)
+
+    def add(self, request: Request, samples: list[Sample]) -> None:
+        """Register a new request with its first samples. Raises ValueError (changing
+        nothing) if a sequence id is taken."""
+        self._check_free(samples)
+        request.samples = samples
+        self._requests[request.request_id] = request
+        self._add_samples(samples)
+
+    def replace(self, root: Sample, samples: list[Sample]) -> None:
+        """A forked root's samples take its place. Raises ValueError (changing nothing)
+        if a sequence id is taken."""
+        self._check_free(samples)
+        self._add_samples(samples)
+        root.request.samples = samples
+        del self._samples[root.seq_id]
+
+    def remove(self, sample: Sample) -> None:
+        """Forget a finished sample, and its request once no sample is left."""
+        del self._samples[sample.seq_id]
+        request = sample.request
+        request.samples.remove(sample)
+        if not request.samples:
+            del self._requests[request.request_id]
+
+    def _check_free(self, samples: list[Sample]) -> None:
+        for sample in samples:
+            if sample.seq_id in self._samples:
+                raise ValueError(f"sequence id {sample.seq_id!r} is already in use")
+
+    def _add_samples(self, samples: list[Sample]) -> None:
+        for sample in samples:
+            self._samples[sample.seq_id] = sample

@@ -1,0 +1,90 @@
+"""The scheduler's lifetime counters and the stats snapshot built from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmserve.scheduler.kv_cache_manager import KVCacheManager
+from llmserve.scheduler.queues import Queues
+from llmserve.scheduler.request import RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    num_waiting: int  # Sequences.
+    num_running: int
+    num_swapped: int
+    num_total_blocks: int
+    num_free_blocks: int  # Cached-but-unused blocks count as free (evictable).
+    kv_cache_usage: float  # Fraction of blocks in use.
+    num_cpu_blocks: int
+    num_free_cpu_blocks: int
+    num_preemptions: int  # Both modes.
+    num_preemptions_recompute: int
+    num_preemptions_swap: int
+    num_swapped_out_blocks: int  # Blocks copied to the CPU, lifetime.
+    num_cached_blocks: int  # Blocks carrying a prefix-cache hash.
+    prefix_cache_queries: int  # Tokens looked up in the prefix cache.
+    prefix_cache_hits: int  # Of those, tokens found.
+    num_allocated_blocks: int  # Blocks handed out by the pool, lifetime.
+    num_cow_copies: int  # Copy-on-write block copies, lifetime.
+    num_steps: int  # Non-empty plans built.
+    num_finished: int  # Sequences finished with STOP or LENGTH.
+    num_aborted: int
+    num_failed: int  # Finished with ERROR.
+    prompt_tokens_total: int  # Prompt tokens of admitted requests (recomputes not counted).
+    generation_tokens_total: int  # Tokens sampled and kept.
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+
+def _finished_counts() -> dict[RequestStatus, int]:
+    return {status: 0 for status in RequestStatus if status.is_finished}
+
+
+@dataclass
+class Counters:
+    """Lifetime counts the scheduler's parts add to (the KV cache keeps its own)."""
+
+    preemptions_recompute: int = 0
+    preemptions_swap: int = 0
+    num_steps: int = 0  # Non-empty plans built.
+    finished: dict[RequestStatus, int] = field(default_factory=_finished_counts)  # Samples, by end.
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.preemptions_recompute + self.preemptions_swap
+
+
+def snapshot(counters: Counters, queues: Queues, kv: KVCacheManager) -> SchedulerStats:
+    """A SchedulerStats of the queues' lengths, the cache's use and the lifetime counters."""
+    finished = counters.finished
+    return SchedulerStats(
+        num_waiting=len(queues.waiting),
+        num_running=len(queues.running),
+        num_swapped=sum(len(unit) for unit in queues.swapped),
+        num_total_blocks=kv.num_total_blocks,
+        num_free_blocks=kv.num_free_blocks,
+        kv_cache_usage=kv.usage,
+        num_cpu_blocks=kv.num_cpu_blocks,
+        num_free_cpu_blocks=kv.num_free_cpu_blocks,
+        num_preemptions=counters.num_preemptions,
+        num_preemptions_recompute=counters.preemptions_recompute,
+        num_preemptions_swap=counters.preemptions_swap,
+        num_swapped_out_blocks=kv.num_swapped_out_blocks,
+        num_cached_blocks=kv.pool.num_cached_blocks,
+        prefix_cache_queries=kv.prefix.query_tokens,
+        prefix_cache_hits=kv.prefix.hit_tokens,
+        num_allocated_blocks=kv.pool.num_allocated_total,
+        num_cow_copies=kv.num_cow_copies,
+        num_steps=counters.num_steps,
+        num_finished=finished[RequestStatus.FINISHED_STOPPED] + finished[RequestStatus.FINISHED_LENGTH],
+        num_aborted=finished[RequestStatus.FINISHED_ABORTED],
+        num_failed=finished[RequestStatus.FINISHED_ERROR],
+        prompt_tokens_total=counters.prompt_tokens_total,
+        generation_tokens_total=counters.generation_tokens_total,
+    )

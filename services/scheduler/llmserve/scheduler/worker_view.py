@@ -1,0 +1,114 @@
+"""What the worker already knows, and the StepPlan that tells it the rest.
+
+A worker keeps its own copy of each sequence (tokens, block table, computed count). The
+plan carries a sequence in full (NewRequestData) the first time the worker sees it, and
+again after the worker dropped it (finished, preempted, forked, or a copy-on-write
+replaced a table entry it holds); otherwise only a delta (CachedRequestData: its new
+block ids). Dropped ids go out in the next non-empty plan's finished_request_ids.
+
+    step:              1          2          3 (preempted)   4 (back)
+    plan carries s:    new        cached     finished id     new (in full again)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
+from llmserve.contract.sampling import SamplingParams
+from llmserve.scheduler.kv_cache_manager import KVCacheManager
+from llmserve.scheduler.request import Sample
+
+
+@dataclass
+class ScheduledSample:
+    """One sample's share of a step: the tokens it computes and the blocks it gained."""
+
+    sample: Sample
+    num_tokens: int
+    new_block_ids: list[int]
+    table_changed: bool = False  # An entry was replaced (copy-on-write): resend in full.
+
+
+def worker_sampling(sampling: SamplingParams) -> WorkerSamplingParams:
+    """The sampling settings a worker needs (stops and lengths stay with the scheduler)."""
+    return WorkerSamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        seed=sampling.seed,
+        logprobs=sampling.logprobs,
+    )
+
+
+class WorkerView:
+    """Builds each step's plan from the samples' known-to-worker flags."""
+
+    def __init__(self, kv: KVCacheManager) -> None:
+        """Plans for a worker that knows nothing yet, with block ops taken from `kv`."""
+        self.kv = kv
+        self._next_step_id = 0
+        # Sequence ids the worker must drop, in order (an ordered set). Ids, not records:
+        # a finished sample's record is gone, and its id may already be reused.
+        self._to_drop: dict[str, None] = {}
+
+    def drop(self, sample: Sample) -> None:
+        """The worker must forget the sample (finished, preempted or forked)."""
+        # NOTE: an id can be in finished_request_ids and new_requests of one plan (an id
+        # reused after finishing); workers apply finished_request_ids first.
+        sample.known_to_worker = False
+        self._to_drop[sample.seq_id] = None
+
+    def build_plan(self, scheduled: list[ScheduledSample], num_steps: int = 1) -> StepPlan:
+        """The step's plan; advances each scheduled sample's computed count and offers
+        the blocks it fills to the prefix cache.
+
+        An empty plan may never reach the worker: its finished ids are kept for the next.
+        """
+        ops = self.kv.take_block_ops()
+        plan = StepPlan(
+            step_id=self._next_step_id, finished_request_ids=list(self._to_drop),
+            swap_out=ops.swap_out, swap_in=ops.swap_in, copies=ops.copies, num_steps=num_steps,
+        )
+        self._next_step_id += 1
+        for item in scheduled:
+            self._add(plan, item)
+        if not plan.is_empty:
+            self._to_drop = {}
+        return plan
+
+    def _add(self, plan: StepPlan, item: ScheduledSample) -> None:
+        """Put the sample in the plan, in full or as a delta, and count its tokens computed."""
+        sample = item.sample
+        if item.table_changed and sample.known_to_worker:
+            # Resent in full: the worker drops its copy first.
+            sample.known_to_worker = False
+            plan.finished_request_ids.append(sample.seq_id)
+        if sample.known_to_worker:
+            plan.cached_requests.append(self._cached_data(item))
+        else:
+            sample.known_to_worker = True
+            plan.new_requests.append(self._new_data(item))
+        sample.num_computed_tokens += item.num_tokens
+        self.kv.prefix.cache_full_blocks(sample)
+
+    def _new_data(self, item: ScheduledSample) -> NewRequestData:
+        sample = item.sample
+        return NewRequestData(
+            request_id=sample.seq_id,
+            token_ids=sample.all_token_ids,
+            num_prompt_tokens=sample.num_prompt_tokens,
+            sampling=worker_sampling(sample.sampling),
+            block_ids=self.kv.get_block_ids(sample),
+            num_computed_tokens=sample.num_computed_tokens,
+            num_scheduled_tokens=item.num_tokens,
+        )
+
+    @staticmethod
+    def _cached_data(item: ScheduledSample) -> CachedRequestData:
+        return CachedRequestData(
+            request_id=item.sample.seq_id,
+            new_block_ids=item.new_block_ids,
+            num_computed_tokens=item.sample.num_computed_tokens,
+            num_scheduled_tokens=item.num_tokens,
+        )
