@@ -15,7 +15,8 @@ from pathlib import Path
 from llmserve.contract.outputs import RequestOutput
 from llmserve.contract.plan import StepPlan
 from llmserve.contract.sampling import SamplingParams
-from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from llmserve.scheduler.config import SchedulerConfig
+from llmserve.scheduler.scheduler import KVCacheShape, Scheduler
 
 
 @dataclass
@@ -27,42 +28,33 @@ class Completion:
 
 
 class InProcessEngine:
-    def __init__(self, runner, max_num_seqs: int = 256, max_num_batched_tokens: int = 512,
-                 enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True,
-                 preemption_mode: str = "auto", num_scheduler_steps: int = 1):
+    def __init__(self, runner, config: SchedulerConfig = SchedulerConfig()):
+        """The scheduler core under `config` driving `runner` (a ModelRunner, or anything
+        with its `info` and `execute`)."""
         info = runner.info
         self.runner = runner
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_model_len=min(info.max_model_len, info.num_kv_blocks * info.block_size),
-                block_size=info.block_size,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                enable_chunked_prefill=enable_chunked_prefill,
-                enable_prefix_caching=enable_prefix_caching,
-                preemption_mode=preemption_mode,
-                num_scheduler_steps=num_scheduler_steps,
-            ),
-            num_blocks=info.num_kv_blocks,
-            eos_token_ids=info.eos_token_ids,
-            num_cpu_blocks=info.num_cpu_blocks,
-        )
+        # NOTE: the cache must hold one whole sequence, or a request could never run.
+        cache = KVCacheShape(num_blocks=info.num_kv_blocks, block_size=info.block_size,
+                             max_model_len=min(info.max_model_len, info.num_kv_blocks * info.block_size),
+                             num_cpu_blocks=info.num_cpu_blocks)
+        self.scheduler = Scheduler(config, cache, info.eos_token_ids)
 
     @classmethod
     def from_model_dir(cls, model_dir: Path, **settings) -> "InProcessEngine":
         """An engine for a model directory: each keyword is a setting of the runner
         (`RunnerConfig`: dtype, num_kv_blocks, kv_cache_memory, swap_space, ...) or of the
-        scheduler (this constructor's). Offline use has no swap space unless asked for."""
+        scheduler (`SchedulerConfig`); max_num_batched_tokens is both (the runner's
+        profiling forward is one full step). Offline use has no swap space unless asked for."""
         from llmserve.worker.config import RunnerConfig
         from llmserve.worker.model_runner import ModelRunner
 
-        runner_fields = {f.name for f in fields(RunnerConfig)}
-        runner_settings = {"swap_space": 0, **{k: v for k, v in settings.items() if k in runner_fields}}
-        if "max_num_batched_tokens" in settings:  # The profiling forward is a full step.
-            runner_settings["max_num_batched_tokens"] = settings["max_num_batched_tokens"]
-        runner = ModelRunner(model_dir, RunnerConfig(**runner_settings))
-        return cls(runner, **{k: v for k, v in settings.items() if k not in runner_fields or
-                              k == "max_num_batched_tokens"})
+        runner_fields, scheduler_fields = ({f.name for f in fields(c)} for c in (RunnerConfig, SchedulerConfig))
+        unknown = set(settings) - runner_fields - scheduler_fields
+        if unknown:
+            raise TypeError(f"unknown engine settings: {sorted(unknown)}")
+        runner = ModelRunner(model_dir, RunnerConfig(**{"swap_space": 0, **{k: v for k, v in settings.items()
+                                                                            if k in runner_fields}}))
+        return cls(runner, SchedulerConfig(**{k: v for k, v in settings.items() if k in scheduler_fields}))
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     n: int = 1, priority: int = 0) -> None:

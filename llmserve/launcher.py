@@ -21,7 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.router.config import RouterConfig
-from llmserve.scheduler.config import SchedulerServiceConfig
+from llmserve.scheduler.config import SchedulerConfig, SchedulerServiceConfig
 from llmserve.settings import Command, group, setting, to_argv
 from llmserve.worker.config import RunnerConfig, WorkerConfig
 
@@ -190,6 +190,10 @@ class EngineSettings:
     scheduler: SchedulerServiceConfig = group(SchedulerServiceConfig,
                                               skip=_PER_PROCESS + ("log-stats-interval", "step-timeout"))
 
+    @property
+    def scheduling(self) -> SchedulerConfig:
+        return self.scheduler.scheduling
+
     def scheduler_argv(self) -> list[str]:
         return to_argv(self.scheduler, skip=_PER_PROCESS)
 
@@ -197,13 +201,6 @@ class EngineSettings:
         """The worker's runner flags (ClusterSpec adds the model, the launcher the group's shape)."""
         return to_argv(self.worker, skip=_PER_PROCESS + _WORKER_ADDRESSING + ("tp-size", "pp-size", "model",
                                                                             "served-model-name"))
-
-    def scheduler_options(self) -> dict:
-        """The scheduler's policy as the in-process engine takes it."""
-        s = self.scheduler
-        return dict(max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-                    enable_chunked_prefill=s.enable_chunked_prefill, enable_prefix_caching=s.enable_prefix_caching,
-                    preemption_mode=s.preemption_mode, num_scheduler_steps=s.num_scheduler_steps)
 
 
 @dataclass(frozen=True)

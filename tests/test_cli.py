@@ -32,9 +32,9 @@ def test_environment_variables_set_defaults_and_flags_win(monkeypatch):
     worker = parse(["worker"])
     assert worker.runner.kv_cache_memory == 2**30
     scheduler = parse(["scheduler"])
-    assert scheduler.max_num_seqs == 7 and scheduler.enable_chunked_prefill is False
-    assert parse(["scheduler", "--max-num-seqs", "9"]).max_num_seqs == 9
-    assert parse(["scheduler", "--chunked-prefill"]).enable_chunked_prefill is True
+    assert scheduler.scheduling.max_num_seqs == 7 and scheduler.scheduling.enable_chunked_prefill is False
+    assert parse(["scheduler", "--max-num-seqs", "9"]).scheduling.max_num_seqs == 9
+    assert parse(["scheduler", "--chunked-prefill"]).scheduling.enable_chunked_prefill is True
     monkeypatch.setenv("LLMSERVE_MAX_NUM_SEQS", "many")
     with pytest.raises(SettingsError, match="LLMSERVE_MAX_NUM_SEQS"):
         parse(["scheduler"])
@@ -70,8 +70,10 @@ def test_scheduler_flags_reach_the_launched_scheduler_unchanged(front):
     outer = resolve(UpConfig if front == ["up"] else BenchSettings, args).engine
     inner = parse(["scheduler", *outer.scheduler_argv()])
     for name in ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
-                 "preemption_mode", "stream_interval", "num_scheduler_steps"):
-        assert getattr(inner, name) == getattr(outer.scheduler, name) != getattr(SchedulerServiceConfig(), name), name
+                 "preemption_mode", "num_scheduler_steps"):
+        assert getattr(inner.scheduling, name) == getattr(outer.scheduling, name) \
+            != getattr(SchedulerServiceConfig().scheduling, name), name
+    assert inner.stream_interval == outer.scheduler.stream_interval == 4
     # The same budget sizes the worker's profiling forward.
     assert parse(["worker", *outer.worker_argv()]).runner.max_num_batched_tokens == 300
     for flag in ("--stream-interval", "--num-scheduler-steps"):

@@ -16,6 +16,7 @@ import torch
 from llmserve.contract import wire
 from llmserve.bench.workloads import random_workload
 from llmserve.engine import InProcessEngine
+from llmserve.scheduler.config import SchedulerConfig
 from llmserve.internal.v1 import worker_pb2
 from llmserve.contract.sampling import SamplingParams
 
@@ -57,7 +58,7 @@ def decoding_engine(model_dir, dtype: str, batch: int, context: int, model=None,
 
     settings = RunnerConfig(dtype=dtype, num_kv_blocks=batch * -(-(context + max_new_tokens) // 16) + 1, swap_space=0)
     runner = ModelRunner(model_dir, settings, model=model)
-    engine = InProcessEngine(runner, max_num_batched_tokens=max(4096, batch * (context + 16)))
+    engine = InProcessEngine(runner, SchedulerConfig(max_num_batched_tokens=max(4096, batch * (context + 16))))
     for i, r in enumerate(random_workload(batch, (context, context), (1000, 1000), 49152, seed=1)):
         engine.add_request(f"r{i}", r.prompt_token_ids, SamplingParams(max_tokens=max_new_tokens, temperature=0.0,
                                                                       ignore_eos=True))

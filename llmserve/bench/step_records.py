@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from llmserve.contract.outputs import RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.engine import InProcessEngine
+from llmserve.scheduler.config import SchedulerConfig
 
 
 @dataclass
@@ -55,8 +56,8 @@ class _PlanTap:
 class RecordingEngine(InProcessEngine):
     """InProcessEngine recording a StepRecord per step it runs (in `steps`)."""
 
-    def __init__(self, runner, **scheduler_kwargs):
-        super().__init__(runner if isinstance(runner, _PlanTap) else _PlanTap(runner), **scheduler_kwargs)
+    def __init__(self, runner, config: SchedulerConfig = SchedulerConfig()):
+        super().__init__(runner if isinstance(runner, _PlanTap) else _PlanTap(runner), config)
         self.steps: list[StepRecord] = []
 
     def step(self) -> list[RequestOutput]:

@@ -159,15 +159,14 @@ def bench_throughput(args) -> int:
     bandwidth = measure_memory_bandwidth()
     report["matmul_peak_gflop_per_s"] = peak / 1e9
     report["memory_bandwidth_gb_per_s"] = bandwidth / 1e9
-    scheduler_options = args.engine.scheduler_options()
-    engine = RecordingEngine(ModelRunner(model_dir, args.engine.worker.runner), **scheduler_options)
+    engine = RecordingEngine(ModelRunner(model_dir, args.engine.worker.runner), args.engine.scheduling)
     block_size = engine.scheduler.kv.block_size
     # NOTE: rounds interleave the systems (engine, gRPC, baselines, engine, ...) so a change
     # in the machine's load during the run lands on all of them, not on one.
     rounds: dict[str, list[dict]] = {}
     for round_index in range(args.repeat):
         if round_index:  # A fresh scheduler: no prefix-cache hits on the previous round's prompts.
-            engine = RecordingEngine(engine.runner, **scheduler_options)
+            engine = RecordingEngine(engine.runner, args.engine.scheduling)
         result = run_in_process(engine, requests)
         result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / peak
         result.update(roofline(engine, peak, bandwidth, torch_dtype, result))

@@ -88,14 +88,14 @@ def test_cluster_config_file(tmp_path, monkeypatch):
     cfg = tmp_path / "cluster.yaml"
     cfg.write_text("max-num-seqs: 7\nkv_cache_memory: 1GiB\nno-prefix-caching: true\nblock-size: 8\n")
     config = up(["--config", str(cfg), "--port", "6001"])
-    scheduler, runner = config.engine.scheduler, config.engine.worker.runner
+    scheduler, runner = config.engine.scheduling, config.engine.worker.runner
     assert (scheduler.max_num_seqs, runner.kv_cache_memory, scheduler.enable_prefix_caching) == (7, 2**30, False)
     assert runner.block_size == 32  # The environment wins over the file,
     assert config.port == 6001  # and the command line over both.
     toml = tmp_path / "cluster.toml"
     toml.write_text('max-num-seqs = 9\ndtype = "bfloat16"\n')
     config = up(["--config", str(toml)])
-    assert (config.engine.scheduler.max_num_seqs, config.engine.worker.runner.dtype) == (9, "bfloat16")
+    assert (config.engine.scheduling.max_num_seqs, config.engine.worker.runner.dtype) == (9, "bfloat16")
     bad = tmp_path / "bad.yaml"
     bad.write_text("max-num-sequences: 3\n")
     with pytest.raises(SettingsError, match="unknown settings"):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
 from llmserve.contract.plan import SampledToken, StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
-from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from llmserve.scheduler.scheduler import KVCacheShape, Scheduler, SchedulerConfig
 
 NO_EOS = (10_000,)  # An eos id the fake workers never produce.
 
@@ -183,12 +183,22 @@ class Run:
         self.outputs += outputs
 
 
+def build_scheduler(config: dict, num_blocks: int, eos, num_cpu_blocks: int = 0) -> Scheduler:
+    """A scheduler from one dict of settings and cache facts (block_size, max_model_len)."""
+    config = dict(config)
+    cache = KVCacheShape(num_blocks=num_blocks, block_size=config.pop("block_size", 16),
+                         max_model_len=config.pop("max_model_len"), num_cpu_blocks=num_cpu_blocks)
+    # NOTE: these tests were written against a 2048-token default step budget.
+    config.setdefault("max_num_batched_tokens", 2048)
+    return Scheduler(SchedulerConfig(**config), cache, eos)
+
+
 def make_scheduler(num_blocks: int = 64, eos=NO_EOS, **config) -> Scheduler:
     config.setdefault("block_size", 4)
     config.setdefault("max_model_len", 64)
     # NOTE: the older tests assert exact block ids without prefix caching.
     config.setdefault("enable_prefix_caching", False)
-    return Scheduler(SchedulerConfig(**config), num_blocks, eos)
+    return build_scheduler(config, num_blocks, eos)
 
 
 def params(max_tokens: int = 16, **kwargs) -> SamplingParams:

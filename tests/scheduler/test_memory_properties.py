@@ -5,6 +5,8 @@ pool is consistent, and the fake worker reads back exactly the tokens each seque
 wrote (so sharing, copy-on-write, swaps and prefix hits moved the right KV). At the end
 every block is free and each sample has the tokens a lone run with its seed gives."""
 
+from types import SimpleNamespace
+
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
@@ -12,11 +14,12 @@ from hypothesis import strategies as st
 
 from llmserve.contract.outputs import FinishReason
 from llmserve.scheduler.request import RequestStatus
-from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from llmserve.scheduler.scheduler import Scheduler
 
 from .scheduler_testkit import (
     PROPERTY_MAX_MODEL_LEN,
     FakeWorker,
+    build_scheduler,
     Run,
     draw_batching_config,
     interrupt_some_runs,
@@ -30,7 +33,7 @@ from .scheduler_testkit import (
 
 @st.composite
 def workloads(draw):
-    config = SchedulerConfig(
+    config = SimpleNamespace(
         **draw_batching_config(draw, max_seqs=6),
         enable_prefix_caching=draw(st.booleans()),
         preemption_mode=draw(st.sampled_from(["auto", "swap", "recompute"])),
@@ -55,7 +58,7 @@ def check_invariants(sched: Scheduler) -> None:
     assert set(cpu_tables) == swapped, "only swapped sequences hold CPU blocks"
     for request in sched.running:
         assert request.status is RequestStatus.RUNNING
-        assert table_fits(len(tables[request.seq_id]), request.num_computed_tokens, sched.config.block_size,
+        assert table_fits(len(tables[request.seq_id]), request.num_computed_tokens, sched.cache.block_size,
                           sched.config.num_scheduler_steps)
     for request in sched.waiting:
         assert request.status is RequestStatus.WAITING and request.num_computed_tokens == 0
@@ -84,7 +87,7 @@ def check_invariants(sched: Scheduler) -> None:
 @given(workloads())
 def test_random_multi_sample_workloads_keep_memory_consistent(workload):
     config, num_blocks, num_cpu_blocks, eos, interrupts, events = workload
-    sched = Scheduler(config, num_blocks, [eos], num_cpu_blocks=num_cpu_blocks)
+    sched = build_scheduler(vars(config), num_blocks, [eos], num_cpu_blocks=num_cpu_blocks)
     worker = FakeWorker(config.block_size, steps_to_run=interrupt_some_runs if interrupts else None)
     run = Run(by_sample=True)
     prefixes = ([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5])

@@ -2,9 +2,11 @@ import math
 
 import pytest
 from .scheduler_testkit import (
+    NO_EOS,
     FakeWorker,
     Run,
     WorkerRequest,
+    build_scheduler,
     hash_token,
     make_scheduler,
     params,
@@ -15,7 +17,7 @@ from .scheduler_testkit import (
 
 from llmserve.contract.outputs import FinishReason, TokenLogprobs
 from llmserve.contract.plan import CachedRequestData, NewRequestData, SampledToken, StepResult
-from llmserve.scheduler.scheduler import SchedulerConfig
+from llmserve.scheduler.config import SchedulerConfig
 
 STOP, LENGTH, ABORT, ERROR = (
     FinishReason.STOP,
@@ -129,9 +131,9 @@ def worker_req(tokens):
 
 def test_config_validation():
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        SchedulerConfig(max_model_len=100, max_num_batched_tokens=50, enable_chunked_prefill=False)
+        build_scheduler(dict(max_model_len=100, max_num_batched_tokens=50, enable_chunked_prefill=False), 8, NO_EOS)
     with pytest.raises(ValueError, match="block_size"):
-        SchedulerConfig(max_model_len=100, block_size=0)
+        build_scheduler(dict(max_model_len=100, block_size=0), 8, NO_EOS)
     with pytest.raises(TypeError):
         SchedulerConfig(64)  # Keyword-only.
 

@@ -1,19 +1,21 @@
 """Random workloads on small pools: the block accounting holds after every step, every
 request ends exactly once with the tokens a lone run would give, and all blocks return."""
 
+from types import SimpleNamespace
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llmserve.contract.outputs import FinishReason
 from llmserve.scheduler.request import RequestStatus
-from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from llmserve.scheduler.scheduler import Scheduler
 
-from .scheduler_testkit import (FakeWorker, Run, draw_batching_config, interrupt_some_runs, lone_run_tokens, params,
-                               run_until_done, step, table_fits)
+from .scheduler_testkit import (FakeWorker, Run, build_scheduler, draw_batching_config, interrupt_some_runs,
+                               lone_run_tokens, params, run_until_done, step, table_fits)
 
 
 @st.composite
 def workloads(draw):
-    config = SchedulerConfig(**draw_batching_config(draw, max_seqs=4))
+    config = SimpleNamespace(**draw_batching_config(draw, max_seqs=4))
     num_blocks = draw(st.integers(1, 16))
     eos = draw(st.integers(0, 96))
     request = st.tuples(st.integers(1, 20), st.integers(1, 12))  # prompt length, max_tokens
@@ -28,7 +30,7 @@ def check_invariants(sched: Scheduler) -> None:
     for request in sched.running:
         assert request.status is RequestStatus.RUNNING
         table = kv.get_block_ids(request)
-        assert table_fits(len(table), request.num_computed_tokens, config.block_size, config.num_scheduler_steps)
+        assert table_fits(len(table), request.num_computed_tokens, sched.cache.block_size, config.num_scheduler_steps)
         assert held.isdisjoint(table)
         held.update(table)
         assert all(kv.pool.ref_count(b) == 1 for b in table)
@@ -46,7 +48,7 @@ def check_invariants(sched: Scheduler) -> None:
 @given(workloads())
 def test_random_workloads_keep_blocks_consistent(workload):
     config, num_blocks, eos, interrupts, events = workload
-    sched = Scheduler(config, num_blocks, [eos])
+    sched = build_scheduler(vars(config), num_blocks, [eos])
     worker, run = FakeWorker(config.block_size, steps_to_run=interrupt_some_runs if interrupts else None), Run()
     added, rejected = {}, []
     for new_requests, aborts in events:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmserve.settings import Command, positive_int, setting
+from llmserve.scheduler.preemption import PreemptionMode
+from llmserve.settings import Command, group, positive_int, setting
 
 
-@dataclass(frozen=True)
-class SchedulerServiceConfig:
-    host: str = setting("0.0.0.0", help="address to listen on")
-    port: int = setting(50052, help="port the router and the workers dial")
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    """The scheduling policy: what the scheduler core, the in-process engine and the
+    service all take. The worker's cache shape is not here: it is a fact the worker
+    reports when it registers (KVCacheShape), not a setting."""
+
     max_num_seqs: int = setting(256, parse=positive_int, help="most sequences in one step")
     max_num_batched_tokens: int = setting(512, parse=positive_int,
                                           help="most tokens computed in one step (long prompts are chunked to fit)")
@@ -18,16 +21,29 @@ class SchedulerServiceConfig:
                                            help="split prompts longer than a step's token budget (off: prompts fit one step whole)")
     enable_prefix_caching: bool = setting(True, flag="prefix-caching",
                                           help="reuse the KV of earlier prompts' full blocks")
-    preemption_mode: str = setting("auto", choices=("auto", "swap", "recompute"),
-                                   help="when KV blocks run out: swap to CPU, recompute later, or auto "
-                                        "(swap requests with several samples, recompute the others)")
-    stream_interval: int = setting(1, parse=positive_int,
-                                   help="stream each sample's tokens N at a time (its first and last at once): fewer "
-                                        "messages, less control-plane CPU beside the model; 1 = every token")
+    preemption_mode: PreemptionMode = setting(PreemptionMode.AUTO, parse=PreemptionMode, choices=tuple(PreemptionMode),
+                                              help="when KV blocks run out: swap to CPU, recompute later, or auto "
+                                                   "(swap requests with several samples, recompute the others)")
     num_scheduler_steps: int = setting(1, parse=positive_int,
                                        help="decode steps one plan may run back to back on the worker (multi-step "
                                             "scheduling) while nothing waits: one plan, result and message per K tokens; "
                                             "tokens reach clients K at a time; an arrival cuts a run short after one step")
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        object.__setattr__(self, "preemption_mode", PreemptionMode(self.preemption_mode))
+
+
+@dataclass(frozen=True)
+class SchedulerServiceConfig:
+    scheduling: SchedulerConfig = group(SchedulerConfig)
+    host: str = setting("0.0.0.0", help="address to listen on")
+    port: int = setting(50052, help="port the router and the workers dial")
+    stream_interval: int = setting(1, parse=positive_int,
+                                   help="stream each sample's tokens N at a time (its first and last at once): fewer "
+                                        "messages, less control-plane CPU beside the model; 1 = every token")
     log_stats_interval_s: float = setting(10.0, flag="log-stats-interval",
                                           help="seconds between queue / KV-usage log lines while busy")
     step_timeout_s: float = setting(300.0, flag="step-timeout",

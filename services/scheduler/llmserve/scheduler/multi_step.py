@@ -21,13 +21,14 @@ from llmserve.scheduler.queues import Queues
 from llmserve.scheduler.worker_view import ScheduledSample
 
 
-def num_steps_for(config, kv: KVCacheManager, queues: Queues, scheduled: list[ScheduledSample]) -> int:
+def num_steps_for(num_scheduler_steps: int, max_model_len: int, kv: KVCacheManager, queues: Queues,
+                  scheduled: list[ScheduledSample]) -> int:
     """Decode steps this plan runs back to back: 1, or with multi-step scheduling up to
     num_scheduler_steps when every scheduled sample is a plain decode and no sample
     waits for room (an arrival or a swapped request would otherwise wait for the run).
     Capped so that no sample passes its max_tokens or max_model_len, and shrunk until
     the run's extra slots fit in the free blocks."""
-    k = config.num_scheduler_steps
+    k = num_scheduler_steps
     if k == 1 or not scheduled or queues.waiting or queues.swapped or kv.has_block_ops:
         return 1
     for item in scheduled:
@@ -35,7 +36,7 @@ def num_steps_for(config, kv: KVCacheManager, queues: Queues, scheduled: list[Sc
             return 1
         sample = item.sample
         k = min(k, sample.sampling.max_tokens - sample.num_output_tokens,
-                config.max_model_len - sample.num_tokens)
+                max_model_len - sample.num_tokens)
     while k > 1 and kv.blocks_needed([(item.sample, k) for item in scheduled]) > kv.num_free_blocks:
         k -= 1
     return max(k, 1)

@@ -28,10 +28,10 @@ logger = logging.getLogger(__name__)
 class OutputProcessor:
     """Turns step results into RequestOutputs and ends samples and requests."""
 
-    def __init__(self, config, kv: KVCacheManager, queues: Queues, live: LiveRequests, worker: WorkerView,
-                 counters: Counters) -> None:
-        """Apply results under `config`'s limits (a SchedulerConfig)."""
-        self.config = config
+    def __init__(self, max_model_len: int, kv: KVCacheManager, queues: Queues, live: LiveRequests,
+                 worker: WorkerView, counters: Counters) -> None:
+        """Apply results to samples that may hold at most `max_model_len` tokens."""
+        self.max_model_len = max_model_len
         self.kv = kv
         self.queues = queues
         self.live = live
@@ -123,7 +123,7 @@ class OutputProcessor:
         if is_eos or token_id in sampling.stop_token_ids:
             sample.stop_token_id = token_id
             return RequestStatus.FINISHED_STOPPED
-        if sample.num_output_tokens >= sampling.max_tokens or sample.num_tokens >= self.config.max_model_len:
+        if sample.num_output_tokens >= sampling.max_tokens or sample.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return self._outgrows_cache(sample)
 

@@ -88,7 +88,7 @@ class StepPolicy:
     def _admissible(self, sample: Sample) -> bool:
         """The free blocks hold the sample's first chunk (after its cached prefix)."""
         cached = self.kv.prefix.computed_blocks(sample)
-        num_cached = len(cached) * self.config.block_size
+        num_cached = len(cached) * self.kv.block_size
         num_new = sample.num_target_tokens - num_cached
         if self.config.enable_chunked_prefill:
             num_new = min(num_new, self.config.max_num_batched_tokens)
@@ -174,7 +174,7 @@ class StepPolicy:
         """Admit the first waiting sample with its cached prefix and a first chunk of at
         most `budget` tokens. Returns the chunk, or None when it cannot start now."""
         cached = self.kv.prefix.computed_blocks(sample)
-        num_new = sample.num_target_tokens - len(cached) * self.config.block_size
+        num_new = sample.num_target_tokens - len(cached) * self.kv.block_size
         if num_new > budget:
             if not self.config.enable_chunked_prefill:
                 return None

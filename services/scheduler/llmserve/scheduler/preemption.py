@@ -27,6 +27,9 @@ class PreemptionMode(str, enum.Enum):
     SWAP = "swap"  # Swap whenever the CPU pool has room.
     RECOMPUTE = "recompute"  # Always drop the KV and recompute it later.
 
+    def __str__(self) -> str:
+        return self.value
+
 
 class Preemptor:
     """Takes a request's running samples off the GPU and counts it."""

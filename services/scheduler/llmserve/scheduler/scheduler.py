@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from llmserve.contract.outputs import RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
+from llmserve.scheduler.config import SchedulerConfig
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
 from llmserve.scheduler.multi_step import allocate_lookahead, num_steps_for
 from llmserve.scheduler.output_processor import OutputProcessor
@@ -40,42 +41,38 @@ from llmserve.scheduler.request import Request, RequestStatus, Sample
 from llmserve.scheduler.stats import Counters, SchedulerStats, snapshot
 from llmserve.scheduler.worker_view import WorkerView
 
-__all__ = ["PreemptionMode", "Scheduler", "SchedulerConfig", "SchedulerStats"]
+__all__ = ["KVCacheShape", "PreemptionMode", "Scheduler", "SchedulerConfig", "SchedulerStats"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class SchedulerConfig:
+class KVCacheShape:
+    """What the worker's registration tells the scheduler: facts, not settings."""
+
+    num_blocks: int  # KV cache blocks on the worker.
+    block_size: int  # Tokens per block.
     max_model_len: int  # Prompt + output tokens, at most.
-    block_size: int = 16  # Tokens per KV cache block.
-    max_num_seqs: int = 256  # Running sequences, at most.
-    max_num_batched_tokens: int = 2048  # Tokens computed per step, at most.
-    enable_chunked_prefill: bool = True  # Split prompts longer than the budget left.
-    enable_prefix_caching: bool = True  # Reuse the KV of full blocks seen before.
-    preemption_mode: PreemptionMode = PreemptionMode.AUTO
-    num_scheduler_steps: int = 1  # Decode steps one plan may run back to back (multi-step).
+    num_cpu_blocks: int = 0  # Swap space, in blocks.
 
     def __post_init__(self) -> None:
-        for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",
-                     "num_scheduler_steps"):
+        for name in ("num_blocks", "block_size", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens})"
-                f" must be >= max_model_len ({self.max_model_len}), or long prompts never run"
-            )
-        object.__setattr__(self, "preemption_mode", PreemptionMode(self.preemption_mode))
 
 
 class Scheduler:
     """Owns the request queues and the KV cache block tables. Not thread-safe."""
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int, eos_token_ids: Iterable[int],
-                 num_cpu_blocks: int = 0):
-        """A scheduler for a worker with `num_blocks` KV blocks (and `num_cpu_blocks` to
-        swap to) whose model stops on `eos_token_ids`."""
+    def __init__(self, config: SchedulerConfig, cache: KVCacheShape, eos_token_ids: Iterable[int]):
+        """A scheduler following `config` for a worker whose KV cache has `cache`'s shape
+        and whose model stops on `eos_token_ids`."""
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < cache.max_model_len:
+            raise ValueError(
+                f"without chunked prefill max_num_batched_tokens ({config.max_num_batched_tokens})"
+                f" must be >= max_model_len ({cache.max_model_len}), or long prompts never run"
+            )
         self.config = config
-        self.kv = KVCacheManager(num_blocks, config.block_size, num_cpu_blocks,
+        self.cache = cache
+        self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.num_cpu_blocks,
                                  config.enable_prefix_caching)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.queues = Queues(config.max_num_seqs)
@@ -84,7 +81,7 @@ class Scheduler:
         self.counters = Counters()
         preemptor = Preemptor(config.preemption_mode, self.kv, self.queues, self.worker_view, self.counters)
         self.policy = StepPolicy(config, self.kv, self.queues, preemptor, self.counters)
-        self.outputs = OutputProcessor(config, self.kv, self.queues, self.live, self.worker_view, self.counters)
+        self.outputs = OutputProcessor(cache.max_model_len, self.kv, self.queues, self.live, self.worker_view, self.counters)
         self._next_arrival = 0
 
     @property
@@ -124,10 +121,10 @@ class Scheduler:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not prompt_token_ids:
             raise ValueError(f"request {request_id!r} has an empty prompt")
-        if len(prompt_token_ids) > self.config.max_model_len:
+        if len(prompt_token_ids) > self.cache.max_model_len:
             raise ValueError(
                 f"request {request_id!r}: prompt of {len(prompt_token_ids)} tokens is longer"
-                f" than max_model_len ({self.config.max_model_len})"
+                f" than max_model_len ({self.cache.max_model_len})"
             )
         if sampling.max_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 1")
@@ -171,7 +168,8 @@ class Scheduler:
         listed again in the next plan.
         """
         scheduled = self.policy.choose()
-        num_steps = num_steps_for(self.config, self.kv, self.queues, scheduled)
+        num_steps = num_steps_for(self.config.num_scheduler_steps, self.cache.max_model_len, self.kv, self.queues,
+                                  scheduled)
         if num_steps > 1:
             allocate_lookahead(self.kv, scheduled, num_steps)
         plan = self.worker_view.build_plan(scheduled, num_steps)

@@ -25,7 +25,7 @@ from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.contract.outputs import FinishReason, RequestOutput
 from llmserve.scheduler.config import SchedulerServiceConfig
 from llmserve.scheduler.request import Request
-from llmserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from llmserve.scheduler.scheduler import KVCacheShape, Scheduler
 from llmserve.scheduler.stream_interval import OutputCoalescer
 from llmserve.scheduler.worker_link import WorkerGroup, WorkerLink, WorkerLost
 from llmserve.contract.sampling import SamplingParams
@@ -87,18 +87,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if self.worker is not None:
             # A restarted worker replaces the old one; requests on the old one are lost.
             await self._drop_worker("replaced by a new registration")
-        core_config = SchedulerConfig(
-            block_size=info.block_size,
-            max_num_seqs=self.config.max_num_seqs,
-            max_num_batched_tokens=self.config.max_num_batched_tokens,
-            max_model_len=info.max_model_len,
-            enable_chunked_prefill=self.config.enable_chunked_prefill,
-            enable_prefix_caching=self.config.enable_prefix_caching,
-            preemption_mode=self.config.preemption_mode,
-            num_scheduler_steps=self.config.num_scheduler_steps,
-        )
-        self.core = Scheduler(core_config, num_blocks=info.num_kv_blocks, eos_token_ids=info.eos_token_ids,
-                              num_cpu_blocks=info.num_cpu_blocks)
+        cache = KVCacheShape(num_blocks=info.num_kv_blocks, block_size=info.block_size,
+                             max_model_len=info.max_model_len, num_cpu_blocks=info.num_cpu_blocks)
+        self.core = Scheduler(self.config.scheduling, cache, eos_token_ids=info.eos_token_ids)
         self.worker = group or WorkerLink(request.address, info)
         self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
         asyncio.create_task(self._prove_ready(self.worker), name="readiness-probe")
@@ -292,14 +283,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self._work.clear()
                 await self._work.wait()
                 continue
-            start = time.perf_counter()
+            start, start_ns = time.perf_counter(), time.time_ns()
             plan = core.schedule()
             if plan.is_empty:
                 # Nothing can run until an abort or a new request changes the picture.
                 self._work.clear()
                 await self._work.wait()
                 continue
-            step_span = self._step_span(plan)
+            step_span = self._step_span(plan, start_ns)
             try:
                 result = await worker.execute(plan)
             except WorkerLost as err:
@@ -325,7 +316,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             # Let session readers run between steps so aborts and adds land promptly.
             await asyncio.sleep(0)
 
-    def _step_span(self, plan):
+    def _step_span(self, plan, start_ns: int):
         """The step's span (linked to its requests); puts trace contexts into the plan."""
         public_ids = []
         for r in plan.new_requests + plan.cached_requests:
@@ -335,7 +326,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if not tracing.enabled():
             return tracing.trace.INVALID_SPAN
         prefill = sum(r.num_scheduled_tokens for r in plan.new_requests)
-        span = tracing.start_span("scheduler.step", parent=tracing.otel_context.Context(),
+        # NOTE: the span starts where the step did, before schedule(), as the step time metric does.
+        span = tracing.start_span("scheduler.step", parent=tracing.otel_context.Context(), start_time=start_ns,
                                   links=self.requests.links(dict.fromkeys(public_ids)), attributes={
             "llmserve.step_id": plan.step_id,
             "llmserve.batch_size": len(plan.new_requests) + len(plan.cached_requests),
