@@ -4,14 +4,18 @@ health service, and channel options sized for step plans and long prompts."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from llmserve.settings import Command, setting
 
 logger = logging.getLogger(__name__)
 
@@ -84,3 +88,26 @@ def run_until_signal(serve: Callable[[Any, asyncio.Event], Awaitable[None]], con
 
     asyncio.run(main())
     return 0
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Where a service listens, where its metrics go and how long it drains: the same
+    settings in every service (each with its own default port)."""
+
+    host: str = setting("0.0.0.0", help="address to listen on")
+    port: int = setting(0, help="gRPC port (0 picks a free one)")
+    metrics_port: int = setting(0, help="Prometheus endpoint http://HOST:PORT/metrics (0 = off)")
+    shutdown_timeout: float = setting(30.0, help="after SIGTERM, seconds in-flight work may go on before it is "
+                                                 "cut off")
+
+
+def service_command(name: str, help: str, config_cls: type, serve: str) -> Command:
+    """`llmserve <name>`: resolves `config_cls` and runs `serve` ("module:function", imported
+    only when the command runs) until SIGINT or SIGTERM."""
+
+    def run(config: Any) -> int:
+        module, _, function = serve.partition(":")
+        return run_until_signal(getattr(importlib.import_module(module), function), config)
+
+    return Command(name, help, config_cls, run)

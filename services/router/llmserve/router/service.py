@@ -234,9 +234,9 @@ def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer) -> g
 
 async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-router")
-    metrics = RouterMetrics(setup_metrics("router", config.metrics_port, config.host))
+    metrics = RouterMetrics(setup_metrics("router", config.server.metrics_port, config.server.host))
     tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, resolve_model_dir(config.model))
-    server = ServiceServer(SERVICE_NAME, config.host, config.port)
+    server = ServiceServer(SERVICE_NAME, config.server.host, config.server.port)
     link = SchedulerLink(config.scheduler_address)
     # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
     servicer = GenerationServicer(tokenizer, link, metrics)
@@ -255,7 +255,7 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
         stopped.cancel()
         await server.set_serving(False)
         if stop_event.is_set():
-            await _drain(servicer, link, config.shutdown_timeout_s)
+            await _drain(servicer, link, config.server.shutdown_timeout)
         supervisor.cancel()
         await server.stop(grace=2.0)
         await link.close()

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmserve.scheduler.preemption import PreemptionMode
-from llmserve.settings import Command, group, positive_int, setting
+from llmserve.contract.grpc_server import ServerOptions, service_command
+from llmserve.settings import group, positive_int, setting
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,8 +40,7 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class SchedulerServiceConfig:
     scheduling: SchedulerConfig = group(SchedulerConfig)
-    host: str = setting("0.0.0.0", help="address to listen on")
-    port: int = setting(50052, help="port the router and the workers dial")
+    server: ServerOptions = group(lambda: ServerOptions(port=50052))
     stream_interval: int = setting(1, parse=positive_int,
                                    help="stream each sample's tokens N at a time (its first and last at once): fewer "
                                         "messages, less control-plane CPU beside the model; 1 = every token")
@@ -48,16 +48,7 @@ class SchedulerServiceConfig:
                                           help="seconds between queue / KV-usage log lines while busy")
     step_timeout_s: float = setting(300.0, flag="step-timeout",
                                     help="seconds a worker group has to answer a step before it counts as lost")
-    metrics_port: int = setting(0, help="Prometheus endpoint http://HOST:PORT/metrics (0 = off)")
-    shutdown_timeout_s: float = setting(30.0, flag="shutdown-timeout",
-                                        help="after SIGTERM, seconds running requests may go on before they are failed")
 
 
-def _run(config: SchedulerServiceConfig) -> int:
-    from llmserve.contract.grpc_server import run_until_signal
-    from llmserve.scheduler.service import serve
-
-    return run_until_signal(serve, config)
-
-
-COMMAND = Command("scheduler", "request queues, KV block tables, engine loop", SchedulerServiceConfig, _run)
+COMMAND = service_command("scheduler", "request queues, KV block tables, engine loop", SchedulerServiceConfig,
+                          "llmserve.scheduler.service:serve")

@@ -66,7 +66,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         # A TP x PP group registers rank by rank: rank -> (address, info), until complete.
         self._pending_ranks: dict[int, tuple[str, object]] = {}
         self._pending_topology: tuple[int, int] | None = None
-        self.metrics = SchedulerMetrics(setup_metrics("scheduler", config.metrics_port, config.host))
+        self.metrics = SchedulerMetrics(setup_metrics("scheduler", config.server.metrics_port, config.server.host))
         self.requests = SchedulerRequests(self.metrics)
         self.draining = False  # After SIGTERM: no new requests.
         self._probe: asyncio.Future | None = None  # The readiness request's outcome.
@@ -376,7 +376,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.draining = True
         await self.server.set_serving(False)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.shutdown_timeout_s
+        deadline = loop.time() + self.config.server.shutdown_timeout
         while self._live and self.worker is not None and loop.time() < deadline:
             await asyncio.sleep(0.05)
         if self._live and self.core is not None:
@@ -384,7 +384,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             logger.warning("shutdown timeout: failing %d requests", len(left))
             self._dispatch(self.core.fail_requests(
                 left, f"unavailable: the scheduler is shutting down (still running after the"
-                      f" {self.config.shutdown_timeout_s:.0f} s shutdown timeout)"))
+                      f" {self.config.server.shutdown_timeout:.0f} s shutdown timeout)"))
         await asyncio.sleep(0.1)  # Let the session writers send the last outputs.
         self.requests.close_all("scheduler shut down")
 
@@ -399,7 +399,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
 async def serve(config: SchedulerServiceConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-scheduler")
-    server = ServiceServer("llmserve.internal.v1.Scheduler", config.host, config.port)
+    server = ServiceServer("llmserve.internal.v1.Scheduler", config.server.host, config.server.port)
     servicer = SchedulerServicer(config, server)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server.server)
     await server.start()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmserve.settings import Command, format_bytes, group, parse_bytes, positive_int, setting
+from llmserve.contract.grpc_server import ServerOptions, service_command
+from llmserve.settings import format_bytes, group, parse_bytes, positive_int, setting
 
 # What the loader runs (float16 is not offered: CPU matmuls in it are unusably slow).
 DTYPES = ("float32", "bfloat16")
@@ -49,8 +50,7 @@ class WorkerConfig:
                                             unset="the directory's name")
     runner: RunnerConfig = group(RunnerConfig)
     scheduler_address: str = setting("localhost:50052", flag="scheduler", help="scheduler address to register with")
-    host: str = setting("0.0.0.0", help="address to listen on")
-    port: int = setting(50053, help="port the scheduler dials (0 picks a free one)")
+    server: ServerOptions = group(lambda: ServerOptions(port=50053))
     advertise_host: str = setting("localhost", help="host name the scheduler dials back")
     register_timeout_s: float = setting(120.0, flag="register-timeout",
                                         help="seconds to keep trying to register with the scheduler")
@@ -62,16 +62,7 @@ class WorkerConfig:
                                     unset="$MASTER_ADDR:$MASTER_PORT")
     dist_timeout_s: float = setting(60.0, flag="dist-timeout",
                                     help="seconds to wait for every rank to join, and for any collective")
-    metrics_port: int = setting(0, help="Prometheus endpoint http://HOST:PORT/metrics (0 = off)")
-    shutdown_timeout_s: float = setting(30.0, flag="shutdown-timeout",
-                                        help="after SIGTERM, seconds to keep executing for a draining scheduler")
 
 
-def _run(config: WorkerConfig) -> int:
-    from llmserve.contract.grpc_server import run_until_signal
-    from llmserve.worker.service import serve
-
-    return run_until_signal(serve, config)
-
-
-COMMAND = Command("worker", "model shard + KV cache; executes step plans", WorkerConfig, _run)
+COMMAND = service_command("worker", "model shard + KV cache; executes step plans", WorkerConfig,
+                          "llmserve.worker.service:serve")

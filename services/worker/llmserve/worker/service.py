@@ -200,7 +200,7 @@ async def load_servicer(config: WorkerConfig, metrics: WorkerMetrics | None = No
 
 async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-worker")
-    metrics = WorkerMetrics(setup_metrics("worker", config.metrics_port, config.host))
+    metrics = WorkerMetrics(setup_metrics("worker", config.server.metrics_port, config.server.host))
     start = time.perf_counter()
     servicer = await load_servicer(config, metrics, on_fatal=stop_event.set)
     runner = servicer.runner
@@ -210,7 +210,7 @@ async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
         info.model, time.perf_counter() - start, info.dtype, info.num_kv_blocks,
         info.block_size, info.max_model_len,
     )
-    server = ServiceServer("llmserve.internal.v1.Worker", config.host, config.port)
+    server = ServiceServer("llmserve.internal.v1.Worker", config.server.host, config.server.port)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     await server.start()
     address = f"{config.advertise_host}:{server.port}"
@@ -221,7 +221,7 @@ async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
         watchdog = asyncio.create_task(_stay_registered(config, address, runner, servicer))
         await stop_event.wait()
         watchdog.cancel()
-        await _drain(server, servicer, config.shutdown_timeout_s)
+        await _drain(server, servicer, config.server.shutdown_timeout)
     finally:
         await server.stop(grace=2.0)
         shutdown_metrics()
