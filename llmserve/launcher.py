@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.router.config import RouterConfig
 from llmserve.scheduler.config import SchedulerConfig, SchedulerServiceConfig
 from llmserve.settings import Command, group, setting, to_argv
-from llmserve.worker.config import RunnerConfig, WorkerConfig
+from llmserve.worker.config import WorkerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +179,8 @@ class LocalCluster:
 # Settings a process of a local cluster gets from the launcher itself, not from the user.
 _PER_PROCESS = ("host", "port", "metrics-port", "shutdown-timeout")
 _WORKER_ADDRESSING = ("scheduler", "advertise-host", "register-timeout", "rank", "dist-init", "dist-timeout")
+# The router's model and scheduler address come from ClusterSpec, like everyone's addresses.
+_ROUTER_SET_BY_LAUNCHER = _PER_PROCESS + ("scheduler", "model", "served-model-name")
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,7 @@ class UpConfig:
     per process (addresses, ranks), plus the cluster's own."""
 
     engine: EngineSettings = group(EngineSettings)
-    router: RouterConfig = group(RouterConfig, skip=_PER_PROCESS + ("scheduler", "model", "served-model-name"))
+    router: RouterConfig = group(RouterConfig, skip=_ROUTER_SET_BY_LAUNCHER)
     port: int = setting(50051, help="the router's (public) port")
     scheduler_port: int = setting(50052, help="the scheduler's port")
     worker_port: int = setting(50053, help="the worker's port (rank 0's in a group)")
@@ -236,8 +238,7 @@ def run_local_cluster(config: UpConfig, log_level: str = "INFO") -> int:
                        worker_port=config.worker_port, model_name=worker.served_model_name,
                        scheduler_args=config.engine.scheduler_argv() + ops["scheduler"],
                        worker_args=config.engine.worker_argv() + ops["worker"],
-                       router_args=to_argv(config.router, skip=_PER_PROCESS + ("scheduler", "model",
-                                                                               "served-model-name")) + ops["router"],
+                       router_args=to_argv(config.router, skip=_ROUTER_SET_BY_LAUNCHER) + ops["router"],
                        shutdown_timeout_s=config.shutdown_timeout, log_level=log_level,
                        tp_size=worker.tp_size, pp_size=worker.pp_size)
     cluster = LocalCluster(spec)
