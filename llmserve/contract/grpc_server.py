@@ -36,6 +36,16 @@ SERVER_OPTIONS = CHANNEL_OPTIONS + [
     ("grpc.so_reuseport", 0),
 ]
 
+_STATUS_BY_CODE = {status.value[0]: status for status in grpc.StatusCode}
+
+
+def grpc_status(code: int) -> grpc.StatusCode:
+    """The gRPC status for a google.rpc.Code number (an engine ErrorCode); INTERNAL for 0
+    or an unknown number: an error without a known cause is ours."""
+    status = _STATUS_BY_CODE.get(int(code), grpc.StatusCode.INTERNAL)
+    return grpc.StatusCode.INTERNAL if status is grpc.StatusCode.OK else status
+
+
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 

@@ -15,6 +15,19 @@ class FinishReason(enum.IntEnum):
     ERROR = 4
 
 
+class ErrorCode(enum.IntEnum):
+    """Why a request ended with ERROR. Values equal google.rpc.Code (and so gRPC's status
+    codes): the router answers the client with exactly this status."""
+
+    OK = 0
+    INVALID_ARGUMENT = 3  # The request can never be served as sent.
+    DEADLINE_EXCEEDED = 4  # Its deadline passed before it finished.
+    ALREADY_EXISTS = 6  # Its id is taken by a live request.
+    RESOURCE_EXHAUSTED = 8  # Overload or a cache too small for it: retrying later may work.
+    INTERNAL = 13  # A bug or a failed step.
+    UNAVAILABLE = 14  # No worker, worker lost, shutting down.
+
+
 @dataclass(frozen=True)
 class TokenLogprobs:
     token_id: int
@@ -33,6 +46,8 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str = ""
     stop_token_id: int = -1  # The eos / stop token that ended the request, or -1.
+    error_code: ErrorCode = ErrorCode.OK  # With ERROR: the status the client gets.
+    retry_after_ms: int = 0  # With RESOURCE_EXHAUSTED: when a retry may succeed (0: no hint).
 
     @property
     def finished(self) -> bool:

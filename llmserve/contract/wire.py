@@ -7,7 +7,7 @@ behind it (scheduling, model code) sees a generated *_pb2 type.
 from __future__ import annotations
 
 from llmserve.internal.v1 import scheduler_pb2, worker_pb2
-from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
+from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput, TokenLogprobs
 from llmserve.contract.plan import (
     CachedRequestData,
     NewRequestData,
@@ -93,6 +93,8 @@ def request_output_to_pb(out: RequestOutput) -> scheduler_pb2.RequestOutput:
         num_cached_tokens=out.num_cached_tokens,
         error=out.error,
         stop_token_id=out.stop_token_id,
+        error_code=int(out.error_code),
+        retry_after_ms=out.retry_after_ms,
     )
 
 
@@ -106,7 +108,17 @@ def request_output_from_pb(msg: scheduler_pb2.RequestOutput) -> RequestOutput:
         num_cached_tokens=msg.num_cached_tokens,
         error=msg.error,
         stop_token_id=msg.stop_token_id,
+        error_code=_error_code(msg.error_code),
+        retry_after_ms=msg.retry_after_ms,
     )
+
+
+def _error_code(value: int) -> ErrorCode:
+    """An unknown code (a newer scheduler's) reads as INTERNAL, never as a crash."""
+    try:
+        return ErrorCode(value)
+    except ValueError:
+        return ErrorCode.INTERNAL
 
 
 def scheduler_stats_to_pb(s, worker_ready: bool) -> scheduler_pb2.SchedulerStats:

@@ -66,7 +66,7 @@ class RouterMessage(_message.Message):
     def __init__(self, add: _Optional[_Union[AddRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequests, _Mapping]] = ...) -> None: ...
 
 class RequestOutput(_message.Message):
-    __slots__ = ("request_id", "new_token_ids", "logprobs", "finish_reason", "num_cached_tokens", "error", "stop_token_id", "index")
+    __slots__ = ("request_id", "new_token_ids", "logprobs", "finish_reason", "num_cached_tokens", "error", "stop_token_id", "index", "error_code", "retry_after_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,8 @@ class RequestOutput(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_generation_pb2.TokenLogprobs]
@@ -83,7 +85,9 @@ class RequestOutput(_message.Message):
     error: str
     stop_token_id: int
     index: int
-    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., error: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+    error_code: int
+    retry_after_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., error: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., index: _Optional[int] = ..., error_code: _Optional[int] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
 
 class SchedulerUpdate(_message.Message):
     __slots__ = ("outputs",)

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.contract.grpc_server import SERVING, insecure_channel
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from llmserve.contract.outputs import FinishReason, RequestOutput
+from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.contract.sampling import SamplingParams
 from llmserve.contract.worker_info import WorkerInfo
 
@@ -26,6 +26,10 @@ logger = logging.getLogger(__name__)
 
 class SchedulerUnavailable(RuntimeError):
     pass
+
+
+def _unavailable(request_id: str, reason: str) -> RequestOutput:
+    return RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=reason, error_code=ErrorCode.UNAVAILABLE)
 
 
 class SchedulerLink:
@@ -89,11 +93,11 @@ class SchedulerLink:
         """Ends these requests' streams with an error (the router's shutdown timeout)."""
         for request_id in request_ids:
             if (queue := self._queues.get(request_id)) is not None:
-                queue.put_nowait(RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=reason))
+                queue.put_nowait(_unavailable(request_id, reason))
 
     def _fail_all(self, reason: str) -> None:
         for request_id, queue in list(self._queues.items()):
-            queue.put_nowait(RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=reason))
+            queue.put_nowait(_unavailable(request_id, reason))
 
     async def add(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                   n: int = 1, priority: int = 0, trace_context: dict[str, str] | None = None) -> asyncio.Queue:

@@ -18,7 +18,7 @@ import grpc
 from grpc_reflection.v1alpha import reflection
 
 from llmserve.contract import wire
-from llmserve.contract.grpc_server import ServiceServer
+from llmserve.contract.grpc_server import ServiceServer, grpc_status
 from llmserve.contract.outputs import FinishReason
 from llmserve.model_store import resolve_model_dir
 from llmserve.router.config import RouterConfig
@@ -89,8 +89,13 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         engine_live = set(range(n))  # Samples the engine still runs.
         added = False
         try:
-            queue = await self.link.add(request_id, prompt_ids, sampling, n=n, priority=request.priority,
-                                        trace_context=telemetry.trace_context())
+            try:
+                queue = await self.link.add(request_id, prompt_ids, sampling, n=n, priority=request.priority,
+                                            trace_context=telemetry.trace_context())
+            except SchedulerUnavailable as err:
+                telemetry.finish("error", str(err))
+                telemetry = None
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
             added = True
             while unfinished:
                 out = await queue.get()
@@ -112,7 +117,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 if delta.finish_reason == FinishReason.ERROR:
                     telemetry.finish("error", delta.error)
                     telemetry = None
-                    await self._fail(context, delta.error)
+                    await context.abort(grpc_status(out.error_code), delta.error or "generation failed")
         finally:
             if telemetry is not None:
                 telemetry.finish(finish)
@@ -125,11 +130,6 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
-    async def _fail(self, context, error: str) -> None:
-        lost = ("unavailable", "worker lost", "no worker")
-        code = grpc.StatusCode.UNAVAILABLE if any(s in error for s in lost) else grpc.StatusCode.INTERNAL
-        await context.abort(code, error or "generation failed")
 
     async def _prepare(self, request) -> tuple[str, list[int], SamplingParams, int]:
         check_model_name(request.model, self.served)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from llmserve.contract.outputs import RequestOutput
+from llmserve.contract.outputs import ErrorCode, RequestOutput
 from llmserve.contract.plan import SampledToken, StepPlan, StepResult
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
 from llmserve.scheduler.queues import Queues
@@ -46,7 +46,7 @@ class OutputProcessor:
         if result.error:
             self.kv.reset_prefix_cache()  # The failed step may have left blocks half written.
             request_ids = dict.fromkeys(s.request.request_id for s in in_plan)
-            return self.end_requests(request_ids, RequestStatus.FINISHED_ERROR, result.error)
+            return self.end_requests(request_ids, RequestStatus.FINISHED_ERROR, result.error, ErrorCode.INTERNAL)
         outputs = self._apply_tokens(plan, result, in_plan)
         for sample in in_plan:
             if sample.is_root and sample.status is RequestStatus.RUNNING and not sample.num_uncomputed_tokens:
@@ -93,6 +93,7 @@ class OutputProcessor:
             num_cached_tokens=sample.request.num_cached_tokens,
             stop_token_id=sample.stop_token_id,
             error=sample.error,
+            error_code=sample.error_code,
         )
 
     def _take_tokens(self, sample: Sample, sampled: list[SampledToken]) -> tuple[list, list, RequestStatus | None]:
@@ -136,7 +137,7 @@ class OutputProcessor:
         num_blocks = self.kv.blocks_to_hold(samples)
         what = f"{sample.num_tokens} tokens" if len(samples) == 1 else f"{len(samples)} samples"
         if error := self.kv.too_small_for(num_blocks, what):
-            sample.error = error
+            sample.error, sample.error_code = error, ErrorCode.RESOURCE_EXHAUSTED
             return RequestStatus.FINISHED_ERROR
         return None
 
@@ -155,21 +156,24 @@ class OutputProcessor:
 
     # ---- ends ----
 
-    def end_requests(self, request_ids, status: RequestStatus, error: str) -> list[RequestOutput]:
+    def end_requests(self, request_ids, status: RequestStatus, error: str,
+                     code: ErrorCode = ErrorCode.OK) -> list[RequestOutput]:
         """Finish every live sample of the given public ids (unknown ones are ignored);
-        one output per sample."""
+        one output per sample. `code` says why an ERROR end happened."""
         outputs = []
         for request_id in request_ids:
             request = self.live.request(request_id)
             if request is not None:
-                outputs += self._end_request(request, status, error)
+                outputs += self._end_request(request, status, error, code)
         return outputs
 
-    def _end_request(self, request: Request, status: RequestStatus, error: str) -> list[RequestOutput]:
+    def _end_request(self, request: Request, status: RequestStatus, error: str,
+                     code: ErrorCode) -> list[RequestOutput]:
         """Dequeue and finish every live sample of the request; their end outputs."""
         outputs = []
         for sample in list(request.samples):
             self.queues.remove(sample)
+            sample.error_code = code
             self._finish(sample, status, error)
             outputs += _final_outputs(sample)
         return outputs
@@ -179,6 +183,10 @@ class OutputProcessor:
         request once no sample is left). The caller has already dequeued it."""
         sample.status = status
         sample.error = error
+        if status is not RequestStatus.FINISHED_ERROR:
+            sample.error_code = ErrorCode.OK
+        elif not sample.error_code:
+            sample.error_code = ErrorCode.INTERNAL
         self.kv.free(sample)
         self.counters.finished[status] += 1
         self.worker.drop(sample)
@@ -194,7 +202,8 @@ def _final_outputs(sample: Sample) -> list[RequestOutput]:
     """The end outputs of a sample finished without a token (abort, failure)."""
     request, reason = sample.request, sample.status.finish_reason
     if sample.is_root:  # The samples did not exist yet: each still gets its end.
-        return [RequestOutput(request.request_id, index=i, finish_reason=reason, error=sample.error)
-                for i in range(request.n)]
+        return [RequestOutput(request.request_id, index=i, finish_reason=reason, error=sample.error,
+                              error_code=sample.error_code) for i in range(request.n)]
     return [RequestOutput(request_id=request.request_id, index=sample.index, finish_reason=reason,
-                          num_cached_tokens=request.num_cached_tokens, error=sample.error)]
+                          num_cached_tokens=request.num_cached_tokens, error=sample.error,
+                          error_code=sample.error_code)]

@@ -17,7 +17,7 @@ import enum
 import time
 from dataclasses import dataclass, field, replace
 
-from llmserve.contract.outputs import FinishReason, TokenLogprobs
+from llmserve.contract.outputs import ErrorCode, FinishReason, TokenLogprobs
 from llmserve.contract.sampling import SamplingParams
 
 
@@ -139,6 +139,7 @@ class Sample:
     num_preemptions: int = 0
     stop_token_id: int = -1  # The eos / stop token that finished the sample.
     error: str = ""
+    error_code: ErrorCode = ErrorCode.OK  # Why it ended with ERROR.
     # ---- KV cache: kept by KVCacheManager only ----
     block_table: list[int] = field(default_factory=list)  # GPU block ids (see kv_cache_manager.py).
     cpu_table: list[int] = field(default_factory=list)  # While swapped out: CPU block ids.

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from llmserve.contract.outputs import RequestOutput
+from llmserve.contract.outputs import ErrorCode, RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
 from llmserve.scheduler.config import SchedulerConfig
@@ -139,9 +139,11 @@ class Scheduler:
         """Finish requests with ABORT and free their blocks now. Unknown ids are ignored."""
         return self.outputs.end_requests(request_ids, RequestStatus.FINISHED_ABORTED, "")
 
-    def fail_requests(self, request_ids: Iterable[str], error: str) -> list[RequestOutput]:
-        """Finish requests with ERROR and free their blocks now. Unknown ids are ignored."""
-        return self.outputs.end_requests(request_ids, RequestStatus.FINISHED_ERROR, error)
+    def fail_requests(self, request_ids: Iterable[str], error: str,
+                      code: ErrorCode = ErrorCode.INTERNAL) -> list[RequestOutput]:
+        """Finish requests with ERROR (`code` tells the client why) and free their blocks
+        now. Unknown ids are ignored."""
+        return self.outputs.end_requests(request_ids, RequestStatus.FINISHED_ERROR, error, code)
 
     def has_unfinished_requests(self) -> bool:
         """True while any request is waiting, running or swapped."""

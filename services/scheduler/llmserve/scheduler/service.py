@@ -22,7 +22,7 @@ import grpc
 from llmserve.contract import wire
 from llmserve.contract.grpc_server import ServiceServer
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from llmserve.contract.outputs import FinishReason, RequestOutput
+from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.scheduler.config import SchedulerServiceConfig
 from llmserve.scheduler.request import Request
 from llmserve.scheduler.scheduler import KVCacheShape, Scheduler
@@ -164,7 +164,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self._probe.set_result(f"worker lost: {reason}")
         if self.core is not None:
             ids = list(self._live)
-            self._dispatch(self.core.fail_requests(ids, f"worker lost: {reason}"))
+            self._dispatch(self.core.fail_requests(ids, f"worker lost: {reason}", ErrorCode.UNAVAILABLE))
         if self._loop_task is not None and self._loop_task is not asyncio.current_task():
             self._loop_task.cancel()
         if self.worker is not None:
@@ -205,22 +205,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _add(self, session: RouterSession, add) -> None:
         request_id = add.request_id
         if self.draining:
-            self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR,
-                                              error="unavailable: the scheduler is shutting down"))
+            self._refuse(session, request_id, ErrorCode.UNAVAILABLE, "unavailable: the scheduler is shutting down")
             return
         if self.core is None or self.worker is None:
-            self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR,
-                                              error="no worker is registered"))
+            self._refuse(session, request_id, ErrorCode.UNAVAILABLE, "no worker is registered")
             return
         if request_id in self._live:
-            self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR,
-                                              error=f"request id {request_id!r} is already running"))
+            self._refuse(session, request_id, ErrorCode.ALREADY_EXISTS, f"request id {request_id!r} is already running")
             return
         try:
             request = self.core.add_request(request_id, list(add.prompt_token_ids),
                                             wire.sampling_from_pb(add.sampling), n=add.n or 1, priority=add.priority)
         except ValueError as err:
-            self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=str(err)))
+            self._refuse(session, request_id, ErrorCode.INVALID_ARGUMENT, str(err))
             return
         request.stream.owner = session
         self._live[request_id] = request
@@ -238,6 +235,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if live:
             self._dispatch(self.core.abort_requests(live))
             self._work.set()  # The worker must drop their state at the next step.
+
+    def _refuse(self, session: RouterSession, request_id: str, code: ErrorCode, error: str) -> None:
+        """Ends a request that was never queued."""
+        self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=error, error_code=code))
 
     def _send(self, session: RouterSession, output: RequestOutput) -> None:
         session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=[wire.request_output_to_pb(output)]))
@@ -384,7 +385,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             logger.warning("shutdown timeout: failing %d requests", len(left))
             self._dispatch(self.core.fail_requests(
                 left, f"unavailable: the scheduler is shutting down (still running after the"
-                      f" {self.config.server.shutdown_timeout:.0f} s shutdown timeout)"))
+                      f" {self.config.server.shutdown_timeout:.0f} s shutdown timeout)", ErrorCode.UNAVAILABLE))
         await asyncio.sleep(0.1)  # Let the session writers send the last outputs.
         self.requests.close_all("scheduler shut down")
 
