@@ -127,7 +127,7 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
 
         for st, tok in zip(states, tokens):
             st.token_ids.append(tok)
-        result = StepResult(plan.step_id, [SampledToken(s.request_id, t) for s, t in zip(states, tokens)])
+        result = StepResult(plan.step_id, [SampledToken(s.seq_id, t) for s, t in zip(states, tokens)])
         t7 = time.perf_counter()
         result = wire.step_result_from_pb(worker_pb2.StepResult.FromString(
             wire.step_result_to_pb(result).SerializeToString()))

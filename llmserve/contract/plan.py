@@ -24,7 +24,7 @@ class WorkerSamplingParams:
 
 @dataclass
 class NewRequestData:
-    request_id: str
+    seq_id: int  # The scheduler's sequence id: its own namespace, never a client's id.
     token_ids: list[int]  # Prompt, then the tokens generated before a preemption.
     num_prompt_tokens: int
     sampling: WorkerSamplingParams
@@ -36,7 +36,7 @@ class NewRequestData:
 
 @dataclass
 class CachedRequestData:
-    request_id: str
+    seq_id: int
     new_block_ids: list[int]  # Appended to the worker's copy of the block table.
     num_computed_tokens: int  # Before this step.
     num_scheduled_tokens: int
@@ -48,7 +48,7 @@ class StepPlan:
     new_requests: list[NewRequestData] = field(default_factory=list)
     cached_requests: list[CachedRequestData] = field(default_factory=list)
     # Requests whose state the worker drops: finished, aborted or preempted.
-    finished_request_ids: list[str] = field(default_factory=list)
+    finished_seq_ids: list[int] = field(default_factory=list)
     # Block moves the worker performs before the forward, in this order:
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu block, cpu block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, gpu block)
@@ -77,7 +77,7 @@ class StepPlan:
 
 @dataclass
 class SampledToken:
-    request_id: str
+    seq_id: int
     token_id: int
     logprobs: TokenLogprobs | None = None
 

@@ -207,7 +207,7 @@ def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
         step_id=plan.step_id,
         new_requests=[
             worker_pb2.NewRequest(
-                request_id=r.request_id,
+                seq_id=r.seq_id,
                 token_ids=r.token_ids,
                 num_prompt_tokens=r.num_prompt_tokens,
                 sampling=_worker_sampling_to_pb(r.sampling),
@@ -220,14 +220,14 @@ def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
         ],
         cached_requests=[
             worker_pb2.CachedRequest(
-                request_id=r.request_id,
+                seq_id=r.seq_id,
                 new_block_ids=r.new_block_ids,
                 num_computed_tokens=r.num_computed_tokens,
                 num_scheduled_tokens=r.num_scheduled_tokens,
             )
             for r in plan.cached_requests
         ],
-        finished_request_ids=plan.finished_request_ids,
+        finished_seq_ids=plan.finished_seq_ids,
         swap_out=_moves_to_pb(plan.swap_out),
         swap_in=_moves_to_pb(plan.swap_in),
         copies=_moves_to_pb(plan.copies),
@@ -249,7 +249,7 @@ def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
         step_id=msg.step_id,
         new_requests=[
             NewRequestData(
-                request_id=r.request_id,
+                seq_id=r.seq_id,
                 token_ids=list(r.token_ids),
                 num_prompt_tokens=r.num_prompt_tokens,
                 sampling=_worker_sampling_from_pb(r.sampling),
@@ -262,14 +262,14 @@ def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
         ],
         cached_requests=[
             CachedRequestData(
-                request_id=r.request_id,
+                seq_id=r.seq_id,
                 new_block_ids=list(r.new_block_ids),
                 num_computed_tokens=r.num_computed_tokens,
                 num_scheduled_tokens=r.num_scheduled_tokens,
             )
             for r in msg.cached_requests
         ],
-        finished_request_ids=list(msg.finished_request_ids),
+        finished_seq_ids=list(msg.finished_seq_ids),
         swap_out=_moves_from_pb(msg.swap_out),
         swap_in=_moves_from_pb(msg.swap_in),
         copies=_moves_from_pb(msg.copies),
@@ -291,7 +291,7 @@ def step_result_to_pb(result: StepResult) -> worker_pb2.StepResult:
         step_id=result.step_id,
         sampled=[
             worker_pb2.SampledToken(
-                request_id=s.request_id,
+                seq_id=s.seq_id,
                 token_id=s.token_id,
                 logprobs=logprobs_to_pb(s.logprobs) if s.logprobs is not None else None,
             )
@@ -307,7 +307,7 @@ def step_result_from_pb(msg: worker_pb2.StepResult) -> StepResult:
         step_id=msg.step_id,
         sampled=[
             SampledToken(
-                request_id=s.request_id,
+                seq_id=s.seq_id,
                 token_id=s.token_id,
                 logprobs=logprobs_from_pb(s.logprobs) if s.HasField("logprobs") else None,
             )

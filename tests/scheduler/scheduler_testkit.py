@@ -8,13 +8,14 @@ token for each request whose known tokens are all computed after the step.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypothesis import strategies as st
 
 from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
 from llmserve.contract.plan import SampledToken, StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
+from llmserve.scheduler.request import Request, Sample
 from llmserve.scheduler.scheduler import KVCacheShape, Scheduler, SchedulerConfig
 
 NO_EOS = (10_000,)  # An eos id the fake workers never produce.
@@ -22,12 +23,13 @@ NO_EOS = (10_000,)  # An eos id the fake workers never produce.
 
 @dataclass
 class WorkerRequest:
-    request_id: str
+    label: str  # The sample's label ("a", "r#0"): token functions key on it.
     token_ids: list[int]
     num_prompt_tokens: int
     block_ids: list[int]
     num_computed_tokens: int
     seed: int | None = None
+    seq_id: int = 0
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -83,7 +85,7 @@ def table_fits(table_len: int, num_computed: int, block_size: int, num_scheduler
 
 def sequence_tokens(sequences: dict[str, list[int]]) -> TokenFn:
     """The n-th output of request r is sequences[r][n]."""
-    return lambda request, step_id: sequences[request.request_id][len(request.output_token_ids)]
+    return lambda request, step_id: sequences[request.label][len(request.output_token_ids)]
 
 
 @dataclass
@@ -96,14 +98,14 @@ class FakeWorker:
     logprobs: bool = False
     # Of a multi-step plan, how many steps to run (None: all): an interrupt's effect.
     steps_to_run: Callable[[StepPlan], int] | None = None
-    requests: dict[str, WorkerRequest] = field(default_factory=dict)
+    requests: dict[int, WorkerRequest] = field(default_factory=dict)  # By sequence id.
     gpu: dict[int, list] = field(default_factory=dict)  # block -> token per slot
     cpu: dict[int, list] = field(default_factory=dict)
     num_computed_tokens: int = 0  # Tokens run through the "model", lifetime.
 
     def execute(self, plan: StepPlan) -> StepResult:
-        for request_id in plan.finished_request_ids:
-            self.requests.pop(request_id, None)
+        for seq_id in plan.finished_seq_ids:
+            self.requests.pop(seq_id, None)
         empty = [None] * self.block_size
         for gpu_block, cpu_block in plan.swap_out:
             self.cpu[cpu_block] = list(self.gpu.get(gpu_block, empty))
@@ -113,20 +115,21 @@ class FakeWorker:
             self.gpu[dst] = list(self.gpu.get(src, empty))
         sampled, rows = [], []
         for new in plan.new_requests:
-            assert new.request_id not in self.requests
+            assert new.seq_id not in self.requests
             state = WorkerRequest(
-                new.request_id,
+                LABELS.get(new.seq_id, str(new.seq_id)),
                 list(new.token_ids),
                 new.num_prompt_tokens,
                 list(new.block_ids),
                 new.num_computed_tokens,
                 new.sampling.seed,
             )
-            self.requests[new.request_id] = state
+            state.seq_id = new.seq_id
+            self.requests[new.seq_id] = state
             rows.append(state)
             sampled += self._run(state, new.num_scheduled_tokens, plan)
         for cached in plan.cached_requests:
-            state = self.requests[cached.request_id]
+            state = self.requests[cached.seq_id]
             assert state.num_computed_tokens == cached.num_computed_tokens
             state.block_ids += cached.new_block_ids
             rows.append(state)
@@ -148,7 +151,7 @@ class FakeWorker:
         bs, start = self.block_size, state.num_computed_tokens
         for pos in range(start):  # The KV this step reads.
             got = self.gpu.get(state.block_ids[pos // bs], [None] * bs)[pos % bs]
-            assert got == state.token_ids[pos], f"{state.request_id}: KV of position {pos} is wrong"
+            assert got == state.token_ids[pos], f"{state.label}: KV of position {pos} is wrong"
         for pos in range(start, min(start + num_tokens, len(state.token_ids))):  # The KV it writes.
             self.gpu.setdefault(state.block_ids[pos // bs], [None] * bs)[pos % bs] = state.token_ids[pos]
         self.num_computed_tokens += num_tokens
@@ -160,7 +163,7 @@ class FakeWorker:
         token = self.token_fn(state, step_id)
         state.token_ids.append(token)
         logprobs = TokenLogprobs(token, -0.5) if self.logprobs else None
-        return [SampledToken(state.request_id, token, logprobs)]
+        return [SampledToken(state.seq_id, token, logprobs)]
 
 
 @dataclass
@@ -183,14 +186,52 @@ class Run:
         self.outputs += outputs
 
 
-def build_scheduler(config: dict, num_blocks: int, eos, num_cpu_blocks: int = 0) -> Scheduler:
+# Sequence id -> label ("a", "r#0", "r#p") of every sequence a LabelledScheduler planned.
+# Sequence ids are unique in the process, so one table serves every test's scheduler.
+LABELS: dict[int, str] = {}
+
+
+def names(rows) -> list[str]:
+    """Labels of plan rows, sampled tokens or sequence ids."""
+    return [LABELS[row if isinstance(row, int) else row.seq_id] for row in rows]
+
+
+def named(rows) -> list:
+    """Plan rows with their sequence ids replaced by labels, to compare with expected rows."""
+    return [replace(row, seq_id=LABELS[row.seq_id]) for row in rows]
+
+
+class LabelledScheduler(Scheduler):
+    """A Scheduler that remembers each planned sequence's label, so tests can name plan
+    rows and dropped ids long after the sample is gone."""
+
+    def add_request(self, *args, **kwargs) -> Request:
+        request = super().add_request(*args, **kwargs)
+        LABELS.update((s.seq_id, s.label) for s in request.samples)
+        return request
+
+    def schedule(self) -> StepPlan:
+        plan = super().schedule()
+        for row in plan.new_requests + plan.cached_requests:
+            LABELS[row.seq_id] = self.get_sample(row.seq_id).label
+        return plan
+
+    def sample(self, label: str) -> Sample:
+        """The live sample labelled `label`."""
+        request = self.get_request(label.partition("#")[0])
+        found = [s for s in (request.samples if request else []) if s.label == label]
+        assert found, f"no live sample {label!r}"
+        return found[0]
+
+
+def build_scheduler(config: dict, num_blocks: int, eos, num_cpu_blocks: int = 0) -> "LabelledScheduler":
     """A scheduler from one dict of settings and cache facts (block_size, max_model_len)."""
     config = dict(config)
     cache = KVCacheShape(num_blocks=num_blocks, block_size=config.pop("block_size", 16),
                          max_model_len=config.pop("max_model_len"), num_cpu_blocks=num_cpu_blocks)
     # NOTE: these tests were written against a 2048-token default step budget.
     config.setdefault("max_num_batched_tokens", 2048)
-    return Scheduler(SchedulerConfig(**config), cache, eos)
+    return LabelledScheduler(SchedulerConfig(**config), cache, eos)
 
 
 def make_scheduler(num_blocks: int = 64, eos=NO_EOS, **config) -> Scheduler:

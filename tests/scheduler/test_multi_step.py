@@ -6,7 +6,8 @@ interrupted runs); these pin the rules one at a time."""
 from llmserve.contract.outputs import FinishReason, TokenLogprobs
 from llmserve.contract.plan import SampledToken, StepResult
 
-from .scheduler_testkit import FakeWorker, Run, lone_run_tokens, make_scheduler, params, run_until_done, step
+from .scheduler_testkit import (LABELS, FakeWorker, Run, lone_run_tokens, make_scheduler, names, params, run_until_done,
+                               step)
 
 
 def decode_ready(num_scheduler_steps: int = 4, **config):
@@ -24,16 +25,16 @@ def test_a_decode_only_step_becomes_a_run_with_its_slots_allocated_up_front():
     sched, worker, run = decode_ready(4)
     plan = step(sched, worker, run)
     assert plan.num_steps == 4
-    assert [(c.request_id, c.num_computed_tokens, c.num_scheduled_tokens) for c in plan.cached_requests] == [
+    assert [(LABELS[c.seq_id], c.num_computed_tokens, c.num_scheduled_tokens) for c in plan.cached_requests] == [
         ("a", 5, 1), ("b", 3, 1)]
     # a: positions 5..8 need 9 slots (3 blocks of 4; it held 2); b: 3..6 need 7 (2; it held 1).
     assert [len(c.new_block_ids) for c in plan.cached_requests] == [1, 1]
-    assert [len(sched.kv.get_block_ids(sched.get_sample(r))) for r in ("a", "b")] == [3, 2]
+    assert [len(sched.kv.get_block_ids(sched.sample(r))) for r in ("a", "b")] == [3, 2]
     # One output per sequence for the whole run, its tokens in order, with their logprobs.
     outs = run.outputs[-2:]
     assert [len(o.new_token_ids) for o in outs] == [4, 4]
     assert [lp.token_id for lp in outs[0].logprobs] == outs[0].new_token_ids
-    a = sched.get_sample("a")
+    a = sched.sample("a")
     assert a.num_computed_tokens == 9 and a.num_tokens == 10  # positions 0..8; its newest token is next
 
 
@@ -66,7 +67,7 @@ def test_a_waiting_request_gets_a_single_step_so_its_prompt_runs_now():
     sched.add_request("c", [9, 9, 9], params(max_tokens=2))
     plan = step(sched, worker, run)
     assert plan.num_steps == 1
-    assert [r.request_id for r in plan.new_requests] == ["c"]
+    assert names(plan.new_requests) == ["c"]
 
 
 def test_tokens_after_a_stop_are_dropped_and_the_blocks_freed():
@@ -83,7 +84,7 @@ def test_tokens_after_a_stop_are_dropped_and_the_blocks_freed():
     assert sched.stats().generation_tokens_total - before == 4 + 2
     assert sched.get_request("b") is None and "b" not in sched.kv.tables()
     # b's slots are free again; the next plan tells the worker to drop b.
-    assert step(sched, worker, run).finished_request_ids == ["b"]
+    assert names(step(sched, worker, run).finished_seq_ids) == ["b"]
 
 
 def test_an_interrupted_run_applies_the_steps_it_ran_and_keeps_its_slots():
@@ -91,7 +92,7 @@ def test_an_interrupted_run_applies_the_steps_it_ran_and_keeps_its_slots():
     worker.steps_to_run = lambda plan: 1
     plan = step(sched, worker, run)
     assert plan.num_steps == 4
-    a = sched.get_sample("a")
+    a = sched.sample("a")
     assert len(run.tokens["a"]) == 2 and a.num_computed_tokens == 6 and a.num_uncomputed_tokens == 1
     held = sched.kv.get_block_ids(a)
     assert len(held) == 3  # the lookahead for positions 6..8 stays
@@ -138,6 +139,6 @@ def test_extra_tokens_beyond_the_plans_steps_are_ignored():
     sched, worker, run = decode_ready(2)
     plan = sched.schedule()
     assert plan.num_steps == 2
-    toks = [SampledToken(rid, 40 + i, TokenLogprobs(40 + i, -1.0)) for i in range(3) for rid in ("a", "b")]
+    toks = [SampledToken(sched.sample(rid).seq_id, 40 + i, TokenLogprobs(40 + i, -1.0)) for i in range(3) for rid in ("a", "b")]
     outs = sched.update_from_output(plan, StepResult(plan.step_id, sampled=toks, num_steps=2))
     assert [o.new_token_ids for o in outs] == [[40, 41], [40, 41]]

@@ -2,6 +2,7 @@ import math
 
 import pytest
 from .scheduler_testkit import (
+    LABELS,
     NO_EOS,
     FakeWorker,
     Run,
@@ -9,13 +10,15 @@ from .scheduler_testkit import (
     build_scheduler,
     hash_token,
     make_scheduler,
+    named,
+    names,
     params,
     run_until_done,
     sequence_tokens,
     step,
 )
 
-from llmserve.contract.outputs import FinishReason, TokenLogprobs
+from llmserve.contract.outputs import ErrorCode, FinishReason, TokenLogprobs
 from llmserve.contract.plan import CachedRequestData, NewRequestData, SampledToken, StepResult
 from llmserve.scheduler.config import SchedulerConfig
 
@@ -29,7 +32,7 @@ STOP, LENGTH, ABORT, ERROR = (
 
 def scheduled(plan) -> dict[str, int]:
     """request id -> tokens scheduled, new requests and cached ones alike."""
-    return {r.request_id: r.num_scheduled_tokens for r in plan.new_requests + plan.cached_requests}
+    return {LABELS[r.seq_id]: r.num_scheduled_tokens for r in plan.new_requests + plan.cached_requests}
 
 
 # ---- continuous batching ----
@@ -42,29 +45,29 @@ def test_request_added_midway_joins_next_step():
     sched.add_request("a", [1, 2, 3, 4, 5], params(max_tokens=3))
     p0 = step(sched, worker, run)
     assert p0.step_id == 0
-    assert p0.new_requests == [
+    assert named(p0.new_requests) == [
         NewRequestData("a", [1, 2, 3, 4, 5], 5, p0.new_requests[0].sampling, [0, 1], 0, 5)
     ]
-    assert p0.cached_requests == [] and p0.finished_request_ids == []
+    assert p0.cached_requests == [] and p0.finished_seq_ids == []
     a0 = run.tokens["a"][0]
     assert run.outputs[0].logprobs == [TokenLogprobs(a0, -0.5)]
 
     sched.add_request("b", [6, 7, 8], params(max_tokens=2))
     p1 = step(sched, worker, run)
-    assert p1.cached_requests == [CachedRequestData("a", [], 5, 1)]
-    assert [(r.request_id, r.token_ids, r.block_ids, r.num_scheduled_tokens)
+    assert named(p1.cached_requests) == [CachedRequestData("a", [], 5, 1)]
+    assert [(LABELS[r.seq_id], r.token_ids, r.block_ids, r.num_scheduled_tokens)
             for r in p1.new_requests] == [("b", [6, 7, 8], [2], 3)]
 
     p2 = step(sched, worker, run)
     assert p2.new_requests == []
-    assert p2.cached_requests == [CachedRequestData("a", [], 6, 1), CachedRequestData("b", [], 3, 1)]
+    assert named(p2.cached_requests) == [CachedRequestData("a", [], 6, 1), CachedRequestData("b", [], 3, 1)]
     assert run.finish == {"a": LENGTH, "b": LENGTH}
     assert len(run.tokens["a"]) == 3 and len(run.tokens["b"]) == 2
     assert sched.stats().num_free_blocks == 64  # Freed as soon as they finished.
 
     assert not sched.has_unfinished_requests()
     p3 = sched.schedule()
-    assert p3.is_empty and p3.finished_request_ids == ["a", "b"]
+    assert p3.is_empty and names(p3.finished_seq_ids) == ["a", "b"]
 
 
 def test_worker_sampling_params_follow_request():
@@ -82,14 +85,14 @@ def test_max_num_seqs():
     for rid in ("r0", "r1", "r2"):
         sched.add_request(rid, [1, 2], params(max_tokens=3))
     p0 = step(sched, worker, run)
-    assert [r.request_id for r in p0.new_requests] == ["r0", "r1"]
+    assert names(p0.new_requests) == ["r0", "r1"]
     stats = sched.stats()
     assert (stats.num_running, stats.num_waiting) == (2, 1)
     assert scheduled(step(sched, worker, run)) == {"r0": 1, "r1": 1}
     assert scheduled(step(sched, worker, run)) == {"r0": 1, "r1": 1}
     p3 = step(sched, worker, run)  # r0 and r1 finished last step.
-    assert p3.finished_request_ids == ["r0", "r1"]
-    assert [r.request_id for r in p3.new_requests] == ["r2"]
+    assert names(p3.finished_seq_ids) == ["r0", "r1"]
+    assert names(p3.new_requests) == ["r2"]
 
 
 def test_chunked_prefill_splits_long_prompt_after_decodes():
@@ -99,14 +102,14 @@ def test_chunked_prefill_splits_long_prompt_after_decodes():
     step(sched, worker, run)
     sched.add_request("b", list(range(20)), params(max_tokens=2))
     p1 = step(sched, worker, run)
-    assert p1.cached_requests == [CachedRequestData("a", [], 3, 1)]
+    assert named(p1.cached_requests) == [CachedRequestData("a", [], 3, 1)]
     b = p1.new_requests[0]
-    assert (b.request_id, b.block_ids, b.num_computed_tokens, b.num_scheduled_tokens) == ("b", [1, 2], 0, 7)
+    assert (LABELS[b.seq_id], b.block_ids, b.num_computed_tokens, b.num_scheduled_tokens) == ("b", [1, 2], 0, 7)
     assert "b" not in run.tokens  # Mid-prompt: nothing sampled.
     p2 = step(sched, worker, run)
-    assert p2.cached_requests == [CachedRequestData("a", [3], 4, 1), CachedRequestData("b", [4, 5], 7, 7)]
+    assert named(p2.cached_requests) == [CachedRequestData("a", [3], 4, 1), CachedRequestData("b", [4, 5], 7, 7)]
     p3 = step(sched, worker, run)
-    assert p3.cached_requests == [CachedRequestData("a", [], 5, 1), CachedRequestData("b", [6], 14, 6)]
+    assert named(p3.cached_requests) == [CachedRequestData("a", [], 5, 1), CachedRequestData("b", [6], 14, 6)]
     assert len(run.tokens["b"]) == 1  # Prompt done: first token.
     assert all(p.total_scheduled_tokens <= 8 for p in run.plans)
     run_until_done(sched, worker, run)
@@ -176,21 +179,21 @@ def test_preemption_victim_is_latest_arrival_and_comes_back_in_full():
     assert [r.block_ids for r in p0.new_requests] == [[0], [1], [2]]
     p1 = step(sched, worker, run)
     # a needs a 2nd block: c (latest) goes; b needs one too and is now the latest itself.
-    assert p1.cached_requests == [CachedRequestData("a", [2], 4, 1)]
+    assert named(p1.cached_requests) == [CachedRequestData("a", [2], 4, 1)]
     assert p1.new_requests == []
-    assert p1.finished_request_ids == ["c", "b"]
-    assert [r.seq_id for r in sched.waiting] == ["b", "c"]
+    assert names(p1.finished_seq_ids) == ["c", "b"]
+    assert [r.label for r in sched.waiting] == ["b", "c"]
     stats = sched.stats()
     assert (stats.num_preemptions, stats.num_running, stats.num_waiting) == (2, 1, 2)
-    assert sched.get_sample("b").num_computed_tokens == 0
+    assert sched.sample("b").num_computed_tokens == 0
     p2 = step(sched, worker, run)
     assert scheduled(p2) == {"a": 1}  # b needs 2 blocks, 1 free.
     assert run.finish == {"a": LENGTH}
     b_tokens = list(run.tokens["b"])
     assert len(b_tokens) == 1
     p3 = step(sched, worker, run)
-    assert p3.finished_request_ids == ["a"]
-    assert [(r.request_id, r.token_ids, r.num_prompt_tokens, r.block_ids, r.num_computed_tokens,
+    assert names(p3.finished_seq_ids) == ["a"]
+    assert [(LABELS[r.seq_id], r.token_ids, r.num_prompt_tokens, r.block_ids, r.num_computed_tokens,
              r.num_scheduled_tokens) for r in p3.new_requests] == [
         ("b", [1, 2, 3, 4, b_tokens[0]], 4, [1, 2], 0, 5)
     ]
@@ -227,9 +230,9 @@ def test_tiny_pool_preempts_and_matches_big_pool():
     resent = [r for p in run.plans for r in p.new_requests if len(r.token_ids) > r.num_prompt_tokens]
     assert resent
     for r in resent:
-        prompt = prompts[r.request_id]
+        prompt = prompts[LABELS[r.seq_id]]
         assert r.num_prompt_tokens == len(prompt)
-        assert r.token_ids == prompt + reference.tokens[r.request_id][: len(r.token_ids) - len(prompt)]
+        assert r.token_ids == prompt + reference.tokens[LABELS[r.seq_id]][: len(r.token_ids) - len(prompt)]
         assert r.num_computed_tokens == 0
 
 
@@ -249,7 +252,7 @@ def test_abort_mid_generation_frees_blocks_and_is_reported():
     assert sched.stats().num_free_blocks == 9
     assert sched.abort_requests(["a"]) == []
     p = step(sched, worker, run)
-    assert p.finished_request_ids == ["a"]
+    assert names(p.finished_seq_ids) == ["a"]
     assert scheduled(p) == {"b": 1}
     assert sched.stats().num_aborted == 1
 
@@ -261,7 +264,7 @@ def test_token_for_request_aborted_during_step_is_ignored():
     sched.add_request("b", [3, 4], params())
     plan = sched.schedule()
     result = worker.execute(plan)
-    assert [s.request_id for s in result.sampled] == ["a", "b"]
+    assert names(result.sampled) == ["a", "b"]
     sched.abort_requests(["a"])
     outputs = sched.update_from_output(plan, result)
     assert [o.request_id for o in outputs] == ["b"]
@@ -283,7 +286,7 @@ def test_tokens_for_unplanned_or_mid_prompt_requests_are_ignored():
     sched = make_scheduler(max_num_batched_tokens=4)
     sched.add_request("a", list(range(10)), params())
     plan = sched.schedule()
-    result = StepResult(plan.step_id, [SampledToken("a", 5), SampledToken("zz", 5)])
+    result = StepResult(plan.step_id, [SampledToken(sched.sample("a").seq_id, 5), SampledToken(2**63, 5)])
     assert sched.update_from_output(plan, result) == []
     with pytest.raises(ValueError, match="step"):
         sched.update_from_output(plan, StepResult(plan.step_id + 1))
@@ -296,11 +299,12 @@ def test_fail_requests_and_step_error():
     [out] = sched.fail_requests(["c"], "boom")
     assert (out.finish_reason, out.error) == (ERROR, "boom")
     plan = sched.schedule()
-    assert plan.finished_request_ids == ["c"]
+    assert plan.finished_seq_ids == []  # The worker never saw c: nothing to drop.
     outputs = sched.update_from_output(plan, StepResult(plan.step_id, error="worker died"))
     assert [(o.request_id, o.finish_reason, o.error) for o in outputs] == [
         ("a", ERROR, "worker died"), ("b", ERROR, "worker died")
     ]
+    assert {o.error_code for o in outputs} == {ErrorCode.INTERNAL}
     assert not sched.has_unfinished_requests()
     assert sched.stats().num_free_blocks == 64 and sched.stats().num_failed == 3
 
@@ -332,12 +336,13 @@ def test_request_outgrowing_cache_fails_instead_of_looping():
 def test_empty_plan_keeps_finished_ids_for_the_next_plan():
     sched = make_scheduler()
     sched.add_request("a", [1], params())
+    step(sched, FakeWorker(4), Run())  # The worker now holds a.
     sched.abort_requests(["a"])
-    assert sched.schedule().finished_request_ids == ["a"]  # Empty: the worker may not see it.
+    assert names(sched.schedule().finished_seq_ids) == ["a"]  # Empty: the worker may not see it.
     sched.add_request("b", [1], params())
     plan = sched.schedule()
-    assert plan.finished_request_ids == ["a"] and plan.new_requests[0].request_id == "b"
-    assert sched.schedule().finished_request_ids == []
+    assert names(plan.finished_seq_ids) == ["a"] and names(plan.new_requests) == ["b"]
+    assert sched.schedule().finished_seq_ids == []
 
 
 def test_add_request_validation():
@@ -360,7 +365,7 @@ def test_id_reused_after_finish():
     run_until_done(sched, worker)
     sched.add_request("a", [1, 2], params(max_tokens=1))
     plan = step(sched, worker, Run())
-    assert plan.finished_request_ids == ["a"] and plan.new_requests[0].request_id == "a"
+    assert names(plan.finished_seq_ids) == ["a"] and names(plan.new_requests) == ["a"]
 
 
 def test_stats_counts():

@@ -63,7 +63,7 @@ class PlanDriver:
     def step(self, schedule: dict[str, int | None], finished: list[str] = (), num_steps: int = 1):
         """schedule: rid -> tokens to compute this step (None = all that remain);
         num_steps > 1: a multi-step plan of one-token decodes (slots for every step)."""
-        plan = StepPlan(self.step_id, finished_request_ids=list(finished), num_steps=num_steps)
+        plan = StepPlan(self.step_id, finished_seq_ids=[self.seq_id(rid) for rid in finished], num_steps=num_steps)
         self.step_id += 1
         for rid, n in schedule.items():
             r = self.reqs[rid]
@@ -73,17 +73,24 @@ class PlanDriver:
             r.blocks += new_blocks
             if not r.on_worker:
                 plan.new_requests.append(NewRequestData(
-                    rid, list(r.token_ids), r.num_prompt_tokens, r.sampling, list(r.blocks), r.computed, n))
+                    self.seq_id(rid), list(r.token_ids), r.num_prompt_tokens, r.sampling, list(r.blocks), r.computed, n))
                 r.on_worker = True
             else:
-                plan.cached_requests.append(CachedRequestData(rid, new_blocks, r.computed, n))
+                plan.cached_requests.append(CachedRequestData(self.seq_id(rid), new_blocks, r.computed, n))
             r.computed += n
         result = self.runner.execute(plan)
         for s in result.sampled:
-            self.reqs[s.request_id].token_ids.append(s.token_id)
+            self.reqs[self.name(s.seq_id)].token_ids.append(s.token_id)
         for rid in schedule:  # Each further step of a run computed the token sampled before it.
             self.reqs[rid].computed += result.num_steps - 1
         return result
+
+    def seq_id(self, rid: str) -> int:
+        """The sequence id the plans give request `rid` (its place among added requests)."""
+        return list(self.reqs).index(rid) + 1
+
+    def name(self, seq_id: int) -> str:
+        return list(self.reqs)[seq_id - 1]
 
     def outputs(self, rid: str) -> list[int]:
         r = self.reqs[rid]

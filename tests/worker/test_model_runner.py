@@ -42,7 +42,7 @@ def test_greedy_concurrent_requests_match_hf_generate(tiny_llama_dir, reference)
     for rid, p in PROMPTS.items():
         d.add(rid, p)
     r0 = d.step({"a": None, "b": 10})
-    assert [s.request_id for s in r0.sampled] == ["a"]  # b's partial chunk samples nothing
+    assert [d.name(s.seq_id) for s in r0.sampled] == ["a"]  # b's partial chunk samples nothing
     d.step({"a": 1, "b": None})
     for _ in range(3):
         d.step({"a": 1, "b": 1})
@@ -73,22 +73,22 @@ def test_preempted_request_recomputes_identically(tiny_llama_dir, reference):
 def test_bad_plans_raise_and_leave_state(tiny_llama_dir):
     runner = _runner(tiny_llama_dir)
     g = WorkerSamplingParams(temperature=0.0)
-    runner.execute(StepPlan(0, new_requests=[NewRequestData("a", [1, 2, 3], 3, g, [0], 0, 3)]))
+    runner.execute(StepPlan(0, new_requests=[NewRequestData(1, [1, 2, 3], 3, g, [0], 0, 3)]))
     bad = [
-        StepPlan(1, cached_requests=[CachedRequestData("zzz", [], 3, 1)]),
-        StepPlan(1, cached_requests=[CachedRequestData("a", [NUM_BLOCKS], 3, 1)]),
-        StepPlan(1, new_requests=[NewRequestData("b", list(range(9)), 9, g, [1, 2], 0, 9)]),
-        StepPlan(1, cached_requests=[CachedRequestData("a", [], 3, 2)]),  # only 4 tokens known
+        StepPlan(1, cached_requests=[CachedRequestData(999, [], 3, 1)]),
+        StepPlan(1, cached_requests=[CachedRequestData(1, [NUM_BLOCKS], 3, 1)]),
+        StepPlan(1, new_requests=[NewRequestData(2, list(range(9)), 9, g, [1, 2], 0, 9)]),
+        StepPlan(1, cached_requests=[CachedRequestData(1, [], 3, 2)]),  # only 4 tokens known
     ]
     for plan in bad:
         with pytest.raises(ValueError):
             runner.execute(plan)
-    assert runner.batch.states["a"].block_ids == [0]
-    out = runner.execute(StepPlan(2, cached_requests=[CachedRequestData("a", [5], 3, 1)]))
-    assert len(out.sampled) == 1 and runner.batch.states["a"].block_ids == [0, 5]
+    assert runner.batch.states[1].block_ids == [0]
+    out = runner.execute(StepPlan(2, cached_requests=[CachedRequestData(1, [5], 3, 1)]))
+    assert len(out.sampled) == 1 and runner.batch.states[1].block_ids == [0, 5]
     runner.reset_requests()
     with pytest.raises(ValueError, match="unknown"):
-        runner.execute(StepPlan(3, cached_requests=[CachedRequestData("a", [], 4, 1)]))
+        runner.execute(StepPlan(3, cached_requests=[CachedRequestData(1, [], 4, 1)]))
 
 
 def test_seeded_sampling_survives_batching_and_preemption(tiny_llama_dir):

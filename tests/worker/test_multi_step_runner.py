@@ -38,7 +38,7 @@ def test_runs_of_decode_steps_give_hf_greedy_tokens(tiny_llama_dir, reference):
         result = d.step({"a": 1, "b": 1}, num_steps=num_steps)
         assert result.num_steps == num_steps
         # Step by step: every request once per step, in plan order.
-        assert [s.request_id for s in result.sampled] == ["a", "b"] * num_steps
+        assert [d.name(s.seq_id) for s in result.sampled] == ["a", "b"] * num_steps
     for rid in PROMPTS:
         assert d.outputs(rid) == reference[rid], rid
 
@@ -75,19 +75,19 @@ def test_an_interrupt_ends_the_run_after_its_current_step(tiny_llama_dir, refere
 def test_multi_step_plans_that_cannot_run_are_refused(tiny_llama_dir):
     runner = _runner(tiny_llama_dir, max_model_len=16)
     g = WorkerSamplingParams(temperature=0.0)
-    runner.execute(StepPlan(0, new_requests=[NewRequestData("a", [1, 2, 3], 3, g, [0], 0, 3)]))
+    runner.execute(StepPlan(0, new_requests=[NewRequestData(1, [1, 2, 3], 3, g, [0], 0, 3)]))
     bad = [
-        StepPlan(1, new_requests=[NewRequestData("p", [1, 2, 3], 3, g, [1, 2], 0, 3)], num_steps=2),  # a prompt
-        StepPlan(1, cached_requests=[CachedRequestData("a", [], 3, 1)], num_steps=3),  # slots 3..5: 2 blocks
-        StepPlan(1, cached_requests=[CachedRequestData("a", [1, 2, 3, 4], 3, 1)], num_steps=14),  # past 16
-        StepPlan(1, cached_requests=[CachedRequestData("a", [1], 3, 1)], num_steps=0),
+        StepPlan(1, new_requests=[NewRequestData(3, [1, 2, 3], 3, g, [1, 2], 0, 3)], num_steps=2),  # a prompt
+        StepPlan(1, cached_requests=[CachedRequestData(1, [], 3, 1)], num_steps=3),  # slots 3..5: 2 blocks
+        StepPlan(1, cached_requests=[CachedRequestData(1, [1, 2, 3, 4], 3, 1)], num_steps=14),  # past 16
+        StepPlan(1, cached_requests=[CachedRequestData(1, [1], 3, 1)], num_steps=0),
     ]
     for plan in bad:
         with pytest.raises(ValueError):
             runner.execute(plan)
-    assert runner.batch.states["a"].block_ids == [0] and len(runner.batch.states["a"].token_ids) == 4
-    result = runner.execute(StepPlan(2, cached_requests=[CachedRequestData("a", [1], 3, 1)], num_steps=5))
-    assert result.num_steps == 5 and len(runner.batch.states["a"].token_ids) == 9
+    assert runner.batch.states[1].block_ids == [0] and len(runner.batch.states[1].token_ids) == 4
+    result = runner.execute(StepPlan(2, cached_requests=[CachedRequestData(1, [1], 3, 1)], num_steps=5))
+    assert result.num_steps == 5 and len(runner.batch.states[1].token_ids) == 9
 
 
 def test_an_interrupt_over_the_execute_stream_cuts_a_long_run(tiny_llama_dir):
@@ -109,15 +109,15 @@ def test_an_interrupt_over_the_execute_stream_cuts_a_long_run(tiny_llama_dir):
         try:
             g = WorkerSamplingParams(temperature=0.0)
             prefill = await link.execute(StepPlan(0, new_requests=[
-                NewRequestData("a", [1, 2, 3], 3, g, list(range(100)), 0, 3)]))
-            long_run = StepPlan(1, cached_requests=[CachedRequestData("a", [], 3, 1)], num_steps=200)
+                NewRequestData(1, [1, 2, 3], 3, g, list(range(100)), 0, 3)]))
+            long_run = StepPlan(1, cached_requests=[CachedRequestData(1, [], 3, 1)], num_steps=200)
             pending = asyncio.ensure_future(link.execute(long_run))
             while link._interruptible is None:  # the plan is written
                 await asyncio.sleep(0.001)
             link.interrupt()
             cut = await pending
             after = await link.execute(StepPlan(2, cached_requests=[
-                CachedRequestData("a", [], 3 + cut.num_steps, 1)], num_steps=2))
+                CachedRequestData(1, [], 3 + cut.num_steps, 1)], num_steps=2))
             return prefill, cut, after
         finally:
             await link.close()

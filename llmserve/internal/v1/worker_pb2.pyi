@@ -52,7 +52,7 @@ class WorkerSampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., logprobs: _Optional[int] = ...) -> None: ...
 
 class NewRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "trace_context")
+    __slots__ = ("seq_id", "token_ids", "num_prompt_tokens", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "trace_context")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -60,7 +60,7 @@ class NewRequest(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -68,7 +68,7 @@ class NewRequest(_message.Message):
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
-    request_id: str
+    seq_id: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_prompt_tokens: int
     sampling: WorkerSampling
@@ -76,19 +76,19 @@ class NewRequest(_message.Message):
     num_computed_tokens: int
     num_scheduled_tokens: int
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CachedRequest(_message.Message):
-    __slots__ = ("request_id", "new_block_ids", "num_computed_tokens", "num_scheduled_tokens")
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("seq_id", "new_block_ids", "num_computed_tokens", "num_scheduled_tokens")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    request_id: str
+    seq_id: int
     new_block_ids: _containers.RepeatedScalarFieldContainer[int]
     num_computed_tokens: int
     num_scheduled_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, seq_id: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ...) -> None: ...
 
 class WorkerCommand(_message.Message):
     __slots__ = ("plan", "interrupt")
@@ -105,7 +105,7 @@ class Interrupt(_message.Message):
     def __init__(self, step_id: _Optional[int] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_requests", "cached_requests", "finished_request_ids", "swap_out", "swap_in", "copies", "num_steps", "trace_context")
+    __slots__ = ("step_id", "new_requests", "cached_requests", "finished_seq_ids", "swap_out", "swap_in", "copies", "num_steps", "trace_context")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -116,7 +116,7 @@ class StepPlan(_message.Message):
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
-    FINISHED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
     SWAP_IN_FIELD_NUMBER: _ClassVar[int]
     COPIES_FIELD_NUMBER: _ClassVar[int]
@@ -125,13 +125,13 @@ class StepPlan(_message.Message):
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_requests: _containers.RepeatedCompositeFieldContainer[CachedRequest]
-    finished_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    finished_seq_ids: _containers.RepeatedScalarFieldContainer[int]
     swap_out: _containers.RepeatedCompositeFieldContainer[BlockMove]
     swap_in: _containers.RepeatedCompositeFieldContainer[BlockMove]
     copies: _containers.RepeatedCompositeFieldContainer[BlockMove]
     num_steps: int
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., finished_request_ids: _Optional[_Iterable[str]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copies: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., num_steps: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copies: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., num_steps: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class BlockMove(_message.Message):
     __slots__ = ("src", "dst")
@@ -142,14 +142,14 @@ class BlockMove(_message.Message):
     def __init__(self, src: _Optional[int] = ..., dst: _Optional[int] = ...) -> None: ...
 
 class SampledToken(_message.Message):
-    __slots__ = ("request_id", "token_id", "logprobs")
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("seq_id", "token_id", "logprobs")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
-    request_id: str
+    seq_id: int
     token_id: int
     logprobs: _generation_pb2.TokenLogprobs
-    def __init__(self, request_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_generation_pb2.TokenLogprobs, _Mapping]] = ...) -> None: ...
+    def __init__(self, seq_id: _Optional[int] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_generation_pb2.TokenLogprobs, _Mapping]] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("step_id", "sampled", "error", "num_steps")

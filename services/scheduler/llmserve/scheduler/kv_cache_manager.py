@@ -124,7 +124,7 @@ class KVCacheManager:
         Returns the new block ids, or None (nothing taken) when the pool is short.
         """
         if sample.block_table:
-            raise RuntimeError(f"admit of {sample.seq_id}, which holds blocks")
+            raise RuntimeError(f"admit of {sample.label}, which holds blocks")
         num_cached_tokens = len(cached_blocks) * self.block_size
         num_new_blocks = self.num_blocks_for(num_cached_tokens + num_new) - len(cached_blocks)
         num_free_hits = sum(1 for b in cached_blocks if self.pool.ref_count(b) == 0)

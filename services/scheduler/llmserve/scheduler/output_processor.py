@@ -55,16 +55,16 @@ class OutputProcessor:
 
     def _in_plan(self, plan: StepPlan) -> list[Sample]:
         """The plan's samples still live (some may have been aborted during the step)."""
-        found = (self.live.sample(r.request_id) for r in plan.new_requests + plan.cached_requests)
+        found = (self.live.sample(r.seq_id) for r in plan.new_requests + plan.cached_requests)
         return [s for s in found if s is not None]
 
     def _apply_tokens(self, plan: StepPlan, result: StepResult, in_plan: list[Sample]) -> list[RequestOutput]:
         """One output per planned sample that expects a token and got some."""
         planned = set(in_plan)
         # A multi-step result lists each sample once per step run, step by step.
-        per_sample: dict[str, list[SampledToken]] = {}
+        per_sample: dict[int, list[SampledToken]] = {}
         for sampled in result.sampled:
-            per_sample.setdefault(sampled.request_id, []).append(sampled)
+            per_sample.setdefault(sampled.seq_id, []).append(sampled)
         outputs = []
         for seq_id, sampled in per_sample.items():
             sample = self.live.sample(seq_id)

@@ -12,7 +12,7 @@ class LiveRequests:
     def __init__(self) -> None:
         """No requests yet."""
         self._requests: dict[str, Request] = {}  # By public id.
-        self._samples: dict[str, Sample] = {}  # By sequence id.
+        self._samples: dict[int, Sample] = {}  # By sequence id.
 
     def __bool__(self) -> bool:
         return bool(self._requests)
@@ -21,22 +21,18 @@ class LiveRequests:
         """The unfinished request with this public id, or None."""
         return self._requests.get(request_id)
 
-    def sample(self, seq_id: str) -> Sample | None:
+    def sample(self, seq_id: int) -> Sample | None:
         """The live sample with this sequence id, or None."""
         return self._samples.get(seq_id)
 
     def add(self, request: Request, samples: list[Sample]) -> None:
-        """Register a new request with its first samples. Raises ValueError (changing
-        nothing) if a sequence id is taken."""
-        self._check_free(samples)
+        """Register a new request with its first samples (its public id is free)."""
         request.samples = samples
         self._requests[request.request_id] = request
         self._add_samples(samples)
 
     def replace(self, root: Sample, samples: list[Sample]) -> None:
-        """A forked root's samples take its place. Raises ValueError (changing nothing)
-        if a sequence id is taken."""
-        self._check_free(samples)
+        """A forked root's samples take its place."""
         self._add_samples(samples)
         root.request.samples = samples
         del self._samples[root.seq_id]
@@ -48,11 +44,6 @@ class LiveRequests:
         request.samples.remove(sample)
         if not request.samples:
             del self._requests[request.request_id]
-
-    def _check_free(self, samples: list[Sample]) -> None:
-        for sample in samples:
-            if sample.seq_id in self._samples:
-                raise ValueError(f"sequence id {sample.seq_id!r} is already in use")
 
     def _add_samples(self, samples: list[Sample]) -> None:
         for sample in samples:

@@ -2,18 +2,20 @@
 
     Request "r" (n = 2)          what the client asked for: prompt, sampling, n, priority,
       │                          when it was first admitted, its stream state (service.py)
-      ├── Sample "r#p"  root     prefills prompt[:-1] once, samples nothing, then forks:
-      ├── Sample "r#0"           one sequence each: tokens, computed count, status, block
-      └── Sample "r#1"           tables (GPU, CPU), prefix hashes, what the worker was sent
+      ├── Sample 7  "r#p" root   prefills prompt[:-1] once, samples nothing, then forks:
+      ├── Sample 8  "r#0"        one sequence each: tokens, computed count, status, block
+      └── Sample 9  "r#1"        tables (GPU, CPU), prefix hashes, what the worker was sent
 
-Sequence ids are the wire ids workers know: `<id>` when n == 1, `<id>#<i>` for sample i,
-`<id>#p` for the root. Everything the scheduler, the KV cache manager and the service
-keep about a request lives on these two records; the managers hold references to them.
+Sequence ids (7, 8, 9) are the ids workers know: integers from one process-wide counter,
+so no client id (whatever characters it holds) can collide with one. Labels ("r#0")
+are for logs only. Everything the scheduler, the KV cache manager and the service keep
+about a request lives on these two records; the managers hold references to them.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 from dataclasses import dataclass, field, replace
 
@@ -101,21 +103,21 @@ class Request:
         """What is queued at arrival: a root when n > 1 (and there is a prompt[:-1] to
         share), else the n samples themselves."""
         if self.n > 1 and len(self.prompt_token_ids) > 1:
-            return [Sample(f"{self.request_id}#p", self, self.sampling, is_root=True)]
+            return [Sample(self, self.sampling, is_root=True)]
         return self.new_samples()
 
     def new_samples(self) -> list[Sample]:
         """The request's n samples, each with its own sequence id and seed."""
-        return [Sample(self._sample_id(i), self, self._sample_sampling(i), index=i) for i in range(self.n)]
-
-    def _sample_id(self, index: int) -> str:
-        return self.request_id if self.n == 1 else f"{self.request_id}#{index}"
+        return [Sample(self, self._sample_sampling(i), index=i) for i in range(self.n)]
 
     def _sample_sampling(self, index: int) -> SamplingParams:
         """Sample `index` draws with seed + index: alone with that seed it gives the same tokens."""
         if self.n == 1 or self.sampling.seed is None:
             return self.sampling
         return replace(self.sampling, seed=self.sampling.seed + index)
+
+
+_SEQ_IDS = itertools.count(1)
 
 
 @dataclass(eq=False)  # Compared and hashed by identity: the queues remove exactly this record.
@@ -128,11 +130,12 @@ class Sample:
     prompt being recomputed after a preemption, or the one token sampled last step.
     """
 
-    seq_id: str  # The sequence id on the wire (the public id when n == 1).
     request: Request
     sampling: SamplingParams
     index: int = 0  # Which sample.
     is_root: bool = False  # Prefills prompt[:-1] for the samples, samples nothing.
+    # The id on the wire to workers (uint64 there): unique in this process, never reused.
+    seq_id: int = field(default_factory=lambda: next(_SEQ_IDS))
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  # Tokens whose KV is in the cache (or is in this step).
@@ -148,6 +151,14 @@ class Sample:
     table_replaced: bool = False  # A copy-on-write replaced a table entry this step.
     # ---- worker view: kept by WorkerView only ----
     known_to_worker: bool = False  # Sent in full since the worker last dropped it.
+
+    @property
+    def label(self) -> str:
+        """For logs: the public id, with "#<index>" for one of n > 1 samples, "#p" for a root."""
+        request = self.request
+        if self.is_root:
+            return f"{request.request_id}#p"
+        return request.request_id if request.n == 1 else f"{request.request_id}#{self.index}"
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -153,8 +153,8 @@ class Scheduler:
         """The unfinished request with this public id, or None."""
         return self.live.request(request_id)
 
-    def get_sample(self, seq_id: str) -> Sample | None:
-        """The live sample with this sequence id (the public id when n == 1), or None."""
+    def get_sample(self, seq_id: int) -> Sample | None:
+        """The live sample with this sequence id, or None."""
         return self.live.sample(seq_id)
 
     def stats(self) -> SchedulerStats:
@@ -166,7 +166,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         """Choose this step's samples and token counts and allocate their blocks.
 
-        An empty plan need not be sent to the worker: its finished_request_ids are
+        An empty plan need not be sent to the worker: its finished_seq_ids are
         listed again in the next plan.
         """
         scheduled = self.policy.choose()

@@ -321,8 +321,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """The step's span (linked to its requests); puts trace contexts into the plan."""
         public_ids = []
         for r in plan.new_requests + plan.cached_requests:
-            sample = self.core.get_sample(r.request_id)
-            public_ids.append(sample.request.request_id if sample is not None else r.request_id)
+            sample = self.core.get_sample(r.seq_id)
+            public_ids.append(sample.request.request_id if sample is not None else "")
         self.requests.scheduled(public_ids)
         if not tracing.enabled():
             return tracing.trace.INVALID_SPAN

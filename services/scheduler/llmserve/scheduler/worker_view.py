@@ -4,7 +4,7 @@ A worker keeps its own copy of each sequence (tokens, block table, computed coun
 plan carries a sequence in full (NewRequestData) the first time the worker sees it, and
 again after the worker dropped it (finished, preempted, forked, or a copy-on-write
 replaced a table entry it holds); otherwise only a delta (CachedRequestData: its new
-block ids). Dropped ids go out in the next non-empty plan's finished_request_ids.
+block ids). Dropped ids go out in the next non-empty plan's finished_seq_ids.
 
     step:              1          2          3 (preempted)   4 (back)
     plan carries s:    new        cached     finished id     new (in full again)
@@ -49,15 +49,16 @@ class WorkerView:
         self.kv = kv
         self._next_step_id = 0
         # Sequence ids the worker must drop, in order (an ordered set). Ids, not records:
-        # a finished sample's record is gone, and its id may already be reused.
-        self._to_drop: dict[str, None] = {}
+        # a finished sample's record is gone.
+        self._to_drop: dict[int, None] = {}
 
     def drop(self, sample: Sample) -> None:
         """The worker must forget the sample (finished, preempted or forked)."""
-        # NOTE: an id can be in finished_request_ids and new_requests of one plan (an id
-        # reused after finishing); workers apply finished_request_ids first.
-        sample.known_to_worker = False
-        self._to_drop[sample.seq_id] = None
+        # NOTE: an id can be in finished_seq_ids and new_requests of one plan (a sample
+        # resent in full after a preemption); workers apply finished_seq_ids first.
+        if sample.known_to_worker:  # A sample never sent holds no worker state.
+            sample.known_to_worker = False
+            self._to_drop[sample.seq_id] = None
 
     def build_plan(self, scheduled: list[ScheduledSample], num_steps: int = 1) -> StepPlan:
         """The step's plan; advances each scheduled sample's computed count and offers
@@ -67,7 +68,7 @@ class WorkerView:
         """
         ops = self.kv.take_block_ops()
         plan = StepPlan(
-            step_id=self._next_step_id, finished_request_ids=list(self._to_drop),
+            step_id=self._next_step_id, finished_seq_ids=list(self._to_drop),
             swap_out=ops.swap_out, swap_in=ops.swap_in, copies=ops.copies, num_steps=num_steps,
         )
         self._next_step_id += 1
@@ -83,7 +84,7 @@ class WorkerView:
         if item.table_changed and sample.known_to_worker:
             # Resent in full: the worker drops its copy first.
             sample.known_to_worker = False
-            plan.finished_request_ids.append(sample.seq_id)
+            plan.finished_seq_ids.append(sample.seq_id)
         if sample.known_to_worker:
             plan.cached_requests.append(self._cached_data(item))
         else:
@@ -95,7 +96,7 @@ class WorkerView:
     def _new_data(self, item: ScheduledSample) -> NewRequestData:
         sample = item.sample
         return NewRequestData(
-            request_id=sample.seq_id,
+            seq_id=sample.seq_id,
             token_ids=sample.all_token_ids,
             num_prompt_tokens=sample.num_prompt_tokens,
             sampling=worker_sampling(sample.sampling),
@@ -107,7 +108,7 @@ class WorkerView:
     @staticmethod
     def _cached_data(item: ScheduledSample) -> CachedRequestData:
         return CachedRequestData(
-            request_id=item.sample.seq_id,
+            seq_id=item.sample.seq_id,
             new_block_ids=item.new_block_ids,
             num_computed_tokens=item.sample.num_computed_tokens,
             num_scheduled_tokens=item.num_tokens,

@@ -12,7 +12,7 @@ from llmserve.worker.attention import AttentionBackend, AttentionMetadata, Torch
 
 @dataclass
 class RequestState:
-    request_id: str
+    seq_id: int
     token_ids: list[int]  # prompt + every token generated so far (including this worker's samples)
     num_prompt_tokens: int
     sampling: WorkerSamplingParams
@@ -38,7 +38,7 @@ class InputBatch:
                  attention_backend: type[AttentionBackend] = TorchPagedAttention):
         self.block_size, self.num_blocks, self.max_model_len = block_size, num_blocks, max_model_len
         self.attention_backend = attention_backend  # builds the per-step metadata its layers need
-        self.states: dict[str, RequestState] = {}
+        self.states: dict[int, RequestState] = {}
 
     # ---- plan -> state -------------------------------------------------------------
     def apply_plan(self, plan: StepPlan) -> list[tuple[RequestState, int]]:
@@ -46,42 +46,42 @@ class InputBatch:
         scheduled request in plan order. Raises ValueError on an inconsistent plan,
         leaving the states untouched."""
         self._validate(plan)
-        for rid in plan.finished_request_ids:
+        for rid in plan.finished_seq_ids:
             self.states.pop(rid, None)
         rows = []
         for r in plan.new_requests:
-            st = RequestState(r.request_id, list(r.token_ids), r.num_prompt_tokens, r.sampling,
+            st = RequestState(r.seq_id, list(r.token_ids), r.num_prompt_tokens, r.sampling,
                               list(r.block_ids), r.num_computed_tokens)
-            self.states[r.request_id] = st
+            self.states[r.seq_id] = st
             rows.append((st, r.num_scheduled_tokens))
         for c in plan.cached_requests:
-            st = self.states[c.request_id]
+            st = self.states[c.seq_id]
             st.block_ids.extend(c.new_block_ids)
             st.num_computed_tokens = c.num_computed_tokens
             rows.append((st, c.num_scheduled_tokens))
         return rows
 
     def _validate(self, plan: StepPlan) -> None:
-        seen: set[str] = set()
-        finished = set(plan.finished_request_ids)
+        seen: set[int] = set()
+        finished = set(plan.finished_seq_ids)
         steps = plan.num_steps
         if steps < 1:
             raise ValueError(f"step {plan.step_id}: num_steps must be >= 1, got {steps}")
         for r in plan.new_requests:
-            self._check_row(r.request_id, seen, r.block_ids, len(r.block_ids), len(r.token_ids),
+            self._check_row(r.seq_id, seen, r.block_ids, len(r.block_ids), len(r.token_ids),
                             r.num_computed_tokens, r.num_scheduled_tokens, steps)
             if not 0 <= r.num_prompt_tokens <= len(r.token_ids):
-                raise ValueError(f"request {r.request_id}: num_prompt_tokens {r.num_prompt_tokens} "
+                raise ValueError(f"request {r.seq_id}: num_prompt_tokens {r.num_prompt_tokens} "
                                  f"outside 0..{len(r.token_ids)}")
-        new_ids = {r.request_id for r in plan.new_requests}
+        new_ids = {r.seq_id for r in plan.new_requests}
         for c in plan.cached_requests:
-            st = self.states.get(c.request_id)
-            if c.request_id in new_ids or st is None or c.request_id in finished:
-                raise ValueError(f"cached request {c.request_id!r} is unknown to this worker")
-            self._check_row(c.request_id, seen, c.new_block_ids, len(st.block_ids) + len(c.new_block_ids),
+            st = self.states.get(c.seq_id)
+            if c.seq_id in new_ids or st is None or c.seq_id in finished:
+                raise ValueError(f"cached request {c.seq_id!r} is unknown to this worker")
+            self._check_row(c.seq_id, seen, c.new_block_ids, len(st.block_ids) + len(c.new_block_ids),
                             len(st.token_ids), c.num_computed_tokens, c.num_scheduled_tokens, steps)
 
-    def _check_row(self, rid: str, seen: set[str], block_ids: list[int], table_len: int,
+    def _check_row(self, rid: int, seen: set[int], block_ids: list[int], table_len: int,
                    num_tokens: int, computed: int, scheduled: int, steps: int) -> None:
         if rid in seen:
             raise ValueError(f"request {rid!r} is scheduled twice in one step")

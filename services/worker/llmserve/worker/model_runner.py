@@ -222,5 +222,5 @@ class ModelRunner:
         out = []
         for st, tok, lp in zip(states, tokens, logprobs):
             st.token_ids.append(tok)
-            out.append(SampledToken(st.request_id, tok, lp))
+            out.append(SampledToken(st.seq_id, tok, lp))
         return out

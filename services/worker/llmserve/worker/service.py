@@ -133,7 +133,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if r.trace_context:
                 prefill = tracing.start_span("worker.prefill", parent=tracing.context_from_map(r.trace_context),
                                              start_time=start_ns, attributes={
-                    "llmserve.request_id": r.request_id, "llmserve.step_id": plan.step_id,
+                    "llmserve.seq_id": r.seq_id, "llmserve.step_id": plan.step_id,
                     "llmserve.num_scheduled_tokens": r.num_scheduled_tokens,
                     "llmserve.num_computed_tokens": r.num_computed_tokens})
                 prefill.end()
