@@ -5,6 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request seeded `seed`: seed + index, wrapped into
+    int64 (the seed's type on every wire), so seed 2**63 - 1 with n = 2 gives sample 1
+    the seed -2**63 rather than a number no proto field can carry."""
+    return (seed + index - INT64_MIN) % 2**64 + INT64_MIN
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16

@@ -154,6 +154,20 @@ def scheduler_stats_to_pb(s, worker_ready: bool) -> scheduler_pb2.SchedulerStats
 # --- scheduler <-> worker -------------------------------------------------------
 
 
+def block_audit_to_pb(audit, num_total_blocks: int, num_free_blocks: int) -> scheduler_pb2.BlockAudit:
+    """A scheduler's BlockAudit (llmserve.scheduler.block_audit) as its proto."""
+
+    def held(owners) -> list[scheduler_pb2.HeldBlock]:
+        return [scheduler_pb2.HeldBlock(block_id=block, holders=[
+            scheduler_pb2.BlockHolder(request_id=h.request_id, index=h.index, is_root=h.is_root) for h in holders])
+            for block, holders in owners.items()]
+
+    return scheduler_pb2.BlockAudit(
+        gpu_blocks=held(audit.gpu_owners), cpu_blocks=held(audit.cpu_owners),
+        orphaned_gpu_blocks=audit.orphaned_gpu_blocks, orphaned_cpu_blocks=audit.orphaned_cpu_blocks,
+        problems=audit.problems, num_total_blocks=num_total_blocks, num_free_blocks=num_free_blocks)
+
+
 def worker_info_to_pb(info: WorkerInfo) -> worker_pb2.WorkerInfo:
     return worker_pb2.WorkerInfo(
         model=info.model,

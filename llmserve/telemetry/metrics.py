@@ -74,6 +74,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "prompt tokens found in the prefix cache"),
     MetricSpec("llmserve.preemptions", "observable_counter", "scheduler",
                "preemptions when KV blocks ran out", labels=("mode",)),
+    MetricSpec("llmserve.orphaned_kv_blocks", "gauge", "scheduler",
+               "KV blocks held for requests that no longer exist, from the periodic block audit (must stay 0)"),
     MetricSpec("llmserve.step_time", "histogram", "scheduler",
                "one engine step: plan, worker round trip, output update (a multi-step plan: all its steps)",
                "s", PER_TOKEN_BUCKETS),
@@ -176,6 +178,9 @@ class SchedulerMetrics:
                            ("llmserve.prefix_cache_hits", "prefix_cache_hits")):
             _instrument(meter, name, [self._observe(attr)])
         _instrument(meter, "llmserve.preemptions", [self._observe_preemptions])
+        self.orphaned_blocks: int | None = None  # From the periodic block audit.
+        _instrument(meter, "llmserve.orphaned_kv_blocks",
+                    [lambda options: [] if self.orphaned_blocks is None else [Observation(self.orphaned_blocks)]])
 
     def _observe(self, attr: str) -> Callable:
         def callback(options):

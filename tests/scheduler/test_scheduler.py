@@ -377,3 +377,32 @@ def test_stats_counts():
     assert (s.num_steps, s.num_finished, s.prompt_tokens_total, s.generation_tokens_total) == (4, 2, 6, 8)
     assert (s.num_waiting, s.num_running, s.num_total_blocks, s.kv_cache_usage) == (0, 0, 64, 0.0)
     assert math.isclose(s.kv_cache_usage, 0.0)
+
+
+# ---- the KV block audit ----
+
+
+def test_block_audit_names_each_blocks_holders_and_finds_orphans():
+    sched = make_scheduler(num_blocks=16)
+    worker, run = FakeWorker(4), Run(by_sample=True)
+    sched.add_request("a", [1, 2, 3, 4, 5], params(max_tokens=4))
+    sched.add_request("g", [1, 2, 3, 4, 5, 6], params(max_tokens=4), n=2)
+    for _ in range(3):
+        step(sched, worker, run)
+    audit = sched.audit()
+    assert audit.ok and audit.num_orphaned_blocks == 0
+    holders = {(h.request_id, h.index) for owners in audit.gpu_owners.values() for h in owners}
+    assert holders == {("a", 0), ("g", 0), ("g", 1)}
+    shared = [b for b, owners in audit.gpu_owners.items() if {h.request_id for h in owners} == {"g"} and len(owners) == 2]
+    assert shared, "the two samples of g share their prompt blocks"
+    assert set(audit.gpu_owners) == set(range(16)) - set(sched.kv.pool.free_block_ids())
+
+    # A leak: a block taken from the pool for no request, and a finished request's table
+    # whose blocks were never given back.
+    [leaked] = sched.kv.pool.allocate(1)
+    a = sched.sample("a")
+    run_until_done(sched, worker, run)
+    audit = sched.audit()
+    assert audit.orphaned_gpu_blocks == (leaked,) and not audit.ok
+    assert any(f"block {leaked}" in p and "orphaned" in p for p in audit.problems)
+    assert a.is_finished and not a.block_table  # a's own blocks were freed.

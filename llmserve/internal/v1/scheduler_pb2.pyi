@@ -118,7 +118,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SchedulerStats(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "num_total_blocks", "num_free_blocks", "num_preemptions", "num_steps", "num_finished", "num_aborted", "worker_ready", "prompt_tokens_total", "generation_tokens_total", "num_swapped", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions_recompute", "num_preemptions_swap", "num_swapped_out_blocks", "num_cached_blocks", "num_cpu_blocks", "num_free_cpu_blocks", "num_allocated_blocks", "num_cow_copies", "num_failed")
+    __slots__ = ("num_waiting", "num_running", "num_total_blocks", "num_free_blocks", "num_preemptions", "num_steps", "num_finished", "num_aborted", "worker_ready", "prompt_tokens_total", "generation_tokens_total", "num_swapped", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions_recompute", "num_preemptions_swap", "num_swapped_out_blocks", "num_cached_blocks", "num_cpu_blocks", "num_free_cpu_blocks", "num_allocated_blocks", "num_cow_copies", "num_failed", "num_orphaned_blocks")
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,7 @@ class SchedulerStats(_message.Message):
     NUM_ALLOCATED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_COW_COPIES_FIELD_NUMBER: _ClassVar[int]
     NUM_FAILED_FIELD_NUMBER: _ClassVar[int]
+    NUM_ORPHANED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     num_total_blocks: int
@@ -167,11 +168,52 @@ class SchedulerStats(_message.Message):
     num_allocated_blocks: int
     num_cow_copies: int
     num_failed: int
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_aborted: _Optional[int] = ..., worker_ready: _Optional[bool] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_swapped: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions_recompute: _Optional[int] = ..., num_preemptions_swap: _Optional[int] = ..., num_swapped_out_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., num_free_cpu_blocks: _Optional[int] = ..., num_allocated_blocks: _Optional[int] = ..., num_cow_copies: _Optional[int] = ..., num_failed: _Optional[int] = ...) -> None: ...
+    num_orphaned_blocks: int
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_aborted: _Optional[int] = ..., worker_ready: _Optional[bool] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_swapped: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions_recompute: _Optional[int] = ..., num_preemptions_swap: _Optional[int] = ..., num_swapped_out_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., num_free_cpu_blocks: _Optional[int] = ..., num_allocated_blocks: _Optional[int] = ..., num_cow_copies: _Optional[int] = ..., num_failed: _Optional[int] = ..., num_orphaned_blocks: _Optional[int] = ...) -> None: ...
 
 class GetServingInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class GetBlockAuditRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BlockHolder(_message.Message):
+    __slots__ = ("request_id", "index", "is_root")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    IS_ROOT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    index: int
+    is_root: bool
+    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., is_root: _Optional[bool] = ...) -> None: ...
+
+class HeldBlock(_message.Message):
+    __slots__ = ("block_id", "holders")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    holders: _containers.RepeatedCompositeFieldContainer[BlockHolder]
+    def __init__(self, block_id: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[BlockHolder, _Mapping]]] = ...) -> None: ...
+
+class BlockAudit(_message.Message):
+    __slots__ = ("gpu_blocks", "cpu_blocks", "orphaned_gpu_blocks", "orphaned_cpu_blocks", "problems", "num_total_blocks", "num_free_blocks")
+    GPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ORPHANED_GPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ORPHANED_CPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    gpu_blocks: _containers.RepeatedCompositeFieldContainer[HeldBlock]
+    cpu_blocks: _containers.RepeatedCompositeFieldContainer[HeldBlock]
+    orphaned_gpu_blocks: _containers.RepeatedScalarFieldContainer[int]
+    orphaned_cpu_blocks: _containers.RepeatedScalarFieldContainer[int]
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    num_total_blocks: int
+    num_free_blocks: int
+    def __init__(self, gpu_blocks: _Optional[_Iterable[_Union[HeldBlock, _Mapping]]] = ..., cpu_blocks: _Optional[_Iterable[_Union[HeldBlock, _Mapping]]] = ..., orphaned_gpu_blocks: _Optional[_Iterable[int]] = ..., orphaned_cpu_blocks: _Optional[_Iterable[int]] = ..., problems: _Optional[_Iterable[str]] = ..., num_total_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ...) -> None: ...
 
 class ServingInfo(_message.Message):
     __slots__ = ("worker", "num_kv_blocks")

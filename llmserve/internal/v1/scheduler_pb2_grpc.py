@@ -54,6 +54,11 @@ class SchedulerStub:
                 request_serializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.GetServingInfoRequest.SerializeToString,
                 response_deserializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.ServingInfo.FromString,
                 _registered_method=True)
+        self.GetBlockAudit = channel.unary_unary(
+                '/llmserve.internal.v1.Scheduler/GetBlockAudit',
+                request_serializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.GetBlockAuditRequest.SerializeToString,
+                response_deserializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.BlockAudit.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -89,6 +94,15 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetBlockAudit(self, request, context):
+        """The KV block ledger (every held block -> the live requests holding it), checked:
+        a block held for no live request is orphaned (a leak). FAILED_PRECONDITION before
+        a worker registers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +125,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetServingInfo,
                     request_deserializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.GetServingInfoRequest.FromString,
                     response_serializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.ServingInfo.SerializeToString,
+            ),
+            'GetBlockAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBlockAudit,
+                    request_deserializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.GetBlockAuditRequest.FromString,
+                    response_serializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.BlockAudit.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -221,6 +240,33 @@ class Scheduler:
             '/llmserve.internal.v1.Scheduler/GetServingInfo',
             llmserve_dot_internal_dot_v1_dot_scheduler__pb2.GetServingInfoRequest.SerializeToString,
             llmserve_dot_internal_dot_v1_dot_scheduler__pb2.ServingInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBlockAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmserve.internal.v1.Scheduler/GetBlockAudit',
+            llmserve_dot_internal_dot_v1_dot_scheduler__pb2.GetBlockAuditRequest.SerializeToString,
+            llmserve_dot_internal_dot_v1_dot_scheduler__pb2.BlockAudit.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,6 +15,7 @@ import logging
 
 from llmserve.contract.outputs import ErrorCode, RequestOutput
 from llmserve.contract.plan import SampledToken, StepPlan, StepResult
+from llmserve.scheduler.block_audit import holders_by_block
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
 from llmserve.scheduler.queues import Queues
 from llmserve.scheduler.registry import LiveRequests
@@ -42,18 +43,28 @@ class OutputProcessor:
         """Apply a step's sampled tokens (see Scheduler.update_from_output)."""
         if result.step_id != plan.step_id:
             raise ValueError(f"result for step {result.step_id} given with plan {plan.step_id}")
-        in_plan = self._in_plan(plan)
+        in_plan = self.in_plan(plan)
         if result.error:
-            self.kv.reset_prefix_cache()  # The failed step may have left blocks half written.
-            request_ids = dict.fromkeys(s.request.request_id for s in in_plan)
-            return self.end_requests(request_ids, RequestStatus.FINISHED_ERROR, result.error, ErrorCode.INTERNAL)
+            return self.fail_step(plan, in_plan, result.error)
         outputs = self._apply_tokens(plan, result, in_plan)
         for sample in in_plan:
             if sample.is_root and sample.status is RequestStatus.RUNNING and not sample.num_uncomputed_tokens:
                 self._fork(sample)
         return outputs
 
-    def _in_plan(self, plan: StepPlan) -> list[Sample]:
+    def fail_step(self, plan: StepPlan, in_plan: list[Sample], error: str) -> list[RequestOutput]:
+        """A step failed or was never applied: its requests end with ERROR, and so do the
+        requests whose blocks it moved (their KV may not have arrived). The worker is told
+        again to drop what the plan dropped."""
+        self.kv.reset_prefix_cache()  # The failed step may have left blocks half written.
+        self.worker.redrop(plan.finished_seq_ids)
+        gpu, cpu = holders_by_block(self.live.samples())
+        moved = [s for _, cpu_block in plan.swap_out for s in cpu.get(cpu_block, ())]
+        moved += [s for _, gpu_block in plan.swap_in + plan.copies for s in gpu.get(gpu_block, ())]
+        request_ids = dict.fromkeys(s.request.request_id for s in in_plan + moved)
+        return self.end_requests(request_ids, RequestStatus.FINISHED_ERROR, error, ErrorCode.INTERNAL)
+
+    def in_plan(self, plan: StepPlan) -> list[Sample]:
         """The plan's samples still live (some may have been aborted during the step)."""
         found = (self.live.sample(r.seq_id) for r in plan.new_requests + plan.cached_requests)
         return [s for s in found if s is not None]

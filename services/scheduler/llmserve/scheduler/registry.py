@@ -25,6 +25,10 @@ class LiveRequests:
         """The live sample with this sequence id, or None."""
         return self._samples.get(seq_id)
 
+    def samples(self) -> list[Sample]:
+        """Every live sample."""
+        return list(self._samples.values())
+
     def add(self, request: Request, samples: list[Sample]) -> None:
         """Register a new request with its first samples (its public id is free)."""
         request.samples = samples

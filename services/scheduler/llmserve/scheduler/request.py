@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from llmserve.contract.outputs import ErrorCode, FinishReason, TokenLogprobs
-from llmserve.contract.sampling import SamplingParams
+from llmserve.contract.sampling import SamplingParams, sample_seed
 
 
 class RequestStatus(enum.Enum):
@@ -78,7 +78,7 @@ class Request:
 
     request_id: str  # The public id.
     prompt_token_ids: list[int]
-    sampling: SamplingParams  # As asked; sample i of n > 1 draws with seed + i.
+    sampling: SamplingParams  # As asked; sample i of n > 1 draws with seed + i (wrapped, sample_seed).
     eos_token_ids: frozenset[int]
     n: int = 1
     priority: int = 0  # Lower is served first.
@@ -111,10 +111,11 @@ class Request:
         return [Sample(self, self._sample_sampling(i), index=i) for i in range(self.n)]
 
     def _sample_sampling(self, index: int) -> SamplingParams:
-        """Sample `index` draws with seed + index: alone with that seed it gives the same tokens."""
+        """Sample `index` draws with seed + index (wrapped into int64): alone with that
+        seed it gives the same tokens."""
         if self.n == 1 or self.sampling.seed is None:
             return self.sampling
-        return replace(self.sampling, seed=self.sampling.seed + index)
+        return replace(self.sampling, seed=sample_seed(self.sampling.seed, index))
 
 
 _SEQ_IDS = itertools.count(1)

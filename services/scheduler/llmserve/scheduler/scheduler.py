@@ -14,6 +14,7 @@ Request per client request, one Sample per sequence) and hold references to them
     worker_view.py       WorkerView: what the worker knows; builds the StepPlan
     output_processor.py  OutputProcessor: tokens, stops, the fork of n > 1 roots, ends
     kv_cache_manager.py  KVCacheManager: block tables, copy-on-write, prefix cache, swap
+    block_audit.py       The block ledger (block -> live holders) and its leak check
     stats.py             Counters and the SchedulerStats snapshot
 
 Multi-sample requests (n > 1): a root sample prefills prompt[:-1]; once done it forks
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from llmserve.contract.outputs import ErrorCode, RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
+from llmserve.scheduler.block_audit import BlockAudit, audit_blocks
 from llmserve.scheduler.config import SchedulerConfig
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
 from llmserve.scheduler.multi_step import allocate_lookahead, num_steps_for
@@ -157,6 +159,10 @@ class Scheduler:
         """The live sample with this sequence id, or None."""
         return self.live.sample(seq_id)
 
+    def audit(self) -> BlockAudit:
+        """The KV block ledger checked against the live requests (see block_audit.py)."""
+        return audit_blocks(self.live.samples(), self.kv.pool, self.kv.cpu_pool)
+
     def stats(self) -> SchedulerStats:
         """A snapshot of queue lengths, cache use and lifetime counters."""
         return snapshot(self.counters, self.queues, self.kv)
@@ -178,6 +184,11 @@ class Scheduler:
         if not plan.is_empty:
             self.counters.num_steps += 1
         return plan
+
+    def fail_step(self, plan: StepPlan, error: str) -> list[RequestOutput]:
+        """The plan never reached the worker, or its result cannot be applied: end its
+        requests (and those whose blocks it moved) with ERROR, freeing their blocks."""
+        return self.outputs.fail_step(plan, self.outputs.in_plan(plan), error)
 
     def update_from_output(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
         """Apply a step's sampled tokens; return one output per sample that got a token.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 
 import grpc
 
@@ -24,6 +23,7 @@ from llmserve.contract.grpc_server import ServiceServer
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.scheduler.config import SchedulerServiceConfig
+from llmserve.scheduler.engine_loop import EngineLoop, LoopHooks
 from llmserve.scheduler.request import Request
 from llmserve.scheduler.scheduler import KVCacheShape, Scheduler
 from llmserve.scheduler.stream_interval import OutputCoalescer
@@ -62,6 +62,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._live: dict[str, Request] = {}
         self._work = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
+        self._engine: EngineLoop | None = None
+        self.halted: str | None = None  # Why the engine loop stopped (engine_loop.py), until a new worker.
         self._num_worker_failures = 0
         # A TP x PP group registers rank by rank: rank -> (address, info), until complete.
         self._pending_ranks: dict[int, tuple[str, object]] = {}
@@ -91,7 +93,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                              max_model_len=info.max_model_len, num_cpu_blocks=info.num_cpu_blocks)
         self.core = Scheduler(self.config.scheduling, cache, eos_token_ids=info.eos_token_ids)
         self.worker = group or WorkerLink(request.address, info)
-        self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
+        self.halted = None
+        self._start_engine_loop()
         asyncio.create_task(self._prove_ready(self.worker), name="readiness-probe")
         asyncio.create_task(self._watch_worker(self.worker), name="worker-watchdog")
         logger.info(
@@ -210,6 +213,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if self.core is None or self.worker is None:
             self._refuse(session, request_id, ErrorCode.UNAVAILABLE, "no worker is registered")
             return
+        if self.halted is not None:
+            self._refuse(session, request_id, ErrorCode.UNAVAILABLE, f"the engine halted: {self.halted}")
+            return
         if request_id in self._live:
             self._refuse(session, request_id, ErrorCode.ALREADY_EXISTS, f"request id {request_id!r} is already running")
             return
@@ -275,47 +281,48 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         for session, pbs in per_session.values():
             session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=pbs))
 
-    # --- the engine loop -----------------------------------------------------
+    # --- the engine loop (engine_loop.py) -------------------------------------
 
-    async def _engine_loop(self) -> None:
-        core, worker = self.core, self.worker
-        while True:
-            if not core.has_unfinished_requests():
-                self._work.clear()
-                await self._work.wait()
-                continue
-            start, start_ns = time.perf_counter(), time.time_ns()
-            plan = core.schedule()
-            if plan.is_empty:
-                # Nothing can run until an abort or a new request changes the picture.
-                self._work.clear()
-                await self._work.wait()
-                continue
-            step_span = self._step_span(plan, start_ns)
-            try:
-                result = await worker.execute(plan)
-            except WorkerLost as err:
-                step_span.end()
-                logger.error("%s", err)
-                self._num_worker_failures += 1
-                await self._drop_worker(str(err))
-                return
-            try:
-                self._dispatch(core.update_from_output(plan, result))
-            except Exception as err:  # A bug must fail the step's requests, not hang them.
-                logger.exception("applying step %d failed", plan.step_id)
-                ids = [r.request_id for r in plan.new_requests + plan.cached_requests]
-                self._dispatch(core.fail_requests(ids, f"internal scheduler error: {err}"))
-            if result.error:
-                logger.error("step %d failed on the worker: %s", plan.step_id, result.error)
-                step_span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR, result.error))
-            step_span.end()
-            seconds = time.perf_counter() - start
-            self.metrics.step_time.record(seconds)
-            self.metrics.step_tokens.record(plan.total_scheduled_tokens * result.num_steps)
-            self.metrics.stats = core.stats()
-            # Let session readers run between steps so aborts and adds land promptly.
-            await asyncio.sleep(0)
+    def _start_engine_loop(self) -> None:
+        hooks = LoopHooks(dispatch=self._dispatch, step_started=self._step_span, step_finished=self._step_done,
+                          worker_lost=self._worker_lost, halt=self._halt)
+        self._engine = EngineLoop(self.core, self.worker, hooks, self._work)
+        self._loop_task = asyncio.create_task(self._engine.run(), name="engine-loop")
+
+    async def _worker_lost(self, err: WorkerLost) -> None:
+        logger.error("%s", err)
+        self._num_worker_failures += 1
+        await self._drop_worker(str(err))
+
+    async def _halt(self, reason: str) -> None:
+        """The engine cannot go on (see engine_loop.py): never a silent hang with SERVING.
+        Every live request fails, new ones are refused until a worker registers again."""
+        self.halted = reason
+        self.ready = False
+        logger.error("engine halted: %s; health NOT_SERVING until a worker registers again", reason)
+        await self.server.set_serving(False)
+        if self._probe is not None and not self._probe.done():
+            self._probe.set_result(f"engine halted: {reason}")
+        try:
+            self._dispatch(self.core.fail_requests(list(self._live), f"unavailable: the engine halted ({reason})",
+                                                   ErrorCode.UNAVAILABLE))
+        except Exception:  # The core is what broke: end the streams without it.
+            logger.exception("failing the live requests through the scheduler failed; ending their streams")
+            for request_id, request in list(self._live.items()):
+                for index in range(request.n):
+                    self._send(request.stream.owner, RequestOutput(
+                        request_id, index=index, finish_reason=FinishReason.ERROR, error_code=ErrorCode.UNAVAILABLE,
+                        error=f"unavailable: the engine halted ({reason})"))
+                request.stream.owner.owned.pop(request, None)
+            self._live.clear()
+
+    def _step_done(self, plan, result, span, seconds: float) -> None:
+        if result.error:
+            span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR, result.error))
+        span.end()
+        self.metrics.step_time.record(seconds)
+        self.metrics.step_tokens.record(plan.total_scheduled_tokens * result.num_steps)
+        self.metrics.stats = self.core.stats()
 
     def _step_span(self, plan, start_ns: int):
         """The step's span (linked to its requests); puts trace contexts into the plan."""
@@ -346,7 +353,28 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def GetStats(self, request, context):
         if self.core is None:
             return scheduler_pb2.SchedulerStats(worker_ready=False)
-        return wire.scheduler_stats_to_pb(self.core.stats(), worker_ready=self.worker is not None)
+        stats = wire.scheduler_stats_to_pb(self.core.stats(), worker_ready=self.worker is not None)
+        stats.num_orphaned_blocks = self.core.audit().num_orphaned_blocks
+        return stats
+
+    async def GetBlockAudit(self, request, context):
+        if self.core is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no worker has registered: there are no blocks")
+        stats = self.core.stats()
+        return wire.block_audit_to_pb(self.core.audit(), stats.num_total_blocks, stats.num_free_blocks)
+
+    async def audit_blocks_forever(self, interval_s: float = 5.0) -> None:
+        """Feeds the orphaned-blocks gauge; a leak is logged with what the audit found."""
+        reported = False
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.core is None:
+                continue
+            audit = self.core.audit()
+            self.metrics.orphaned_blocks = audit.num_orphaned_blocks
+            if not audit.ok and not reported:
+                logger.error("KV block audit: %s", "; ".join(audit.problems[:10]))
+            reported = not audit.ok
 
     async def GetServingInfo(self, request, context):
         if self.worker is None or self.core is None or not self.ready:
@@ -405,11 +433,13 @@ async def serve(config: SchedulerServiceConfig, stop_event: asyncio.Event) -> No
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server.server)
     await server.start()
     stats_task = asyncio.create_task(servicer.log_stats_forever())
+    audit_task = asyncio.create_task(servicer.audit_blocks_forever())
     try:
         await stop_event.wait()
         await servicer.drain()
     finally:
         stats_task.cancel()
+        audit_task.cancel()
         await servicer.shutdown()
         await server.stop(grace=2.0)
         shutdown_metrics()

@@ -60,6 +60,11 @@ class WorkerView:
             sample.known_to_worker = False
             self._to_drop[sample.seq_id] = None
 
+    def redrop(self, seq_ids: list[int]) -> None:
+        """The ids a plan the worker may not have applied asked it to drop: they go out
+        again with the next plan (dropping twice is harmless)."""
+        self._to_drop.update(dict.fromkeys(seq_ids))
+
     def build_plan(self, scheduled: list[ScheduledSample], num_steps: int = 1) -> StepPlan:
         """The step's plan; advances each scheduled sample's computed count and offers
         the blocks it fills to the prefix cache.

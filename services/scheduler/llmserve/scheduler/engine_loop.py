@@ -1,0 +1,130 @@
+"""The engine loop: schedule a step, send it to the worker, apply its result; forever.
+
+No request can stop it. A failure is pinned on the requests it concerns and the loop
+goes on:
+
+    schedule()            raises -> no request to blame: the engine halts (below)
+    worker.execute(plan)  WorkerLost -> the service drops the worker (all its requests fail)
+                          anything else (the plan could not be encoded or sent, or the
+                          reply read) -> the plan's requests fail; the loop goes on
+    update_from_output()  raises -> the plan's requests fail; the loop goes on
+    a failure of the failure handling itself, or of the loop's own bookkeeping
+                          -> the engine halts
+
+Halting is never silent: the service logs why, turns health NOT_SERVING, fails every
+live request (UNAVAILABLE) and refuses new ones until a worker registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmserve.contract.outputs import RequestOutput
+from llmserve.contract.plan import StepPlan, StepResult
+from llmserve.scheduler.scheduler import Scheduler
+from llmserve.scheduler.worker_link import WorkerLost
+
+logger = logging.getLogger(__name__)
+
+
+class StepExecutor(Protocol):
+    """A worker (or a TP x PP group of workers) that runs step plans."""
+
+    async def execute(self, plan: StepPlan) -> StepResult: ...
+
+
+@dataclass
+class LoopHooks:
+    """What the service does around each step (spans, metrics, output delivery)."""
+
+    dispatch: Callable[[list[RequestOutput]], None]  # Sends outputs to their routers.
+    step_started: Callable[[StepPlan, int], object]  # (plan, start ns) -> the step's span.
+    step_finished: Callable[[StepPlan, StepResult, object, float], None]  # (..., span, seconds).
+    worker_lost: Callable[[WorkerLost], "asyncio.Future | object"]  # Awaited when it returns one.
+    halt: Callable[[str], "asyncio.Future | object"]  # Why the engine cannot go on.
+
+
+class EngineHalted(RuntimeError):
+    """An error no request can be blamed for: the scheduler's state cannot be trusted."""
+
+
+class EngineLoop:
+    def __init__(self, core: Scheduler, worker: StepExecutor, hooks: LoopHooks, work: asyncio.Event):
+        self.core, self.worker, self.hooks = core, worker, hooks
+        self.work = work  # Set when a request arrives or ends.
+        self.num_failed_steps = 0  # Steps whose requests were failed, lifetime.
+
+    async def run(self) -> None:
+        """Steps until cancelled, the worker is lost, or the engine halts."""
+        try:
+            while True:
+                if not await self._step():
+                    self.work.clear()
+                    await self.work.wait()
+                # Let session readers run between steps so aborts and adds land promptly.
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except WorkerLost as err:
+            await _maybe_await(self.hooks.worker_lost(err))
+        except Exception as err:  # EngineHalted, or a bug in the loop itself.
+            logger.exception("the engine loop cannot go on")
+            await _maybe_await(self.hooks.halt(f"{type(err).__name__}: {err}"))
+
+    async def _step(self) -> bool:
+        """One step; False when there was nothing to run."""
+        core = self.core
+        if not core.has_unfinished_requests():
+            return False
+        start, start_ns = time.perf_counter(), time.time_ns()
+        try:
+            plan = core.schedule()
+        except Exception as err:
+            raise EngineHalted(f"building step failed: {err}") from err
+        if plan.is_empty:
+            # Nothing can run until an abort or a new request changes the picture.
+            return False
+        span = self.hooks.step_started(plan, start_ns)
+        try:
+            result = await self.worker.execute(plan)
+        except WorkerLost:
+            _end(span)
+            raise
+        except Exception as err:
+            logger.exception("step %d could not be sent to the worker", plan.step_id)
+            result = StepResult(plan.step_id, error=f"internal error: step {plan.step_id} could not be sent "
+                                                    f"to the worker: {type(err).__name__}: {err}")
+        self._apply(plan, result)
+        self.hooks.step_finished(plan, result, span, time.perf_counter() - start)
+        return True
+
+    def _apply(self, plan: StepPlan, result: StepResult) -> None:
+        """Applies the result; a failure fails the plan's requests, and only them."""
+        try:
+            outputs = self.core.update_from_output(plan, result)
+        except Exception as err:
+            logger.exception("applying step %d failed", plan.step_id)
+            try:
+                outputs = self.core.fail_step(plan, f"internal scheduler error: {type(err).__name__}: {err}")
+            except Exception as fail_err:
+                raise EngineHalted(f"failing the requests of step {plan.step_id} failed: {fail_err}") from fail_err
+        if result.error:
+            self.num_failed_steps += 1
+            logger.error("step %d failed: %s", plan.step_id, result.error)
+        self.hooks.dispatch(outputs)
+
+
+def _end(span) -> None:
+    end = getattr(span, "end", None)
+    if end is not None:
+        end()
+
+
+async def _maybe_await(value) -> None:
+    if asyncio.isfuture(value) or asyncio.iscoroutine(value):
+        await value
