@@ -26,3 +26,9 @@ async def wait_all_blocks_free(address: str, timeout_s: float = 30.0) -> schedul
         if loop.time() > deadline:
             raise AssertionError(f"KV blocks not all free after {timeout_s} s: {stats}")
         await asyncio.sleep(0.1)
+
+
+async def block_audit(address: str) -> scheduler_pb2.BlockAudit:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await scheduler_pb2_grpc.SchedulerStub(channel).GetBlockAudit(scheduler_pb2.GetBlockAuditRequest(),
+                                                                             timeout=10)
