@@ -154,6 +154,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         failures = 0
         while self.worker is worker:
             await asyncio.sleep(WORKER_HEALTH_POLL_S)
+            if self.worker is not worker:
+                return  # Dropped or replaced meanwhile (its channel is closed).
             failures = 0 if await worker.alive() else failures + 1
             if failures >= 2 and self.worker is worker:
                 logger.error("worker %s stopped answering health checks", worker.address)

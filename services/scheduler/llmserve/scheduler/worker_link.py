@@ -68,6 +68,8 @@ class WorkerLink:
             await health_pb2_grpc.HealthStub(self._channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         except grpc.aio.AioRpcError as err:
             return err.code() != grpc.StatusCode.UNAVAILABLE
+        except grpc.aio.UsageError:  # Closed: the link was dropped meanwhile.
+            return False
         return True
 
     async def close(self) -> None:
