@@ -25,6 +25,9 @@ class ScriptedWorker:
         self.fail = fail
         self.plans: list[StepPlan] = []
 
+    def interrupt(self) -> None:  # No multi-step plans here.
+        pass
+
     async def execute(self, plan: StepPlan) -> StepResult:
         self.plans.append(plan)
         self.fail(plan)
@@ -184,3 +187,46 @@ async def test_seeds_derived_per_sample_fit_the_worker_wire(seed):
     assert {ends[("s", i)].finish_reason for i in range(3)} == {FinishReason.LENGTH}
     seeds = {r.sampling.seed for command in sent for r in command.plan.new_requests}
     assert all(-(2**63) <= s < 2**63 for s in seeds) and len(seeds) >= 3
+
+
+async def test_a_halted_engine_fails_live_requests_turns_not_serving_and_refuses_new_ones():
+    """The service's side of a halt: never a silent hang with SERVING."""
+    from llmserve.contract import wire
+    from llmserve.contract.grpc_server import NOT_SERVING, ServiceServer
+    from llmserve.internal.v1 import scheduler_pb2
+    from llmserve.scheduler.config import SchedulerServiceConfig
+    from llmserve.scheduler.service import RouterSession, SchedulerServicer
+    from llmserve.contract.sampling import SamplingParams
+
+    server = ServiceServer("llmserve.internal.v1.Scheduler", "127.0.0.1", 0)
+    servicer = SchedulerServicer(SchedulerServiceConfig(), server)
+    servicer.core = make_scheduler()
+    servicer.worker = ScriptedWorker()
+    await server.set_serving(True)
+
+    def broken_schedule():
+        raise IndexError("a bug in the policy")
+
+    servicer.core.schedule = broken_schedule
+    servicer._start_engine_loop()
+    session = RouterSession()
+    add = wire.add_request_to_pb("r", [1, 2, 3], SamplingParams(max_tokens=4), n=2)
+    servicer._add(session, add)
+    await asyncio.wait_for(servicer._loop_task, 5)
+    outputs = []
+    while not session.updates.empty():
+        outputs += session.updates.get_nowait().outputs
+    assert sorted(o.index for o in outputs) == [0, 1]
+    assert all(o.error_code == ErrorCode.UNAVAILABLE and "a bug in the policy" in o.error for o in outputs)
+    assert (await server.health.Check(_health_request(), None)).status == NOT_SERVING
+    assert not servicer._live and servicer.halted
+    servicer._add(session, wire.add_request_to_pb("later", [1, 2], SamplingParams(max_tokens=2)))
+    [refused] = session.updates.get_nowait().outputs
+    assert refused.error_code == ErrorCode.UNAVAILABLE and "engine halted" in refused.error
+    assert isinstance(refused, scheduler_pb2.RequestOutput)
+
+
+def _health_request():
+    from grpc_health.v1 import health_pb2
+
+    return health_pb2.HealthCheckRequest(service="")
