@@ -236,8 +236,11 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-router")
     metrics = RouterMetrics(setup_metrics("router", config.server.metrics_port, config.server.host))
     tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, resolve_model_dir(config.model))
-    server = ServiceServer(SERVICE_NAME, config.server.host, config.server.port)
-    link = SchedulerLink(config.scheduler_address)
+    # The public port takes client requests up to --max-request-bytes.
+    server = ServiceServer(SERVICE_NAME, config.server.host, config.server.port,
+                           max_message_bytes=config.server.max_message_bytes,
+                           max_receive_bytes=config.max_request_bytes)
+    link = SchedulerLink(config.scheduler_address, config.server.max_message_bytes)
     # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
     servicer = GenerationServicer(tokenizer, link, metrics)
     generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server.server)
