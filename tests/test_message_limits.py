@@ -14,10 +14,10 @@ from llmserve.settings import resolve
 
 def test_limits_are_flags_with_defaults():
     router = resolve(RouterConfig)
-    assert router.max_request_bytes == 4 * 2**20
+    assert router.max_request_bytes == 4 * 2**20 and router.max_prompt_bytes is None
     assert router.server.max_message_bytes == MAX_MESSAGE_BYTES == 64 * 2**20
-    router = resolve(RouterConfig, {"max_request_bytes": 2**20})
-    assert router.max_request_bytes == 2**20
+    router = resolve(RouterConfig, {"max_request_bytes": 2**20}, environ={"LLMSERVE_MAX_PROMPT_BYTES": "100KiB"})
+    assert router.max_request_bytes == 2**20 and router.max_prompt_bytes == 100 * 1024
     scheduler = resolve(SchedulerServiceConfig, environ={"LLMSERVE_MAX_MESSAGE_BYTES": "128MiB"})
     assert scheduler.server.max_message_bytes == 128 * 2**20
 

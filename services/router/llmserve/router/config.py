@@ -22,6 +22,11 @@ class RouterConfig:
     max_request_bytes: int = setting(4 * 2**20, parse=parse_bytes, show=format_bytes,
                                      help="largest request a client may send to the public port; gRPC refuses a "
                                           "larger one with RESOURCE_EXHAUSTED")
+    max_prompt_bytes: int | None = setting(None, parse=parse_bytes, show=format_bytes,
+                                           help="largest prompt in UTF-8 bytes (text, or chat roles and contents "
+                                                "together), refused before it is tokenized",
+                                           unset="max_model_len x the longest token's bytes: the most any prompt "
+                                                 "that fits can take")
 
 
 COMMAND = service_command("router", "the public gRPC API", RouterConfig, "llmserve.router.service:serve")
