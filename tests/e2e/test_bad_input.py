@@ -1,6 +1,7 @@
 """Acceptance 5: each bad input gets its status code and a clear message, while a good
 request running at the same time completes with the right output. Issue 17: oversize
-inputs are refused before any work (finding 4)."""
+inputs are refused before any work (finding 4), and one request id cannot be claimed
+twice (finding 3)."""
 
 from __future__ import annotations
 
@@ -106,6 +107,38 @@ async def test_bad_inputs_fail_cleanly_while_a_good_request_runs(cluster):
 
 
 GOOD_PROMPT = "The three primary colors are"
+
+
+@pytest.mark.slow
+async def test_concurrent_requests_with_one_id_run_once(cluster):
+    """Finding 3: eight calls with one id at once: one runs, seven get ALREADY_EXISTS at
+    once (not INTERNAL, not a hang), and the id is free again afterwards."""
+    request = pb.GenerateRequest(request_id="same-id", messages=pb.ChatMessages(
+        messages=[pb.ChatMessage(role="user", content="Count to ten.")]),
+        params=params(max_tokens=16, temperature=0.0, ignore_eos=True))
+
+    async def call(stub) -> tuple[str, float]:
+        start = time.monotonic()
+        try:
+            n = 0
+            async for response in stub.Generate(request, timeout=60):
+                n += len(response.token_ids)
+            return f"ok {n}", time.monotonic() - start
+        except grpc.aio.AioRpcError as err:
+            assert err.code() != grpc.StatusCode.ALREADY_EXISTS or "'same-id' is already running" in err.details()
+            return err.code().name, time.monotonic() - start
+
+    async with router_channel(cluster) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        results = await asyncio.wait_for(asyncio.gather(*(call(stub) for _ in range(8))), timeout=60)
+        outcomes = sorted(outcome for outcome, _ in results)
+        assert outcomes == ["ALREADY_EXISTS"] * 7 + ["ok 16"], results
+        assert all(seconds < 5 for outcome, seconds in results if outcome == "ALREADY_EXISTS"), results
+        # Released after a success, and after a refusal during preparation: usable again.
+        assert (await call(stub))[0] == "ok 16"
+        too_long = pb.GenerateRequest(request_id="same-id", token_ids=pb.TokenIds(ids=[42] * 9000))
+        assert (await expect_error(stub, too_long)).code() == INVALID
+        assert (await call(stub))[0] == "ok 16"
 
 
 @pytest.mark.slow

@@ -82,16 +82,16 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         except RequestError as err:
             telemetry.finish("rejected", err.message)
             await context.abort(err.code, err.message)
-        telemetry.admitted(request_id, len(prompt_ids))
         finish = "abort"  # Unless the samples end by themselves.
-        self._active.add(request_id)
-        # One engine request of n samples sharing the prompt's KV; sample i draws with seed + i.
-        streams = [SampleStream(index=i, detokenizer=new_detokenizer(self.tokenizer),
-                                stop_matcher=StopStringMatcher(sampling.stop)) for i in range(n)]
-        unfinished = set(range(n))  # Samples the client has not seen end.
-        engine_live = set(range(n))  # Samples the engine still runs.
         added = False
-        try:
+        engine_live: set[int] = set()  # Samples the engine still runs.
+        try:  # NOTE: request_id is ours (claimed by _prepare) from here on; the finally releases it.
+            telemetry.admitted(request_id, len(prompt_ids))
+            # One engine request of n samples sharing the prompt's KV; sample i draws with seed + i.
+            streams = [SampleStream(index=i, detokenizer=new_detokenizer(self.tokenizer),
+                                    stop_matcher=StopStringMatcher(sampling.stop)) for i in range(n)]
+            unfinished = set(range(n))  # Samples the client has not seen end.
+            engine_live = set(range(n))
             try:
                 queue = await self.link.add(request_id, prompt_ids, sampling, n=n, priority=request.priority,
                                             trace_context=telemetry.trace_context())
@@ -135,17 +135,30 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     async def _prepare(self, request) -> tuple[str, list[int], SamplingParams, int]:
-        check_request_id(request.request_id)
-        check_model_name(request.model, self.served)
-        n, _ = check_sampling_fields(request.params)
-        check_stop_sizes(request.params)
-        check_prompt_size(request, self.served)  # Before tokenizing: bounded work from here on.
-        request_id = request.request_id or uuid.uuid4().hex
+        """Checks and tokenizes a request and claims its id; on success the caller owns the
+        claim (and must release it), on failure it is released here."""
+        request_id = self._claim(request.request_id)
+        try:
+            check_model_name(request.model, self.served)
+            n, _ = check_sampling_fields(request.params)
+            check_stop_sizes(request.params)
+            check_prompt_size(request, self.served)  # Before tokenizing: bounded work from here on.
+            prompt_ids = await self._prompt_ids(request)
+            sampling = resolve_sampling(request.params, len(prompt_ids), self.served)
+        except BaseException:  # A refusal, an error, or the client gone while tokenizing.
+            self._active.discard(request_id)
+            raise
+        return request_id, prompt_ids, sampling, n
+
+    def _claim(self, client_id: str) -> str:
+        """The request's id, now in use. NOTE: check and add with no await between, or two
+        calls with one id could both pass the check (and then collide in the engine)."""
+        check_request_id(client_id)
+        request_id = client_id or uuid.uuid4().hex
         if request_id in self._active:
             raise RequestError(grpc.StatusCode.ALREADY_EXISTS, f"request id {request_id!r} is already running")
-        prompt_ids = await self._prompt_ids(request)
-        sampling = resolve_sampling(request.params, len(prompt_ids), self.served)
-        return request_id, prompt_ids, sampling, n
+        self._active.add(request_id)
+        return request_id
 
     async def _prompt_ids(self, request) -> list[int]:
         kind = request.WhichOneof("input")
