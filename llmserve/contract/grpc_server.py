@@ -7,7 +7,7 @@ import asyncio
 import importlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,10 +69,10 @@ class ServiceServer:
     """
 
     def __init__(self, service_name: str, host: str, port: int, *, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 max_receive_bytes: int | None = None):
+                 max_receive_bytes: int | None = None, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()):
         self.service_name = service_name
         options = with_message_limits(SERVER_OPTIONS, max_message_bytes, max_receive_bytes)
-        self.server = grpc.aio.server(options=options)
+        self.server = grpc.aio.server(options=options, interceptors=list(interceptors) or None)
         self.health = health_async.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port(f"{host}:{port}")

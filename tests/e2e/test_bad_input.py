@@ -1,7 +1,7 @@
 """Acceptance 5: each bad input gets its status code and a clear message, while a good
 request running at the same time completes with the right output. Issue 17: oversize
-inputs are refused before any work (finding 4), and one request id cannot be claimed
-twice (finding 3)."""
+inputs are refused before any work (findings 4), one request id cannot be claimed twice
+(finding 3), and bodies that do not decode get INVALID_ARGUMENT (finding 5)."""
 
 from __future__ import annotations
 
@@ -113,15 +113,16 @@ GOOD_PROMPT = "The three primary colors are"
 async def test_concurrent_requests_with_one_id_run_once(cluster):
     """Finding 3: eight calls with one id at once: one runs, seven get ALREADY_EXISTS at
     once (not INTERNAL, not a hang), and the id is free again afterwards."""
-    request = pb.GenerateRequest(request_id="same-id", messages=pb.ChatMessages(
-        messages=[pb.ChatMessage(role="user", content="Count to ten.")]),
-        params=params(max_tokens=16, temperature=0.0, ignore_eos=True))
+    def request(max_tokens: int) -> pb.GenerateRequest:
+        return pb.GenerateRequest(request_id="same-id", messages=pb.ChatMessages(
+            messages=[pb.ChatMessage(role="user", content="Count to ten.")]),
+            params=params(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
 
-    async def call(stub) -> tuple[str, float]:
+    async def call(stub, max_tokens: int = 16) -> tuple[str, float]:
         start = time.monotonic()
         try:
             n = 0
-            async for response in stub.Generate(request, timeout=60):
+            async for response in stub.Generate(request(max_tokens), timeout=60):
                 n += len(response.token_ids)
             return f"ok {n}", time.monotonic() - start
         except grpc.aio.AioRpcError as err:
@@ -135,10 +136,10 @@ async def test_concurrent_requests_with_one_id_run_once(cluster):
         assert outcomes == ["ALREADY_EXISTS"] * 7 + ["ok 16"], results
         assert all(seconds < 5 for outcome, seconds in results if outcome == "ALREADY_EXISTS"), results
         # Released after a success, and after a refusal during preparation: usable again.
-        assert (await call(stub))[0] == "ok 16"
+        assert (await call(stub, max_tokens=2))[0] == "ok 2"
         too_long = pb.GenerateRequest(request_id="same-id", token_ids=pb.TokenIds(ids=[42] * 9000))
         assert (await expect_error(stub, too_long)).code() == INVALID
-        assert (await call(stub))[0] == "ok 16"
+        assert (await call(stub, max_tokens=2))[0] == "ok 2"
 
 
 @pytest.mark.slow
@@ -171,3 +172,36 @@ async def test_huge_prompts_are_refused_before_tokenizing(cluster):
             assert info.value.code() == INVALID and "--max-prompt-bytes" in info.value.details()
             assert time.monotonic() - start < 2, time.monotonic() - start
         assert await good == solo
+
+
+GARBAGE = b"\xff\xfe not a protobuf message \x00\x01"
+# GenerateRequest{text: b"caf\xc3"}: field 3 (text), length 4, a UTF-8 sequence cut short.
+BAD_UTF8_TEXT = b"\x1a\x04caf\xc3"
+
+
+@pytest.mark.slow
+async def test_undecodable_bodies_are_invalid_argument_without_a_traceback(cluster):
+    """Finding 5: bytes that do not parse, and a string field that is not UTF-8, on every
+    public method: INVALID_ARGUMENT with a message, and no traceback in the router's log."""
+    log = cluster.spec.log_dir / "router.log"
+    log_start = log.stat().st_size
+    assert pb.GenerateRequest.FromString(b"\x1a\x05caf\xc3\xa9").text == "café"  # The same body, valid.
+    calls = [("Generate", GARBAGE), ("Generate", BAD_UTF8_TEXT), ("Tokenize", GARBAGE),
+             ("Tokenize", b"\x12\x02\xc3\x28"), ("GetModelInfo", GARBAGE), ("GetModelInfo", b"\x0a\x01\xff")]
+    async with router_channel(cluster) as channel:
+        for method, body in calls:
+            path = f"/llmserve.v1.Generation/{method}"
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                if method == "Generate":
+                    async for _ in channel.unary_stream(path, request_serializer=None)(body, timeout=10):
+                        pass
+                else:
+                    await channel.unary_unary(path, request_serializer=None)(body, timeout=10)
+            err = info.value
+            assert err.code() == INVALID, f"{method} {body!r}: {err.code()} {err.details()}"
+            assert "the request body is not a valid message" in err.details(), err.details()
+        # The router still serves well-formed calls.
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        assert (await stub.Tokenize(pb.TokenizeRequest(text="café"), timeout=10)).count > 0
+    text = log.read_bytes()[log_start:].decode(errors="replace")
+    assert "Traceback" not in text and "ERROR" not in text, text

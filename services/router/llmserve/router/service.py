@@ -24,6 +24,7 @@ from llmserve.model_store import resolve_model_dir
 from llmserve.router.config import RouterConfig
 from llmserve.router.detokenizer import new_detokenizer
 from llmserve.router.limits import check_prompt_size, check_request_id, check_stop_sizes, prompt_byte_limit
+from llmserve.router.request_decoding import DecodeErrorInterceptor
 from llmserve.router.sample_stream import SampleStream
 from llmserve.router.scheduler_link import SchedulerLink, SchedulerUnavailable
 from llmserve.router.stop_strings import StopStringMatcher
@@ -260,10 +261,11 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     longest_token_bytes = 0
     if config.max_prompt_bytes is None:
         longest_token_bytes = await asyncio.to_thread(tokenizer.longest_token_bytes)
-    # The public port takes client requests up to --max-request-bytes.
+    # The public port: client requests up to --max-request-bytes; a body that does not
+    # decode gets INVALID_ARGUMENT (DecodeErrorInterceptor).
     server = ServiceServer(SERVICE_NAME, config.server.host, config.server.port,
                            max_message_bytes=config.server.max_message_bytes,
-                           max_receive_bytes=config.max_request_bytes)
+                           max_receive_bytes=config.max_request_bytes, interceptors=[DecodeErrorInterceptor()])
     link = SchedulerLink(config.scheduler_address, config.server.max_message_bytes)
     # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
     servicer = GenerationServicer(tokenizer, link, metrics, longest_token_bytes)
