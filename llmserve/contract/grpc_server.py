@@ -7,7 +7,7 @@ import asyncio
 import importlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,12 +15,12 @@ import grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from llmserve.settings import Command, setting
+from llmserve.settings import Command, format_bytes, parse_bytes, setting
 
 logger = logging.getLogger(__name__)
 
 # A step plan for hundreds of sequences, or a max_model_len prompt, exceeds gRPC's
-# default 4 MiB receive limit.
+# default 4 MiB receive limit: the default of the internal hops (--max-message-bytes).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -35,6 +35,18 @@ SERVER_OPTIONS = CHANNEL_OPTIONS + [
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.so_reuseport", 0),
 ]
+
+
+
+def with_message_limits(options: list[tuple[str, Any]], max_message_bytes: int,
+                        max_receive_bytes: int | None = None) -> list[tuple[str, Any]]:
+    """`options` with gRPC's message size limits set: `max_message_bytes` each way, or
+    `max_receive_bytes` for what the peer sends (the router's public port takes smaller
+    requests than it sends). gRPC itself refuses a larger message with RESOURCE_EXHAUSTED."""
+    sizes = {"grpc.max_send_message_length": max_message_bytes,
+             "grpc.max_receive_message_length": max_receive_bytes or max_message_bytes}
+    return [(key, sizes.get(key, value)) for key, value in options]
+
 
 _STATUS_BY_CODE = {status.value[0]: status for status in grpc.StatusCode}
 
@@ -56,9 +68,11 @@ class ServiceServer:
     Health starts NOT_SERVING; the service flips it once it can do its job.
     """
 
-    def __init__(self, service_name: str, host: str, port: int):
+    def __init__(self, service_name: str, host: str, port: int, *, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 max_receive_bytes: int | None = None, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()):
         self.service_name = service_name
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        options = with_message_limits(SERVER_OPTIONS, max_message_bytes, max_receive_bytes)
+        self.server = grpc.aio.server(options=options, interceptors=list(interceptors) or None)
         self.health = health_async.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port(f"{host}:{port}")
@@ -81,8 +95,8 @@ class ServiceServer:
         await self.server.stop(grace)
 
 
-def insecure_channel(target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+def insecure_channel(target: str, max_message_bytes: int = MAX_MESSAGE_BYTES) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(target, options=with_message_limits(CHANNEL_OPTIONS, max_message_bytes))
 
 
 def run_until_signal(serve: Callable[[Any, asyncio.Event], Awaitable[None]], config: Any) -> int:
@@ -110,6 +124,10 @@ class ServerOptions:
     metrics_port: int = setting(0, help="Prometheus endpoint http://HOST:PORT/metrics (0 = off)")
     shutdown_timeout: float = setting(30.0, help="after SIGTERM, seconds in-flight work may go on before it is "
                                                  "cut off")
+    max_message_bytes: int = setting(MAX_MESSAGE_BYTES, parse=parse_bytes, show=format_bytes,
+                                     help="largest gRPC message between services (step plans and their results, "
+                                          "requests to the scheduler); gRPC refuses a larger one with "
+                                          "RESOURCE_EXHAUSTED")
 
 
 def service_command(name: str, help: str, config_cls: type, serve: str) -> Command:

@@ -90,3 +90,11 @@ def test_bad_messages_rejected(smollm2):
         smollm2.render_chat([])
     with pytest.raises(ValueError):
         smollm2.render_chat([{"role": "user"}])
+
+
+def test_longest_token_bytes_bounds_bytes_per_token(smollm2):
+    # A newline and 80 spaces is SmolLM2's longest token; +1 for decoders that drop a space.
+    longest = smollm2.longest_token_bytes()
+    assert longest == 82
+    for text in ("\n" + " " * 80, "=" * 10_000, " " * 10_000, "def f():\n" + " " * 200 + "return 1"):
+        assert len(text.encode()) <= longest * len(smollm2.encode_text(text, add_special_tokens=False))

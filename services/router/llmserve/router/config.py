@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmserve.contract.grpc_server import ServerOptions, service_command
-from llmserve.settings import group, setting
+from llmserve.settings import format_bytes, group, parse_bytes, setting
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,16 @@ class RouterConfig:
     scheduler_address: str = setting("localhost:50052", flag="scheduler", help="the scheduler's address")
     connect_timeout_s: float = setting(600.0, flag="connect-timeout",
                                        help="seconds to wait for the scheduler to serve a model")
+    # NOTE: the public port's own limit, smaller than the internal hops' --max-message-bytes:
+    # gRPC reads a whole message into memory before any check of ours can run.
+    max_request_bytes: int = setting(4 * 2**20, parse=parse_bytes, show=format_bytes,
+                                     help="largest request a client may send to the public port; gRPC refuses a "
+                                          "larger one with RESOURCE_EXHAUSTED")
+    max_prompt_bytes: int | None = setting(None, parse=parse_bytes, show=format_bytes,
+                                           help="largest prompt in UTF-8 bytes (text, or chat roles and contents "
+                                                "together), refused before it is tokenized",
+                                           unset="max_model_len x the longest token's bytes: the most any prompt "
+                                                 "that fits can take")
 
 
 COMMAND = service_command("router", "the public gRPC API", RouterConfig, "llmserve.router.service:serve")

@@ -23,6 +23,8 @@ from llmserve.contract.outputs import FinishReason
 from llmserve.model_store import resolve_model_dir
 from llmserve.router.config import RouterConfig
 from llmserve.router.detokenizer import new_detokenizer
+from llmserve.router.limits import check_prompt_size, check_request_id, check_stop_sizes, prompt_byte_limit
+from llmserve.router.request_decoding import DecodeErrorInterceptor
 from llmserve.router.sample_stream import SampleStream
 from llmserve.router.scheduler_link import SchedulerLink, SchedulerUnavailable
 from llmserve.router.stop_strings import StopStringMatcher
@@ -48,8 +50,10 @@ HEALTH_POLL_S = 1.0  # How often the router re-reads the scheduler's health.
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, tokenizer: PromptTokenizer, link: SchedulerLink, metrics: RouterMetrics):
+    def __init__(self, tokenizer: PromptTokenizer, link: SchedulerLink, metrics: RouterMetrics,
+                 longest_token_bytes: int):
         self.tokenizer = tokenizer
+        self.longest_token_bytes = longest_token_bytes  # Sizes the default --max-prompt-bytes.
         self.link = link
         self.metrics = metrics
         self.draining = False  # After SIGTERM: new calls get UNAVAILABLE, running ones finish.
@@ -79,16 +83,16 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         except RequestError as err:
             telemetry.finish("rejected", err.message)
             await context.abort(err.code, err.message)
-        telemetry.admitted(request_id, len(prompt_ids))
         finish = "abort"  # Unless the samples end by themselves.
-        self._active.add(request_id)
-        # One engine request of n samples sharing the prompt's KV; sample i draws with seed + i.
-        streams = [SampleStream(index=i, detokenizer=new_detokenizer(self.tokenizer),
-                                stop_matcher=StopStringMatcher(sampling.stop)) for i in range(n)]
-        unfinished = set(range(n))  # Samples the client has not seen end.
-        engine_live = set(range(n))  # Samples the engine still runs.
         added = False
-        try:
+        engine_live: set[int] = set()  # Samples the engine still runs.
+        try:  # NOTE: request_id is ours (claimed by _prepare) from here on; the finally releases it.
+            telemetry.admitted(request_id, len(prompt_ids))
+            # One engine request of n samples sharing the prompt's KV; sample i draws with seed + i.
+            streams = [SampleStream(index=i, detokenizer=new_detokenizer(self.tokenizer),
+                                    stop_matcher=StopStringMatcher(sampling.stop)) for i in range(n)]
+            unfinished = set(range(n))  # Samples the client has not seen end.
+            engine_live = set(range(n))
             try:
                 queue = await self.link.add(request_id, prompt_ids, sampling, n=n, priority=request.priority,
                                             trace_context=telemetry.trace_context())
@@ -132,14 +136,30 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     async def _prepare(self, request) -> tuple[str, list[int], SamplingParams, int]:
-        check_model_name(request.model, self.served)
-        n, _ = check_sampling_fields(request.params)
-        request_id = request.request_id or uuid.uuid4().hex
+        """Checks and tokenizes a request and claims its id; on success the caller owns the
+        claim (and must release it), on failure it is released here."""
+        request_id = self._claim(request.request_id)
+        try:
+            check_model_name(request.model, self.served)
+            n, _ = check_sampling_fields(request.params)
+            check_stop_sizes(request.params)
+            check_prompt_size(request, self.served)  # Before tokenizing: bounded work from here on.
+            prompt_ids = await self._prompt_ids(request)
+            sampling = resolve_sampling(request.params, len(prompt_ids), self.served)
+        except BaseException:  # A refusal, an error, or the client gone while tokenizing.
+            self._active.discard(request_id)
+            raise
+        return request_id, prompt_ids, sampling, n
+
+    def _claim(self, client_id: str) -> str:
+        """The request's id, now in use. NOTE: check and add with no await between, or two
+        calls with one id could both pass the check (and then collide in the engine)."""
+        check_request_id(client_id)
+        request_id = client_id or uuid.uuid4().hex
         if request_id in self._active:
             raise RequestError(grpc.StatusCode.ALREADY_EXISTS, f"request id {request_id!r} is already running")
-        prompt_ids = await self._prompt_ids(request)
-        sampling = resolve_sampling(request.params, len(prompt_ids), self.served)
-        return request_id, prompt_ids, sampling, n
+        self._active.add(request_id)
+        return request_id
 
     async def _prompt_ids(self, request) -> list[int]:
         kind = request.WhichOneof("input")
@@ -196,6 +216,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         await self._require_ready(context)
         try:
             check_model_name(request.model, self.served)
+            check_prompt_size(request, self.served)
             kind = request.WhichOneof("input")
             if kind == "text":
                 add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
@@ -236,10 +257,18 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-router")
     metrics = RouterMetrics(setup_metrics("router", config.server.metrics_port, config.server.host))
     tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, resolve_model_dir(config.model))
-    server = ServiceServer(SERVICE_NAME, config.server.host, config.server.port)
-    link = SchedulerLink(config.scheduler_address)
+    # Only the default --max-prompt-bytes needs it (the whole vocabulary is decoded once).
+    longest_token_bytes = 0
+    if config.max_prompt_bytes is None:
+        longest_token_bytes = await asyncio.to_thread(tokenizer.longest_token_bytes)
+    # The public port: client requests up to --max-request-bytes; a body that does not
+    # decode gets INVALID_ARGUMENT (DecodeErrorInterceptor).
+    server = ServiceServer(SERVICE_NAME, config.server.host, config.server.port,
+                           max_message_bytes=config.server.max_message_bytes,
+                           max_receive_bytes=config.max_request_bytes, interceptors=[DecodeErrorInterceptor()])
+    link = SchedulerLink(config.scheduler_address, config.server.max_message_bytes)
     # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
-    servicer = GenerationServicer(tokenizer, link, metrics)
+    servicer = GenerationServicer(tokenizer, link, metrics, longest_token_bytes)
     generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server.server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server.server
@@ -324,5 +353,9 @@ async def _refresh_serving_info(config: RouterConfig, link: SchedulerLink, servi
             "max_model_len lowered from %d to %d: the KV cache holds only %d tokens",
             worker.max_model_len, max_model_len, num_kv_blocks * worker.block_size,
         )
-    served = ServedModel(name=config.served_model_name or tokenizer.name, max_model_len=max_model_len, vocab_size=worker.vocab_size)
+    max_prompt_bytes = prompt_byte_limit(config.max_prompt_bytes, max_model_len, servicer.longest_token_bytes)
+    served = ServedModel(name=config.served_model_name or tokenizer.name, max_model_len=max_model_len,
+                         vocab_size=worker.vocab_size, max_prompt_bytes=max_prompt_bytes)
+    logger.info("requests: max_model_len %d tokens, prompts up to %d bytes, messages up to %d bytes",
+                max_model_len, max_prompt_bytes, config.max_request_bytes)
     servicer.set_ready(served, _model_info(served, worker, num_kv_blocks, tokenizer))

@@ -137,6 +137,17 @@ class PromptTokenizer:
         prompt = self.render_chat(messages)
         return prompt, self.encode_text(prompt, add_special_tokens=False)
 
+    def longest_token_bytes(self) -> int:
+        """The most UTF-8 bytes of input one token can stand for (SmolLM2: 82, a newline
+        and 80 spaces, +1), so a prompt of N tokens has at most N times this many bytes
+        (for tokenizers whose normalizer deletes no characters: Llama, Qwen2, Gemma).
+        Decodes the whole vocabulary once (~0.4 s for 49k tokens): call it off the event
+        loop."""
+        ids = [[i] for i in range(self.tokenizer_vocab_size)]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        # +1: a SentencePiece decoder drops a lone token's leading space ("▁Hi" -> "Hi").
+        return max((len(text.encode("utf-8")) for text in texts), default=0) + 1
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

@@ -15,10 +15,22 @@ from llmserve.contract.sampling import SamplingParams
 
 MAX_LOGPROBS = 20
 MAX_N = 64
+# Error details travel in a trailer: a message echoing a huge client string would exceed
+# the client's metadata limit and reach it as a transport error instead.
+MAX_ERROR_CHARS = 1024
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """A client's string for an error message: quoted, and cut short if long."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 class RequestError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str):
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[:MAX_ERROR_CHARS] + "..."
         super().__init__(message)
         self.code = code
         self.message = message
@@ -35,13 +47,14 @@ class ServedModel:
     name: str
     max_model_len: int
     vocab_size: int
+    max_prompt_bytes: int  # See limits.prompt_byte_limit.
 
 
 def check_model_name(requested: str, served: ServedModel) -> None:
     if requested and requested != served.name:
         raise RequestError(
             grpc.StatusCode.NOT_FOUND,
-            f"model {requested!r} is not served here; this router serves {served.name!r}",
+            f"model {shown(requested)} is not served here; this router serves {served.name!r}",
         )
 
 
@@ -77,16 +90,20 @@ def check_sampling_fields(params) -> tuple[int, int | None]:
     return n, max_tokens
 
 
-def resolve_sampling(params, prompt_len: int, served: ServedModel) -> SamplingParams:
-    """Checks the prompt's length against max_model_len and fills in the defaults."""
-    _, max_tokens = check_sampling_fields(params)
-    if prompt_len == 0:
-        raise invalid("the prompt is empty")
+def check_prompt_tokens(prompt_len: int, served: ServedModel) -> None:
     if prompt_len >= served.max_model_len:
         raise invalid(
             f"the prompt has {prompt_len} tokens; max_model_len is {served.max_model_len}, "
             f"which leaves no room to generate"
         )
+
+
+def resolve_sampling(params, prompt_len: int, served: ServedModel) -> SamplingParams:
+    """Checks the prompt's length against max_model_len and fills in the defaults."""
+    _, max_tokens = check_sampling_fields(params)
+    if prompt_len == 0:
+        raise invalid("the prompt is empty")
+    check_prompt_tokens(prompt_len, served)
     room = served.max_model_len - prompt_len
     if max_tokens is None:
         max_tokens = room

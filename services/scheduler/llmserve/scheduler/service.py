@@ -92,7 +92,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         cache = KVCacheShape(num_blocks=info.num_kv_blocks, block_size=info.block_size,
                              max_model_len=info.max_model_len, num_cpu_blocks=info.num_cpu_blocks)
         self.core = Scheduler(self.config.scheduling, cache, eos_token_ids=info.eos_token_ids)
-        self.worker = group or WorkerLink(request.address, info)
+        self.worker = group or WorkerLink(request.address, info, self.config.server.max_message_bytes)
         self.halted = None
         self._start_engine_loop()
         asyncio.create_task(self._prove_ready(self.worker), name="readiness-probe")
@@ -125,7 +125,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                         request.rank, tp, pp, request.address, missing)
             return None
         ranks, self._pending_ranks, self._pending_topology = self._pending_ranks, {}, None
-        links = [WorkerLink(*ranks[r]) for r in range(world)]
+        links = [WorkerLink(*ranks[r], self.config.server.max_message_bytes) for r in range(world)]
         logger.info("worker group complete: tp=%d x pp=%d, driver rank %d", tp, pp, (pp - 1) * tp)
         return WorkerGroup(links, driver=(pp - 1) * tp, step_timeout_s=self.config.step_timeout_s)
 
@@ -430,7 +430,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
 async def serve(config: SchedulerServiceConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-scheduler")
-    server = ServiceServer("llmserve.internal.v1.Scheduler", config.server.host, config.server.port)
+    server = ServiceServer("llmserve.internal.v1.Scheduler", config.server.host, config.server.port,
+                           max_message_bytes=config.server.max_message_bytes)
     servicer = SchedulerServicer(config, server)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server.server)
     await server.start()

@@ -10,7 +10,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.contract import wire
-from llmserve.contract.grpc_server import insecure_channel
+from llmserve.contract.grpc_server import MAX_MESSAGE_BYTES, insecure_channel
 from llmserve.internal.v1 import worker_pb2_grpc
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.worker_info import WorkerInfo
@@ -21,10 +21,10 @@ class WorkerLost(RuntimeError):
 
 
 class WorkerLink:
-    def __init__(self, address: str, info: WorkerInfo):
+    def __init__(self, address: str, info: WorkerInfo, max_message_bytes: int = MAX_MESSAGE_BYTES):
         self.address = address
         self.info = info
-        self._channel = insecure_channel(address)
+        self._channel = insecure_channel(address, max_message_bytes)  # Step plans can be large.
         self._call = worker_pb2_grpc.WorkerStub(self._channel).Execute()
         # The multi-step plan the worker is running (its step id), until it is interrupted
         # or answered; None otherwise. Only then may an interrupt be written: grpc.aio

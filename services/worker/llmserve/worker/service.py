@@ -210,7 +210,8 @@ async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
         info.model, time.perf_counter() - start, info.dtype, info.num_kv_blocks,
         info.block_size, info.max_model_len,
     )
-    server = ServiceServer("llmserve.internal.v1.Worker", config.server.host, config.server.port)
+    server = ServiceServer("llmserve.internal.v1.Worker", config.server.host, config.server.port,
+                           max_message_bytes=config.server.max_message_bytes)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     await server.start()
     address = f"{config.advertise_host}:{server.port}"
