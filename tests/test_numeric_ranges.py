@@ -29,7 +29,7 @@ from tests.scheduler.scheduler_testkit import FakeWorker, build_scheduler
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(INT64_MIN, INT64_MAX)
 FLOAT32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
-SERVED = ServedModel(name="m", max_model_len=32, vocab_size=100)
+SERVED = ServedModel(name="m", max_model_len=32, vocab_size=100, max_prompt_bytes=1 << 20)
 PROMPT = [5, 6, 7, 8, 9]
 
 
