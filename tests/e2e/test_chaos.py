@@ -39,7 +39,7 @@ ALLOWED = {
     "cancel": {Code.CANCELLED, Code.UNAVAILABLE},
     "deadline": {Code.DEADLINE_EXCEEDED, Code.UNAVAILABLE},
     "duplicate": {Code.ALREADY_EXISTS, Code.UNAVAILABLE},
-    "bad": {Code.INVALID_ARGUMENT},
+    "bad": {Code.INVALID_ARGUMENT, Code.UNAVAILABLE},
 }
 BAD = [dict(max_tokens=0), dict(max_tokens=100_000), dict(top_p=0.0), dict(n=0), dict(temperature=-1.0),
        dict(token_ids=[49152]), dict(prompt="")]
@@ -66,6 +66,7 @@ class Chaos:
         self.outcomes: Counter[tuple[str, str]] = Counter()
         self.unexpected: list[str] = []
         self.next_id = 0
+        self.unavailable = False  # The last call found the cluster down: back off, as clients do.
 
     def _id(self) -> str:
         self.next_id += 1
@@ -122,6 +123,7 @@ class Chaos:
 
     def _record(self, action: str, err: grpc.aio.AioRpcError) -> None:
         self.outcomes[(action, err.code().name)] += 1
+        self.unavailable = err.code() == Code.UNAVAILABLE
         if err.code() not in ALLOWED[action]:
             self.unexpected.append(f"{action}: {err.code().name} {err.details()}")
 
@@ -134,21 +136,33 @@ async def test_chaos_leaves_no_leak_and_the_same_greedy_answer(model_dir, tmp_pa
             stub = generation_pb2_grpc.GenerationStub(channel)
             before = await greedy_ids(stub, PROBE)
             chaos = Chaos(stub, seed=17)
+            # Chaos for a third of the time, the worker killed and restarted (chaos goes
+            # on while it is down), then two thirds more once the cluster serves again.
             stop_at = time.monotonic() + CHAOS_SECONDS
+            restarted = asyncio.Event()
 
             async def client_loop() -> None:
-                while time.monotonic() < stop_at:
+                while not restarted.is_set() or time.monotonic() < stop_at:
                     await chaos.act()
+                    if chaos.unavailable:
+                        await asyncio.sleep(0.2)
 
             async def kill_and_restart_worker() -> None:
+                nonlocal stop_at
                 await asyncio.sleep(CHAOS_SECONDS / 3)
+                for _ in range(600):  # Some requests completed before the kill (a slow host).
+                    if chaos.outcomes[("complete", "OK")]:
+                        break
+                    await asyncio.sleep(0.1)
                 cluster.processes["worker"].send_signal(signal.SIGKILL)
                 cluster.processes["worker"].wait()
                 await asyncio.sleep(1.0)
                 cluster.spawn("worker")
+                await wait_health(cluster.router_address, health_pb2.HealthCheckResponse.SERVING, 180)
+                stop_at = time.monotonic() + CHAOS_SECONDS * 2 / 3
+                restarted.set()
 
             await asyncio.gather(kill_and_restart_worker(), *(client_loop() for _ in range(CLIENTS)))
-            await wait_health(cluster.router_address, health_pb2.HealthCheckResponse.SERVING, 180)
             await wait_all_blocks_free(cluster.scheduler_address, timeout_s=60)
             audit = await block_audit(cluster.scheduler_address)
             after = await greedy_ids(stub, PROBE)
