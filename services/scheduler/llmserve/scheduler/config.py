@@ -8,6 +8,10 @@ from llmserve.scheduler.preemption import PreemptionMode
 from llmserve.contract.grpc_server import ServerOptions, service_command
 from llmserve.settings import group, positive_int, setting
 
+# Queue bounds (see admission.py for how they were chosen).
+MAX_QUEUED_REQUESTS = 1024
+MAX_QUEUED_TOKENS = 65536
+
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
@@ -29,9 +33,20 @@ class SchedulerConfig:
                                        help="decode steps one plan may run back to back on the worker (multi-step "
                                             "scheduling) while nothing waits: one plan, result and message per K tokens; "
                                             "tokens reach clients K at a time; an arrival cuts a run short after one step")
+    # NOTE: the bounds apply to requests from routers (the service); the in-process
+    # engine queues whatever its caller adds. See admission.py.
+    max_queued_requests: int = setting(MAX_QUEUED_REQUESTS, parse=positive_int,
+                                       help="most requests queued (waiting or swapped out) before new ones are "
+                                            "refused with RESOURCE_EXHAUSTED and a retry hint; a request of better "
+                                            "priority pushes out the worst queued one that has not started")
+    max_queued_tokens: int = setting(MAX_QUEUED_TOKENS, parse=positive_int,
+                                     help="most prompt tokens queued requests may still have to compute before "
+                                          "new ones are refused (a request finding the queue empty is always "
+                                          "queued)")
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps", "max_queued_requests",
+                     "max_queued_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         object.__setattr__(self, "preemption_mode", PreemptionMode(self.preemption_mode))
