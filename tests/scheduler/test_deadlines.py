@@ -1,10 +1,15 @@
-"""End-to-end deadlines in the scheduler core: Scheduler.expire and the Deadlines heap
-(services/scheduler/llmserve/scheduler/deadlines.py), on the fake worker."""
+"""End-to-end deadlines in the scheduler core (Scheduler.expire and the Deadlines heap,
+services/scheduler/llmserve/scheduler/deadlines.py) and in the engine loop, on the fake worker."""
+
+import asyncio
+import time
 
 from .scheduler_testkit import (NO_EOS, FakeWorker, Run, build_scheduler, make_scheduler, names, params,
                                run_until_done, step)
+from .test_engine_loop import Harness, ScriptedWorker
 
 from llmserve.contract.outputs import ErrorCode, FinishReason
+from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.scheduler.deadlines import COMPACT_AT, Deadlines
 from llmserve.scheduler.request import RequestStatus
 
@@ -104,3 +109,47 @@ def test_deadlines_heap_order_and_compaction():
         heap.add(request)
         sched.abort_requests([f"x{i}"])
     assert len(heap) <= COMPACT_AT and heap.next() is None
+
+
+# ---- in the engine loop ----
+
+
+class SlowWorker(ScriptedWorker):
+    """Steps take a few milliseconds, so deadlines pass while requests queue."""
+
+    async def execute(self, plan: StepPlan) -> StepResult:
+        await asyncio.sleep(0.005)
+        return await super().execute(plan)
+
+
+async def test_engine_loop_ends_a_queued_request_at_its_deadline():
+    worker = SlowWorker()
+    h = Harness(worker, max_num_seqs=1)
+    h.add("long", max_tokens=40)  # At least 200 ms of 5 ms steps: the only seat.
+    h.core.add_request("hurry", [6, 7, 8], params(max_tokens=2), deadline=time.monotonic() + 0.05)
+    await h.run_until_idle()
+    ends = h.ends()
+    assert ends[("long", 0)].finish_reason == LENGTH
+    assert (ends[("hurry", 0)].finish_reason, ends[("hurry", 0)].error_code) == (ERROR, ErrorCode.DEADLINE_EXCEEDED)
+    assert all("hurry" not in names(p.new_requests) for p in worker.plans)
+    assert h.core.stats().num_expired == 1
+    h.assert_no_blocks_held()
+
+
+async def test_an_idle_engine_loop_wakes_up_for_a_deadline():
+    h = Harness(ScriptedWorker())
+    h.core.schedule = lambda: StepPlan(step_id=0)  # Nothing can run, and no work arrives.
+    h.core.add_request("stuck", [1, 2, 3], params(), deadline=time.monotonic() + 0.05)
+    task = asyncio.create_task(h.loop.run())
+    try:
+        await asyncio.wait_for(_ended(h, "stuck"), 2.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert h.ends()[("stuck", 0)].error_code == ErrorCode.DEADLINE_EXCEEDED
+    assert not h.core.has_unfinished_requests()
+
+
+async def _ended(h, request_id: str) -> None:
+    while (request_id, 0) not in h.ends():
+        await asyncio.sleep(0.005)
