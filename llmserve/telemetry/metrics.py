@@ -85,11 +85,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("llmserve.queued_requests", "gauge", "scheduler",
                "requests queued: waiting or swapped out, none of their samples running"),
     MetricSpec("llmserve.queued_requests_limit", "gauge", "scheduler",
-               "--max-queued-requests: new requests beyond it are refused"),
+               "--max-queued-requests (or its default): new requests are refused when more wait than this "
+               "plus the free seats"),
     MetricSpec("llmserve.queued_tokens", "gauge", "scheduler",
                "tokens the queued requests must compute before their next token (prompts)"),
     MetricSpec("llmserve.queued_tokens_limit", "gauge", "scheduler",
-               "--max-queued-tokens: new requests beyond it are refused"),
+               "--max-queued-tokens (or its default): new requests are refused beyond it"),
     MetricSpec("llmserve.saturated", "gauge", "scheduler",
                "1 from a refusal until the queue drains to half its bounds (the router's "
                "llmserve.v1.Generation health is NOT_SERVING meanwhile), else 0"),

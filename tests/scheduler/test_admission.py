@@ -21,7 +21,7 @@ class Clock:
         return self.now
 
 
-def seated(max_queued_requests=1024, max_queued_tokens=65536, clock=None, num_blocks=64):
+def seated(max_queued_requests=None, max_queued_tokens=None, clock=None, num_blocks=64):
     """A scheduler with one seat, taken by request "run" (3 prompt tokens, 8 to generate)."""
     sched = make_scheduler(num_blocks=num_blocks, max_num_seqs=1, max_queued_requests=max_queued_requests,
                            max_queued_tokens=max_queued_tokens, clock=clock or Clock())
@@ -57,7 +57,7 @@ def test_full_queue_refuses_at_once_with_a_retry_hint_and_takes_nothing():
 
 
 def test_token_bound_counts_the_tokens_queued_requests_must_compute():
-    sched, worker, run = seated(max_queued_tokens=10)
+    sched, worker, run = seated(max_queued_requests=100, max_queued_tokens=10)
     sched.submit("a", list(range(8)), params())
     with pytest.raises(QueueFull) as refused:
         sched.submit("b", [1, 2, 3], params())  # 8 + 3 > 10
@@ -71,10 +71,11 @@ def test_token_bound_counts_the_tokens_queued_requests_must_compute():
 
 
 def test_an_empty_queue_takes_any_prompt():
-    sched, worker, run = seated(max_queued_tokens=4)
+    sched, worker, run = seated(max_queued_requests=100, max_queued_tokens=4)
     sched.submit("big", list(range(20)), params(max_tokens=1))  # Longer than the bound, queue empty.
-    with pytest.raises(QueueFull):
+    with pytest.raises(QueueFull) as refused:
         sched.submit("small", [1], params())
+    assert refused.value.reason == "queued_tokens"
     run_until_done(sched, worker, run)
     assert run.finish == {"run": FinishReason.LENGTH, "big": FinishReason.LENGTH}
 
@@ -143,11 +144,32 @@ def test_refusal_leaves_queues_and_blocks_as_they_were():
     assert sched.stats().num_free_blocks == 64 and set(run.finish) == {"run", "q"}
 
 
+def test_free_seats_do_not_count_against_the_bound():
+    sched = make_scheduler(max_num_seqs=2, max_queued_requests=1)
+    for rid in ("a", "b", "c"):  # a and b take the two free seats at the next step: c is the queue.
+        sched.submit(rid, [1, 2], params(max_tokens=2))
+    with pytest.raises(QueueFull):
+        sched.submit("d", [1, 2], params(max_tokens=2))
+    plan = sched.schedule()
+    assert names(plan.new_requests) == ["a", "b"]
+    assert [s.label for s in sched.waiting] == ["c"]
+
+
 def test_in_process_add_request_ignores_the_bounds():
     sched = make_scheduler(max_num_seqs=1, max_queued_requests=1)
     for i in range(5):
         sched.add_request(f"r{i}", [1, 2], params(max_tokens=2))
     assert sched.stats().num_queued_requests == 5 and sched.stats().num_refused == NO_REFUSALS
+
+
+def test_unset_bounds_follow_the_batch():
+    sched = make_scheduler(max_num_seqs=3, max_num_batched_tokens=100)
+    stats = sched.stats()
+    assert (stats.max_queued_requests, stats.max_queued_tokens) == (3, 6400)
+    for i in range(6):  # 3 seats free, then 3 waiting.
+        sched.submit(f"r{i}", [1], params())
+    with pytest.raises(QueueFull):
+        sched.submit("r6", [1], params())
 
 
 # ---- the retry hint ----

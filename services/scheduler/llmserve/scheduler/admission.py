@@ -7,10 +7,12 @@
                           │  whose leaving makes it fit? ── yes ──▶ they are refused, it is queued
                           └─ refused now: RESOURCE_EXHAUSTED + retry_after_ms
 
-"Queued" means waiting or swapped out: every request with no sample running. Its cost
-in tokens is what it must still compute before its next token (a new request: its
-prompt). A request that finds the queue empty is always queued, whatever its size, so
-the token bound never makes a prompt unservable.
+"Queued" means waiting or swapped out: every request with no sample running. The
+request bound counts those beyond the free seats (max_num_seqs - running samples),
+which the next step admits: a burst arriving between two steps is not refused while
+seats are free. The token bound counts what queued requests must still compute before
+their next token (a new request: its prompt); a request that finds the queue empty is
+always queued, whatever its size, so the token bound never makes a prompt unservable.
 
 The retry hint is how long the queue ahead took to drain lately: queued requests /
 requests admitted per second and queued tokens / prompt tokens admitted per second over
@@ -18,6 +20,15 @@ the last RATE_WINDOW_S, the larger, within [RETRY_MIN_MS, RETRY_MAX_MS].
 
 Saturated: from a refusal until the queue has drained to half of both bounds (the gap
 keeps health from flapping while the queue hovers at its bound).
+
+Unset, the bounds follow the batch (queue_bounds). A queued request waits for a seat,
+and with every seat taken seats free up at max_num_seqs / (a request's lifetime) per
+second; so max_num_seqs requests waiting means the last one waits about one request
+lifetime at a full batch: under any overload TTFT stays within that plus its prefill,
+where an unbounded queue grows it without limit. The token bound, 64 step budgets of
+prompt tokens, keeps long prompts to at most 64 full prefill steps of backlog. Tighter
+TTFT needs a smaller queue: about (target wait x the sustainable request rate), which
+`llmserve bench overload` measures (docs/benchmarks.md, "Overload").
 """
 
 from __future__ import annotations
@@ -26,16 +37,29 @@ import collections
 import math
 from collections.abc import Callable
 
+from typing import TYPE_CHECKING
+
 from llmserve.scheduler.queues import Queues
 from llmserve.scheduler.request import Request
+
+if TYPE_CHECKING:
+    from llmserve.scheduler.config import SchedulerConfig
 
 RATE_WINDOW_S = 10.0  # Admissions older than this do not count towards the drain rate.
 MIN_RATE_SPAN_S = 0.5  # A rate is taken over at least this long (start-up bursts).
 RETRY_MIN_MS = 50  # Never 0: a refused client must not retry at once.
 RETRY_MAX_MS = 30_000  # Also the hint while nothing has been admitted lately (a stalled queue).
 LOW_WATERMARK = 0.5  # Saturation ends once the queue is at most this share of both bounds.
+QUEUED_TOKENS_PER_STEP_BUDGET = 64  # The unset token bound, in max_num_batched_tokens.
 
 REFUSAL_REASONS = ("queued_requests", "queued_tokens", "displaced")
+
+
+def queue_bounds(config: "SchedulerConfig") -> tuple[int, int]:
+    """(max queued requests, max queued tokens): the settings, or their batch-sized defaults."""
+    requests = config.max_queued_requests or config.max_num_seqs
+    tokens = config.max_queued_tokens or QUEUED_TOKENS_PER_STEP_BUDGET * config.max_num_batched_tokens
+    return requests, tokens
 
 
 class QueueFull(Exception):
@@ -119,6 +143,10 @@ class Admission:
         queued = self.queued()
         return len(queued), sum(cost(r) for r in queued)
 
+    def free_seats(self) -> int:
+        """Seats the next step can give queued requests."""
+        return max(0, self.queues.max_num_seqs - len(self.queues.running))
+
     def make_room(self, num_tokens: int, priority: int) -> list[Request]:
         """Make room for a new request of `num_tokens` prompt tokens and `priority`.
 
@@ -128,9 +156,10 @@ class Admission:
         not fit even without them."""
         queued = self.queued()
         count, tokens = len(queued), sum(cost(r) for r in queued)
-        if self._fits(count, tokens, num_tokens):
+        seats = self.free_seats()
+        if self._fits(count, seats, tokens, num_tokens):
             return []
-        reason = "queued_requests" if count >= self.max_requests else "queued_tokens"
+        reason = "queued_requests" if count - seats >= self.max_requests else "queued_tokens"
         what = (f"--max-queued-requests ({self.max_requests}) reached"
                 if reason == "queued_requests" else
                 f"--max-queued-tokens ({self.max_tokens}) reached: queued requests have {tokens} tokens to "
@@ -144,15 +173,15 @@ class Admission:
                 continue  # Started, then preempted: its client has tokens already; keep it.
             victims.append(request)
             count, tokens = count - 1, tokens - cost(request)
-            if self._fits(count, tokens, num_tokens):
+            if self._fits(count, seats, tokens, num_tokens):
                 self.refused["displaced"] += len(victims)
                 return victims
         self.refused[reason] += 1
         retry_ms = self.retry_after_ms()
         raise QueueFull(reason, f"the scheduler is saturated: {what}; retry in {retry_ms} ms", retry_ms)
 
-    def _fits(self, count: int, tokens: int, num_tokens: int) -> bool:
-        return count < self.max_requests and (count == 0 or tokens + num_tokens <= self.max_tokens)
+    def _fits(self, count: int, seats: int, tokens: int, num_tokens: int) -> bool:
+        return count - seats < self.max_requests and (count == 0 or tokens + num_tokens <= self.max_tokens)
 
     def retry_after_ms(self) -> int:
         """The hint for a request refused now (see the module docstring)."""
@@ -164,7 +193,8 @@ class Admission:
         """True from a refusal until the queue has drained to LOW_WATERMARK of both bounds."""
         if self._saturated:
             count, tokens = self.load()
-            if count <= LOW_WATERMARK * self.max_requests and tokens <= LOW_WATERMARK * self.max_tokens:
+            if (count - self.free_seats() <= LOW_WATERMARK * self.max_requests
+                    and tokens <= LOW_WATERMARK * self.max_tokens):
                 self._saturated = False
         return self._saturated
 

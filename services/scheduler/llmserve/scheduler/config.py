@@ -7,10 +7,7 @@ from dataclasses import dataclass
 from llmserve.scheduler.preemption import PreemptionMode
 from llmserve.contract.grpc_server import ServerOptions, service_command
 from llmserve.settings import group, positive_int, setting
-
-# Queue bounds (see admission.py for how they were chosen).
-MAX_QUEUED_REQUESTS = 1024
-MAX_QUEUED_TOKENS = 65536
+from llmserve.scheduler.admission import QUEUED_TOKENS_PER_STEP_BUDGET
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,19 +32,20 @@ class SchedulerConfig:
                                             "tokens reach clients K at a time; an arrival cuts a run short after one step")
     # NOTE: the bounds apply to requests from routers (the service); the in-process
     # engine queues whatever its caller adds. See admission.py.
-    max_queued_requests: int = setting(MAX_QUEUED_REQUESTS, parse=positive_int,
-                                       help="most requests queued (waiting or swapped out) before new ones are "
-                                            "refused with RESOURCE_EXHAUSTED and a retry hint; a request of better "
-                                            "priority pushes out the worst queued one that has not started")
-    max_queued_tokens: int = setting(MAX_QUEUED_TOKENS, parse=positive_int,
-                                     help="most prompt tokens queued requests may still have to compute before "
-                                          "new ones are refused (a request finding the queue empty is always "
-                                          "queued)")
+    max_queued_requests: int | None = setting(
+        None, parse=positive_int, unset="max-num-seqs: a full batch waits at most",
+        help="most requests waiting for a seat (queued or swapped out, beyond the seats the next step frees); "
+             "past it a new request is refused at once with RESOURCE_EXHAUSTED and a retry hint, unless it has "
+             "better priority than a queued request that has not started, which is refused instead")
+    max_queued_tokens: int | None = setting(
+        None, parse=positive_int, unset=f"{QUEUED_TOKENS_PER_STEP_BUDGET} x max-num-batched-tokens",
+        help="most prompt tokens the queued requests may still have to compute; past it new requests are refused "
+             "the same way (a request that finds the queue empty is always queued)")
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps", "max_queued_requests",
                      "max_queued_tokens"):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         object.__setattr__(self, "preemption_mode", PreemptionMode(self.preemption_mode))
 

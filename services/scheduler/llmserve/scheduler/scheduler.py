@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from llmserve.contract.outputs import ErrorCode, RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
-from llmserve.scheduler.admission import Admission, QueueFull
+from llmserve.scheduler.admission import Admission, QueueFull, queue_bounds
 from llmserve.scheduler.block_audit import BlockAudit, audit_blocks
 from llmserve.scheduler.config import SchedulerConfig
 from llmserve.scheduler.deadlines import Deadlines
@@ -93,7 +93,7 @@ class Scheduler:
         self.outputs = OutputProcessor(cache.max_model_len, self.kv, self.queues, self.live, self.worker_view, self.counters)
         self._next_arrival = 0
         self.clock = clock
-        self.admission = Admission(config.max_queued_requests, config.max_queued_tokens, self.queues, clock)
+        self.admission = Admission(*queue_bounds(config), self.queues, clock)
         self.deadlines = Deadlines()
 
     @property
