@@ -36,7 +36,6 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Callable
-
 from typing import TYPE_CHECKING
 
 from llmserve.scheduler.queues import Queues
@@ -132,11 +131,11 @@ class Admission:
         self._saturated = False
 
     def queued(self) -> list[Request]:
-        """The queued requests (no sample running), best key first."""
+        """The queued requests (no sample running), in no particular order."""
         requests = dict.fromkeys(s.request for s in self.queues.waiting)
         for unit in self.queues.swapped:
             requests.update(dict.fromkeys(s.request for s in unit))
-        return sorted(requests, key=lambda r: r.key)
+        return list(requests)
 
     def load(self) -> tuple[int, int]:
         """(queued requests, tokens they must compute before their next token)."""
@@ -166,7 +165,7 @@ class Admission:
                 f"compute, this one {num_tokens}")
         self._saturated = True
         victims = []
-        for request in reversed(queued):
+        for request in sorted(queued, key=lambda r: r.key, reverse=True):  # Worst first.
             if request.priority <= priority:
                 break  # Everyone left is at least as important as the newcomer.
             if request.admitted:
