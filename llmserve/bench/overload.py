@@ -207,6 +207,7 @@ def summarize(base: list[Outcome], calibration: list[Outcome], loaded: list[Outc
     kinds = {k: [o for o in loaded if o.kind(output_len) == k] for k in ("completed", "refused", "violation")}
     ttft_unloaded = quantiles_ms([o.ttft_s for o in base if o.ttft_s is not None])
     ttft_loaded = quantiles_ms([o.ttft_s for o in kinds["completed"]])
+    ttft_capacity = quantiles_ms([o.ttft_s for o in calibration if o.ttft_s is not None])
     refusal = quantiles_ms([o.end - o.start for o in kinds["refused"]])
     leaked = stats.num_total_blocks - stats.num_free_blocks
     idle = stats.num_running == stats.num_waiting == stats.num_swapped == 0
@@ -222,9 +223,12 @@ def summarize(base: list[Outcome], calibration: list[Outcome], loaded: list[Outc
         "refusal_ms": refusal,
         "retry_after_ms": quantiles_ms([o.retry_after_s for o in kinds["refused"]]),
         "ttft_unloaded_ms": ttft_unloaded,
-        "ttft_at_capacity_ms": quantiles_ms([o.ttft_s for o in calibration if o.ttft_s is not None]),
+        "calibration_requests": len(calibration),
+        "ttft_at_capacity_ms": ttft_capacity,
         "ttft_loaded_ms": ttft_loaded,
         "ttft_p99_loaded_over_unloaded": ttft_loaded["p99"] / ttft_unloaded["p99"],
+        # Against the cluster full but not overloaded: what the queue adds, the batch aside.
+        "ttft_p99_loaded_over_at_capacity": ttft_loaded["p99"] / ttft_capacity["p99"],
         "e2e_loaded_ms": quantiles_ms([o.end - o.start for o in kinds["completed"]]),
         "leaked_blocks": leaked,
         "idle": idle,
@@ -308,8 +312,9 @@ def print_report(r: dict) -> None:
           f"{r['refused']}, violations {r['violations']}; refused by reason {s['num_refused']}")
     print(f"refusal latency: {q(r['refusal_ms'])}; retry hints {q(r['retry_after_ms'])}")
     print(f"TTFT unloaded:    {q(r['ttft_unloaded_ms'])}")
-    print(f"TTFT at capacity: {q(r['ttft_at_capacity_ms'])}")
-    print(f"TTFT overloaded:  {q(r['ttft_loaded_ms'])}  (p99 {r['ttft_p99_loaded_over_unloaded']:.2f}x unloaded)")
+    print(f"TTFT at capacity: {q(r['ttft_at_capacity_ms'])}  ({r['calibration_requests']} requests, closed loop)")
+    print(f"TTFT overloaded:  {q(r['ttft_loaded_ms'])}  (p99 {r['ttft_p99_loaded_over_unloaded']:.2f}x unloaded, "
+          f"{r['ttft_p99_loaded_over_at_capacity']:.2f}x at capacity)")
     w = r["watch"]
     print(f"while loaded: Generation health NOT_SERVING {100 * w['share_not_serving']:.0f}% of {w['samples']} "
           f"samples, mean queued {w['mean_queued_requests']:.1f}, mean running {w['mean_running']:.1f}")
