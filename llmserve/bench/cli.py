@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from llmserve.bench.overload import add_overload_arguments
 from llmserve.bench.workloads import add_workload_flags
 from llmserve.launcher import EngineSettings
 from llmserve.settings import Command, add_flags, group, resolve
@@ -57,6 +58,10 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
                        help="rounds (each on a fresh cluster with --launch, then its in-process decode step); "
                             "figures are the median round's")
 
+    over = bench_sub.add_parser("overload", help="admission control: 2x the sustainable rate, refusals and TTFT")
+    add_flags(over, BenchSettings)
+    add_overload_arguments(over)
+
     prof = bench_sub.add_parser("profile", help="where the time of one decode step goes")
     prof.add_argument("--model", default="default", help="local HF model directory, or 'default'")
     prof.add_argument("--dtype", default="float32", choices=DTYPES)
@@ -76,10 +81,14 @@ def run_bench(args) -> int:
         from llmserve.bench.throughput import bench_throughput
 
         return bench_throughput(args)
+    if args.bench_command == "overload":
+        from llmserve.bench.overload import bench_overload
+
+        return bench_overload(args)
     from llmserve.bench.serve import bench_serve
 
     return bench_serve(args)
 
 
-COMMAND = Command("bench", "benchmarks (throughput offline, serve online, profile a step)", None, run_bench,
+COMMAND = Command("bench", "benchmarks (throughput offline, serve online, overload, profile a step)", None, run_bench,
                   add_bench_arguments)

@@ -76,11 +76,11 @@ def sampling_from_pb(msg: scheduler_pb2.SamplingOptions) -> SamplingParams:
 
 
 def add_request_to_pb(request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                      n: int = 1, priority: int = 0,
-                      trace_context: dict[str, str] | None = None) -> scheduler_pb2.AddRequest:
+                      n: int = 1, priority: int = 0, trace_context: dict[str, str] | None = None,
+                      deadline_ms: int = 0) -> scheduler_pb2.AddRequest:
     return scheduler_pb2.AddRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
                                     sampling=sampling_to_pb(sampling), n=n, priority=priority,
-                                    trace_context=trace_context)
+                                    trace_context=trace_context, deadline_ms=deadline_ms)
 
 
 def request_output_to_pb(out: RequestOutput) -> scheduler_pb2.RequestOutput:
@@ -148,6 +148,13 @@ def scheduler_stats_to_pb(s, worker_ready: bool) -> scheduler_pb2.SchedulerStats
         num_allocated_blocks=s.num_allocated_blocks,
         num_cow_copies=s.num_cow_copies,
         num_failed=s.num_failed,
+        num_queued_requests=s.num_queued_requests,
+        num_queued_tokens=s.num_queued_tokens,
+        max_queued_requests=s.max_queued_requests,
+        max_queued_tokens=s.max_queued_tokens,
+        saturated=s.saturated,
+        num_refused=s.num_refused,
+        num_expired=s.num_expired,
     )
 
 

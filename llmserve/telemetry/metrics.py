@@ -81,6 +81,24 @@ METRICS: tuple[MetricSpec, ...] = (
                "s", PER_TOKEN_BUCKETS),
     MetricSpec("llmserve.step_tokens", "histogram", "scheduler", "tokens computed in one step (or multi-step plan)",
                buckets=TOKEN_BUCKETS),
+    # scheduler: admission control and deadlines
+    MetricSpec("llmserve.queued_requests", "gauge", "scheduler",
+               "requests queued: waiting or swapped out, none of their samples running"),
+    MetricSpec("llmserve.queued_requests_limit", "gauge", "scheduler",
+               "--max-queued-requests (or its default): new requests are refused when more wait than this "
+               "plus the free seats"),
+    MetricSpec("llmserve.queued_tokens", "gauge", "scheduler",
+               "tokens the queued requests must compute before their next token (prompts)"),
+    MetricSpec("llmserve.queued_tokens_limit", "gauge", "scheduler",
+               "--max-queued-tokens (or its default): new requests are refused beyond it"),
+    MetricSpec("llmserve.saturated", "gauge", "scheduler",
+               "1 from a refusal until the queue drains to half its bounds (the router's "
+               "llmserve.v1.Generation health is NOT_SERVING meanwhile), else 0"),
+    MetricSpec("llmserve.requests_refused", "observable_counter", "scheduler",
+               "requests refused with RESOURCE_EXHAUSTED by the queue bounds: queued_requests, queued_tokens "
+               "(at arrival), displaced (queued, pushed out by better priority)", labels=("reason",)),
+    MetricSpec("llmserve.requests_expired", "observable_counter", "scheduler",
+               "requests ended by their deadline (DEADLINE_EXCEEDED), queued or running"),
     # worker
     MetricSpec("llmserve.worker_step_time", "histogram", "worker",
                "one plan on the worker (block moves, forward and sampling, once per step it runs)", "s",
@@ -175,18 +193,34 @@ class SchedulerMetrics:
                            ("llmserve.kv_cache_usage", "kv_cache_usage"),
                            ("llmserve.prefix_cache_hit_rate", "prefix_cache_hit_rate"),
                            ("llmserve.prefix_cache_queries", "prefix_cache_queries"),
-                           ("llmserve.prefix_cache_hits", "prefix_cache_hits")):
+                           ("llmserve.prefix_cache_hits", "prefix_cache_hits"),
+                           ("llmserve.queued_requests", "num_queued_requests"),
+                           ("llmserve.queued_requests_limit", "max_queued_requests"),
+                           ("llmserve.queued_tokens", "num_queued_tokens"),
+                           ("llmserve.queued_tokens_limit", "max_queued_tokens"),
+                           ("llmserve.saturated", "saturated"),
+                           ("llmserve.requests_expired", "num_expired")):
             _instrument(meter, name, [self._observe(attr)])
         _instrument(meter, "llmserve.preemptions", [self._observe_preemptions])
         self.orphaned_blocks: int | None = None  # From the periodic block audit.
         _instrument(meter, "llmserve.orphaned_kv_blocks",
                     [lambda options: [] if self.orphaned_blocks is None else [Observation(self.orphaned_blocks)]])
+        _instrument(meter, "llmserve.requests_refused", [self._observe_refused])
 
     def _observe(self, attr: str) -> Callable:
         def callback(options):
             stats = self.stats
-            return [] if stats is None else [Observation(getattr(stats, attr))]
+            if stats is None:
+                return []
+            value = getattr(stats, attr)
+            return [Observation(int(value) if isinstance(value, bool) else value)]
         return callback
+
+    def _observe_refused(self, options):
+        stats = self.stats
+        if stats is None:
+            return []
+        return [Observation(count, {"reason": reason}) for reason, count in stats.num_refused.items()]
 
     def _observe_preemptions(self, options):
         stats = self.stats

@@ -7,6 +7,7 @@ token for each request whose known tokens are all computed after the step.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -225,13 +226,15 @@ class LabelledScheduler(Scheduler):
 
 
 def build_scheduler(config: dict, num_blocks: int, eos, num_cpu_blocks: int = 0) -> "LabelledScheduler":
-    """A scheduler from one dict of settings and cache facts (block_size, max_model_len)."""
+    """A scheduler from one dict of settings and cache facts (block_size, max_model_len;
+    `clock`: the scheduler's clock, time.monotonic unless given)."""
     config = dict(config)
     cache = KVCacheShape(num_blocks=num_blocks, block_size=config.pop("block_size", 16),
                          max_model_len=config.pop("max_model_len"), num_cpu_blocks=num_cpu_blocks)
+    clock = config.pop("clock", time.monotonic)
     # NOTE: these tests were written against a 2048-token default step budget.
     config.setdefault("max_num_batched_tokens", 2048)
-    return LabelledScheduler(SchedulerConfig(**config), cache, eos)
+    return LabelledScheduler(SchedulerConfig(**config), cache, eos, clock=clock)
 
 
 def make_scheduler(num_blocks: int = 64, eos=NO_EOS, **config) -> Scheduler:

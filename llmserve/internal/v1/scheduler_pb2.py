@@ -26,7 +26,7 @@ from llmserve.v1 import generation_pb2 as llmserve_dot_v1_dot_generation__pb2
 from llmserve.internal.v1 import worker_pb2 as llmserve_dot_internal_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$llmserve/internal/v1/scheduler.proto\x12\x14llmserve.internal.v1\x1a\x1cllmserve/v1/generation.proto\x1a!llmserve/internal/v1/worker.proto\"\xc4\x01\n\x0fSamplingOptions\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x15\n\x08logprobs\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"\x90\x02\n\nAddRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x37\n\x08sampling\x18\x03 \x01(\x0b\x32%.llmserve.internal.v1.SamplingOptions\x12\t\n\x01n\x18\x04 \x01(\x05\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12I\n\rtrace_context\x18\x0f \x03(\x0b\x32\x32.llmserve.internal.v1.AddRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"$\n\rAbortRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"~\n\rRouterMessage\x12/\n\x03\x61\x64\x64\x18\x01 \x01(\x0b\x32 .llmserve.internal.v1.AddRequestH\x00\x12\x34\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32#.llmserve.internal.v1.AbortRequestsH\x00\x42\x06\n\x04kind\"\x96\x02\n\rRequestOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rnew_token_ids\x18\x02 \x03(\x05\x12,\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1a.llmserve.v1.TokenLogprobs\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.llmserve.v1.FinishReason\x12\x19\n\x11num_cached_tokens\x18\x05 \x01(\x05\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x15\n\rstop_token_id\x18\x07 \x01(\x05\x12\r\n\x05index\x18\x08 \x01(\x05\x12\x12\n\nerror_code\x18\t \x01(\x05\x12\x16\n\x0eretry_after_ms\x18\n \x01(\r\"G\n\x0fSchedulerUpdate\x12\x34\n\x07outputs\x18\x01 \x03(\x0b\x32#.llmserve.internal.v1.RequestOutput\"\x88\x01\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12.\n\x04info\x18\x02 \x01(\x0b\x32 .llmserve.internal.v1.WorkerInfo\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0f\n\x07tp_size\x18\x04 \x01(\x05\x12\x0f\n\x07pp_size\x18\x05 \x01(\x05\"\x18\n\x16RegisterWorkerResponse\"\x11\n\x0fGetStatsRequest\"\xf6\x06\n\x0eSchedulerStats\x12\x13\n\x0bnum_waiting\x18\x01 \x01(\x05\x12\x13\n\x0bnum_running\x18\x02 \x01(\x05\x12\x18\n\x10num_total_blocks\x18\x03 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x04 \x01(\x05\x12\x17\n\x0fnum_preemptions\x18\x05 \x01(\x03\x12\x11\n\tnum_steps\x18\x06 \x01(\x03\x12\x14\n\x0cnum_finished\x18\x07 \x01(\x03\x12\x13\n\x0bnum_aborted\x18\x08 \x01(\x03\x12\x14\n\x0cworker_ready\x18\t \x01(\x08\x12\x1b\n\x13prompt_tokens_total\x18\n \x01(\x03\x12\x1f\n\x17generation_tokens_total\x18\x0b \x01(\x03\x12\x13\n\x0bnum_swapped\x18\x0c \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\r \x01(\x02\x12\x1c\n\x14prefix_cache_queries\x18\x0e \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\x0f \x01(\x03\x12!\n\x19num_preemptions_recompute\x18\x10 \x01(\x03\x12\x1c\n\x14num_preemptions_swap\x18\x11 \x01(\x03\x12\x1e\n\x16num_swapped_out_blocks\x18\x12 \x01(\x03\x12\x19\n\x11num_cached_blocks\x18\x13 \x01(\x05\x12\x16\n\x0enum_cpu_blocks\x18\x14 \x01(\x05\x12\x1b\n\x13num_free_cpu_blocks\x18\x15 \x01(\x05\x12\x1c\n\x14num_allocated_blocks\x18\x16 \x01(\x03\x12\x16\n\x0enum_cow_copies\x18\x17 \x01(\x03\x12\x12\n\nnum_failed\x18\x18 \x01(\x03\x12\x1b\n\x13num_orphaned_blocks\x18# \x01(\x05J\x04\x08\x19\x10#R\x10num_decode_stepsR\x13\x64\x65\x63ode_step_secondsR\x1a\x64\x65\x63ode_step_worker_secondsR\x15\x64\x65\x63ode_step_sequencesR\x11num_prefill_stepsR\x14prefill_step_secondsR\x13prefill_step_tokensR\x10num_decode_plansR\x15\x64\x65\x63ode_steps_by_batchR\x17\x64\x65\x63ode_seconds_by_batch\"\x17\n\x15GetServingInfoRequest\"\x16\n\x14GetBlockAuditRequest\"A\n\x0b\x42lockHolder\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0f\n\x07is_root\x18\x03 \x01(\x08\"Q\n\tHeldBlock\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x05\x12\x32\n\x07holders\x18\x02 \x03(\x0b\x32!.llmserve.internal.v1.BlockHolder\"\xf5\x01\n\nBlockAudit\x12\x33\n\ngpu_blocks\x18\x01 \x03(\x0b\x32\x1f.llmserve.internal.v1.HeldBlock\x12\x33\n\ncpu_blocks\x18\x02 \x03(\x0b\x32\x1f.llmserve.internal.v1.HeldBlock\x12\x1b\n\x13orphaned_gpu_blocks\x18\x03 \x03(\x05\x12\x1b\n\x13orphaned_cpu_blocks\x18\x04 \x03(\x05\x12\x10\n\x08problems\x18\x05 \x03(\t\x12\x18\n\x10num_total_blocks\x18\x06 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x07 \x01(\x05\"V\n\x0bServingInfo\x12\x30\n\x06worker\x18\x01 \x01(\x0b\x32 .llmserve.internal.v1.WorkerInfo\x12\x15\n\rnum_kv_blocks\x18\x02 \x01(\x05\x32\xed\x03\n\tScheduler\x12Y\n\x07Session\x12#.llmserve.internal.v1.RouterMessage\x1a%.llmserve.internal.v1.SchedulerUpdate(\x01\x30\x01\x12k\n\x0eRegisterWorker\x12+.llmserve.internal.v1.RegisterWorkerRequest\x1a,.llmserve.internal.v1.RegisterWorkerResponse\x12W\n\x08GetStats\x12%.llmserve.internal.v1.GetStatsRequest\x1a$.llmserve.internal.v1.SchedulerStats\x12`\n\x0eGetServingInfo\x12+.llmserve.internal.v1.GetServingInfoRequest\x1a!.llmserve.internal.v1.ServingInfo\x12]\n\rGetBlockAudit\x12*.llmserve.internal.v1.GetBlockAuditRequest\x1a .llmserve.internal.v1.BlockAuditb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$llmserve/internal/v1/scheduler.proto\x12\x14llmserve.internal.v1\x1a\x1cllmserve/v1/generation.proto\x1a!llmserve/internal/v1/worker.proto\"\xc4\x01\n\x0fSamplingOptions\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x15\n\x08logprobs\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"\xa5\x02\n\nAddRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x37\n\x08sampling\x18\x03 \x01(\x0b\x32%.llmserve.internal.v1.SamplingOptions\x12\t\n\x01n\x18\x04 \x01(\x05\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x06 \x01(\x04\x12I\n\rtrace_context\x18\x0f \x03(\x0b\x32\x32.llmserve.internal.v1.AddRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"$\n\rAbortRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"~\n\rRouterMessage\x12/\n\x03\x61\x64\x64\x18\x01 \x01(\x0b\x32 .llmserve.internal.v1.AddRequestH\x00\x12\x34\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32#.llmserve.internal.v1.AbortRequestsH\x00\x42\x06\n\x04kind\"\x96\x02\n\rRequestOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rnew_token_ids\x18\x02 \x03(\x05\x12,\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1a.llmserve.v1.TokenLogprobs\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.llmserve.v1.FinishReason\x12\x19\n\x11num_cached_tokens\x18\x05 \x01(\x05\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x15\n\rstop_token_id\x18\x07 \x01(\x05\x12\r\n\x05index\x18\x08 \x01(\x05\x12\x12\n\nerror_code\x18\t \x01(\x05\x12\x16\n\x0eretry_after_ms\x18\n \x01(\r\"m\n\x0fSchedulerUpdate\x12\x34\n\x07outputs\x18\x01 \x03(\x0b\x32#.llmserve.internal.v1.RequestOutput\x12\x16\n\tsaturated\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x0c\n\n_saturated\"\x88\x01\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12.\n\x04info\x18\x02 \x01(\x0b\x32 .llmserve.internal.v1.WorkerInfo\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0f\n\x07tp_size\x18\x04 \x01(\x05\x12\x0f\n\x07pp_size\x18\x05 \x01(\x05\"\x18\n\x16RegisterWorkerResponse\"\x11\n\x0fGetStatsRequest\"\x8c\t\n\x0eSchedulerStats\x12\x13\n\x0bnum_waiting\x18\x01 \x01(\x05\x12\x13\n\x0bnum_running\x18\x02 \x01(\x05\x12\x18\n\x10num_total_blocks\x18\x03 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x04 \x01(\x05\x12\x17\n\x0fnum_preemptions\x18\x05 \x01(\x03\x12\x11\n\tnum_steps\x18\x06 \x01(\x03\x12\x14\n\x0cnum_finished\x18\x07 \x01(\x03\x12\x13\n\x0bnum_aborted\x18\x08 \x01(\x03\x12\x14\n\x0cworker_ready\x18\t \x01(\x08\x12\x1b\n\x13prompt_tokens_total\x18\n \x01(\x03\x12\x1f\n\x17generation_tokens_total\x18\x0b \x01(\x03\x12\x13\n\x0bnum_swapped\x18\x0c \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\r \x01(\x02\x12\x1c\n\x14prefix_cache_queries\x18\x0e \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\x0f \x01(\x03\x12!\n\x19num_preemptions_recompute\x18\x10 \x01(\x03\x12\x1c\n\x14num_preemptions_swap\x18\x11 \x01(\x03\x12\x1e\n\x16num_swapped_out_blocks\x18\x12 \x01(\x03\x12\x19\n\x11num_cached_blocks\x18\x13 \x01(\x05\x12\x16\n\x0enum_cpu_blocks\x18\x14 \x01(\x05\x12\x1b\n\x13num_free_cpu_blocks\x18\x15 \x01(\x05\x12\x1c\n\x14num_allocated_blocks\x18\x16 \x01(\x03\x12\x16\n\x0enum_cow_copies\x18\x17 \x01(\x03\x12\x12\n\nnum_failed\x18\x18 \x01(\x03\x12\x1b\n\x13num_orphaned_blocks\x18# \x01(\x05\x12\x1b\n\x13num_queued_requests\x18( \x01(\x05\x12\x19\n\x11num_queued_tokens\x18) \x01(\x03\x12\x1b\n\x13max_queued_requests\x18* \x01(\x05\x12\x19\n\x11max_queued_tokens\x18+ \x01(\x03\x12\x11\n\tsaturated\x18, \x01(\x08\x12I\n\x0bnum_refused\x18- \x03(\x0b\x32\x34.llmserve.internal.v1.SchedulerStats.NumRefusedEntry\x12\x13\n\x0bnum_expired\x18. \x01(\x03\x1a\x31\n\x0fNumRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01J\x04\x08\x19\x10#R\x10num_decode_stepsR\x13\x64\x65\x63ode_step_secondsR\x1a\x64\x65\x63ode_step_worker_secondsR\x15\x64\x65\x63ode_step_sequencesR\x11num_prefill_stepsR\x14prefill_step_secondsR\x13prefill_step_tokensR\x10num_decode_plansR\x15\x64\x65\x63ode_steps_by_batchR\x17\x64\x65\x63ode_seconds_by_batch\"\x17\n\x15GetServingInfoRequest\"\x16\n\x14GetBlockAuditRequest\"A\n\x0b\x42lockHolder\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0f\n\x07is_root\x18\x03 \x01(\x08\"Q\n\tHeldBlock\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x05\x12\x32\n\x07holders\x18\x02 \x03(\x0b\x32!.llmserve.internal.v1.BlockHolder\"\xf5\x01\n\nBlockAudit\x12\x33\n\ngpu_blocks\x18\x01 \x03(\x0b\x32\x1f.llmserve.internal.v1.HeldBlock\x12\x33\n\ncpu_blocks\x18\x02 \x03(\x0b\x32\x1f.llmserve.internal.v1.HeldBlock\x12\x1b\n\x13orphaned_gpu_blocks\x18\x03 \x03(\x05\x12\x1b\n\x13orphaned_cpu_blocks\x18\x04 \x03(\x05\x12\x10\n\x08problems\x18\x05 \x03(\t\x12\x18\n\x10num_total_blocks\x18\x06 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x07 \x01(\x05\"V\n\x0bServingInfo\x12\x30\n\x06worker\x18\x01 \x01(\x0b\x32 .llmserve.internal.v1.WorkerInfo\x12\x15\n\rnum_kv_blocks\x18\x02 \x01(\x05\x32\xed\x03\n\tScheduler\x12Y\n\x07Session\x12#.llmserve.internal.v1.RouterMessage\x1a%.llmserve.internal.v1.SchedulerUpdate(\x01\x30\x01\x12k\n\x0eRegisterWorker\x12+.llmserve.internal.v1.RegisterWorkerRequest\x1a,.llmserve.internal.v1.RegisterWorkerResponse\x12W\n\x08GetStats\x12%.llmserve.internal.v1.GetStatsRequest\x1a$.llmserve.internal.v1.SchedulerStats\x12`\n\x0eGetServingInfo\x12+.llmserve.internal.v1.GetServingInfoRequest\x1a!.llmserve.internal.v1.ServingInfo\x12]\n\rGetBlockAudit\x12*.llmserve.internal.v1.GetBlockAuditRequest\x1a .llmserve.internal.v1.BlockAuditb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,40 +35,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ADDREQUEST_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_ADDREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_SCHEDULERSTATS_NUMREFUSEDENTRY']._loaded_options = None
+  _globals['_SCHEDULERSTATS_NUMREFUSEDENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGOPTIONS']._serialized_start=128
   _globals['_SAMPLINGOPTIONS']._serialized_end=324
   _globals['_ADDREQUEST']._serialized_start=327
-  _globals['_ADDREQUEST']._serialized_end=599
-  _globals['_ADDREQUEST_TRACECONTEXTENTRY']._serialized_start=548
-  _globals['_ADDREQUEST_TRACECONTEXTENTRY']._serialized_end=599
-  _globals['_ABORTREQUESTS']._serialized_start=601
-  _globals['_ABORTREQUESTS']._serialized_end=637
-  _globals['_ROUTERMESSAGE']._serialized_start=639
-  _globals['_ROUTERMESSAGE']._serialized_end=765
-  _globals['_REQUESTOUTPUT']._serialized_start=768
-  _globals['_REQUESTOUTPUT']._serialized_end=1046
-  _globals['_SCHEDULERUPDATE']._serialized_start=1048
-  _globals['_SCHEDULERUPDATE']._serialized_end=1119
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=1122
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=1258
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1260
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1284
-  _globals['_GETSTATSREQUEST']._serialized_start=1286
-  _globals['_GETSTATSREQUEST']._serialized_end=1303
-  _globals['_SCHEDULERSTATS']._serialized_start=1306
-  _globals['_SCHEDULERSTATS']._serialized_end=2192
-  _globals['_GETSERVINGINFOREQUEST']._serialized_start=2194
-  _globals['_GETSERVINGINFOREQUEST']._serialized_end=2217
-  _globals['_GETBLOCKAUDITREQUEST']._serialized_start=2219
-  _globals['_GETBLOCKAUDITREQUEST']._serialized_end=2241
-  _globals['_BLOCKHOLDER']._serialized_start=2243
-  _globals['_BLOCKHOLDER']._serialized_end=2308
-  _globals['_HELDBLOCK']._serialized_start=2310
-  _globals['_HELDBLOCK']._serialized_end=2391
-  _globals['_BLOCKAUDIT']._serialized_start=2394
-  _globals['_BLOCKAUDIT']._serialized_end=2639
-  _globals['_SERVINGINFO']._serialized_start=2641
-  _globals['_SERVINGINFO']._serialized_end=2727
-  _globals['_SCHEDULER']._serialized_start=2730
-  _globals['_SCHEDULER']._serialized_end=3223
+  _globals['_ADDREQUEST']._serialized_end=620
+  _globals['_ADDREQUEST_TRACECONTEXTENTRY']._serialized_start=569
+  _globals['_ADDREQUEST_TRACECONTEXTENTRY']._serialized_end=620
+  _globals['_ABORTREQUESTS']._serialized_start=622
+  _globals['_ABORTREQUESTS']._serialized_end=658
+  _globals['_ROUTERMESSAGE']._serialized_start=660
+  _globals['_ROUTERMESSAGE']._serialized_end=786
+  _globals['_REQUESTOUTPUT']._serialized_start=789
+  _globals['_REQUESTOUTPUT']._serialized_end=1067
+  _globals['_SCHEDULERUPDATE']._serialized_start=1069
+  _globals['_SCHEDULERUPDATE']._serialized_end=1178
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=1181
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=1317
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1319
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1343
+  _globals['_GETSTATSREQUEST']._serialized_start=1345
+  _globals['_GETSTATSREQUEST']._serialized_end=1362
+  _globals['_SCHEDULERSTATS']._serialized_start=1365
+  _globals['_SCHEDULERSTATS']._serialized_end=2529
+  _globals['_SCHEDULERSTATS_NUMREFUSEDENTRY']._serialized_start=2256
+  _globals['_SCHEDULERSTATS_NUMREFUSEDENTRY']._serialized_end=2305
+  _globals['_GETSERVINGINFOREQUEST']._serialized_start=2531
+  _globals['_GETSERVINGINFOREQUEST']._serialized_end=2554
+  _globals['_GETBLOCKAUDITREQUEST']._serialized_start=2556
+  _globals['_GETBLOCKAUDITREQUEST']._serialized_end=2578
+  _globals['_BLOCKHOLDER']._serialized_start=2580
+  _globals['_BLOCKHOLDER']._serialized_end=2645
+  _globals['_HELDBLOCK']._serialized_start=2647
+  _globals['_HELDBLOCK']._serialized_end=2728
+  _globals['_BLOCKAUDIT']._serialized_start=2731
+  _globals['_BLOCKAUDIT']._serialized_end=2976
+  _globals['_SERVINGINFO']._serialized_start=2978
+  _globals['_SERVINGINFO']._serialized_end=3064
+  _globals['_SCHEDULER']._serialized_start=3067
+  _globals['_SCHEDULER']._serialized_end=3560
 # @@protoc_insertion_point(module_scope)

@@ -29,7 +29,7 @@ class SamplingOptions(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AddRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "n", "priority", "trace_context")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "n", "priority", "deadline_ms", "trace_context")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -42,14 +42,16 @@ class AddRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingOptions
     n: int
     priority: int
+    deadline_ms: int
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., n: _Optional[int] = ..., priority: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., n: _Optional[int] = ..., priority: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AbortRequests(_message.Message):
     __slots__ = ("request_ids",)
@@ -90,10 +92,12 @@ class RequestOutput(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., error: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., index: _Optional[int] = ..., error_code: _Optional[int] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
 
 class SchedulerUpdate(_message.Message):
-    __slots__ = ("outputs",)
+    __slots__ = ("outputs", "saturated")
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    SATURATED_FIELD_NUMBER: _ClassVar[int]
     outputs: _containers.RepeatedCompositeFieldContainer[RequestOutput]
-    def __init__(self, outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ...) -> None: ...
+    saturated: bool
+    def __init__(self, outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ..., saturated: _Optional[bool] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("address", "info", "rank", "tp_size", "pp_size")
@@ -118,7 +122,14 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SchedulerStats(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "num_total_blocks", "num_free_blocks", "num_preemptions", "num_steps", "num_finished", "num_aborted", "worker_ready", "prompt_tokens_total", "generation_tokens_total", "num_swapped", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions_recompute", "num_preemptions_swap", "num_swapped_out_blocks", "num_cached_blocks", "num_cpu_blocks", "num_free_cpu_blocks", "num_allocated_blocks", "num_cow_copies", "num_failed", "num_orphaned_blocks")
+    __slots__ = ("num_waiting", "num_running", "num_total_blocks", "num_free_blocks", "num_preemptions", "num_steps", "num_finished", "num_aborted", "worker_ready", "prompt_tokens_total", "generation_tokens_total", "num_swapped", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions_recompute", "num_preemptions_swap", "num_swapped_out_blocks", "num_cached_blocks", "num_cpu_blocks", "num_free_cpu_blocks", "num_allocated_blocks", "num_cow_copies", "num_failed", "num_orphaned_blocks", "num_queued_requests", "num_queued_tokens", "max_queued_requests", "max_queued_tokens", "saturated", "num_refused", "num_expired")
+    class NumRefusedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +155,13 @@ class SchedulerStats(_message.Message):
     NUM_COW_COPIES_FIELD_NUMBER: _ClassVar[int]
     NUM_FAILED_FIELD_NUMBER: _ClassVar[int]
     NUM_ORPHANED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SATURATED_FIELD_NUMBER: _ClassVar[int]
+    NUM_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     num_total_blocks: int
@@ -169,7 +187,14 @@ class SchedulerStats(_message.Message):
     num_cow_copies: int
     num_failed: int
     num_orphaned_blocks: int
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_aborted: _Optional[int] = ..., worker_ready: _Optional[bool] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_swapped: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions_recompute: _Optional[int] = ..., num_preemptions_swap: _Optional[int] = ..., num_swapped_out_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., num_free_cpu_blocks: _Optional[int] = ..., num_allocated_blocks: _Optional[int] = ..., num_cow_copies: _Optional[int] = ..., num_failed: _Optional[int] = ..., num_orphaned_blocks: _Optional[int] = ...) -> None: ...
+    num_queued_requests: int
+    num_queued_tokens: int
+    max_queued_requests: int
+    max_queued_tokens: int
+    saturated: bool
+    num_refused: _containers.ScalarMap[str, int]
+    num_expired: int
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_aborted: _Optional[int] = ..., worker_ready: _Optional[bool] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_swapped: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions_recompute: _Optional[int] = ..., num_preemptions_swap: _Optional[int] = ..., num_swapped_out_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., num_free_cpu_blocks: _Optional[int] = ..., num_allocated_blocks: _Optional[int] = ..., num_cow_copies: _Optional[int] = ..., num_failed: _Optional[int] = ..., num_orphaned_blocks: _Optional[int] = ..., num_queued_requests: _Optional[int] = ..., num_queued_tokens: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., max_queued_tokens: _Optional[int] = ..., saturated: _Optional[bool] = ..., num_refused: _Optional[_Mapping[str, int]] = ..., num_expired: _Optional[int] = ...) -> None: ...
 
 class GetServingInfoRequest(_message.Message):
     __slots__ = ()

@@ -44,6 +44,9 @@ class SchedulerLink:
         self.disconnected = asyncio.Event()
         # grpc.aio allows one write in flight per call; many requests share this one.
         self._write_lock = asyncio.Lock()
+        # The scheduler's saturation, as its session last said (admission control).
+        self.saturated = False
+        self.saturation_changed = asyncio.Event()
 
     async def wait_serving_info(self, timeout_s: float) -> tuple[WorkerInfo, int]:
         """Polls until the scheduler has a worker; returns (worker info, KV blocks)."""
@@ -76,6 +79,9 @@ class SchedulerLink:
                 update = await call.read()
                 if update == grpc.aio.EOF:
                     break
+                if update.HasField("saturated") and update.saturated != self.saturated:
+                    self.saturated = update.saturated
+                    self.saturation_changed.set()
                 for out_pb in update.outputs:
                     queue = self._queues.get(out_pb.request_id)
                     if queue is not None:
@@ -85,6 +91,9 @@ class SchedulerLink:
         except asyncio.CancelledError:
             return
         self.connected.clear()
+        if self.saturated:  # Whatever the next session says; until then health is NOT_SERVING anyway.
+            self.saturated = False
+            self.saturation_changed.set()
         logger.error("%s", reason)
         self._fail_all(reason)
         self.disconnected.set()
@@ -100,13 +109,15 @@ class SchedulerLink:
             queue.put_nowait(_unavailable(request_id, reason))
 
     async def add(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                  n: int = 1, priority: int = 0, trace_context: dict[str, str] | None = None) -> asyncio.Queue:
-        """Queue a request of `n` samples; its outputs (every sample's) land in the queue."""
+                  n: int = 1, priority: int = 0, trace_context: dict[str, str] | None = None,
+                  deadline_ms: int = 0) -> asyncio.Queue:
+        """Queue a request of `n` samples; its outputs (every sample's) land in the queue.
+        `deadline_ms`: what is left of the client's deadline (0: none)."""
         if not self.connected.is_set():
             raise SchedulerUnavailable(f"not connected to scheduler {self.address}")
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = queue
-        add = wire.add_request_to_pb(request_id, prompt_token_ids, sampling, n, priority, trace_context)
+        add = wire.add_request_to_pb(request_id, prompt_token_ids, sampling, n, priority, trace_context, deadline_ms)
         await self._write(scheduler_pb2.RouterMessage(add=add))
         return queue
 

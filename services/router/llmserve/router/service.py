@@ -20,9 +20,11 @@ from grpc_reflection.v1alpha import reflection
 from llmserve.contract import wire
 from llmserve.contract.grpc_server import ServiceServer, grpc_status
 from llmserve.contract.outputs import FinishReason
+from llmserve.contract.retry_info import retry_status
 from llmserve.model_store import resolve_model_dir
 from llmserve.router.config import RouterConfig
 from llmserve.router.detokenizer import new_detokenizer
+from llmserve.router.health import RouterHealth
 from llmserve.router.limits import check_prompt_size, check_request_id, check_stop_sizes, prompt_byte_limit
 from llmserve.router.request_decoding import DecodeErrorInterceptor
 from llmserve.router.sample_stream import SampleStream
@@ -47,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "llmserve.v1.Generation"
 HEALTH_POLL_S = 1.0  # How often the router re-reads the scheduler's health.
+NO_DEADLINE_S = 10 * 365 * 86400.0  # A deadline further off than this is no deadline.
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -95,7 +98,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             engine_live = set(range(n))
             try:
                 queue = await self.link.add(request_id, prompt_ids, sampling, n=n, priority=request.priority,
-                                            trace_context=telemetry.trace_context())
+                                            trace_context=telemetry.trace_context(),
+                                            deadline_ms=_deadline_budget_ms(context))
             except SchedulerUnavailable as err:
                 telemetry.finish("error", str(err))
                 telemetry = None
@@ -105,6 +109,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 out = await queue.get()
                 if out.finished:
                     engine_live.discard(out.index)
+                if out.retry_after_ms and out.finish_reason == FinishReason.ERROR:
+                    # Refused (or displaced) before it ever ran: no delta, just the status
+                    # with its RetryInfo, as a client of a load-shedding server expects.
+                    engine_live.clear()
+                    telemetry.finish("refused", out.error)
+                    telemetry = None
+                    await context.abort_with_status(retry_status(grpc_status(out.error_code), out.error,
+                                                                 out.retry_after_ms))
                 stream = streams[out.index] if 0 <= out.index < n else None
                 if stream is None or stream.finished:
                     continue  # A sample cut by a stop string runs on until the request ends.
@@ -239,6 +251,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return self.model_info
 
 
+def _deadline_budget_ms(context) -> int:
+    """What is left of the client's deadline, in ms (at least 1), or 0 without one. A
+    call without a deadline reports an effectively infinite time remaining."""
+    remaining = context.time_remaining()
+    if remaining is None or remaining > NO_DEADLINE_S:
+        return 0
+    return max(1, int(remaining * 1000))
+
+
 def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer) -> generation_pb2.ModelInfo:
     return generation_pb2.ModelInfo(
         model=served.name,
@@ -274,7 +295,9 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
         (SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server.server
     )
     await server.start()
-    supervisor = asyncio.create_task(_stay_connected(config, link, servicer, server, tokenizer))
+    health = RouterHealth(server)
+    supervisor = asyncio.create_task(_stay_connected(config, link, servicer, health, tokenizer))
+    saturation = asyncio.create_task(_follow_saturation(link, health))
     stopped = asyncio.create_task(stop_event.wait())
     try:
         await asyncio.wait({supervisor, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -282,6 +305,7 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
             supervisor.result()  # Re-raises why the router cannot serve.
     finally:
         stopped.cancel()
+        saturation.cancel()
         await server.set_serving(False)
         if stop_event.is_set():
             await _drain(servicer, link, config.server.shutdown_timeout)
@@ -315,15 +339,15 @@ async def _drain(servicer: GenerationServicer, link: SchedulerLink, timeout_s: f
 
 
 async def _stay_connected(config: RouterConfig, link: SchedulerLink, servicer: GenerationServicer,
-                          server: ServiceServer, tokenizer: PromptTokenizer) -> None:
+                          health: RouterHealth, tokenizer: PromptTokenizer) -> None:
     """Connects to the scheduler, and again whenever the session is lost. The router's
     health follows the scheduler's: SERVING only while a worker can run steps."""
     while True:
         await _refresh_serving_info(config, link, servicer, tokenizer)
         await link.connect()
         servicer.serving = True
-        await server.set_serving(True)
-        logger.info("router serving %s on port %d", servicer.served.name, server.port)
+        await health.update(serving=True)
+        logger.info("router serving %s on port %d", servicer.served.name, health.server.port)
         serving = True
         while not link.disconnected.is_set():
             try:
@@ -337,10 +361,19 @@ async def _stay_connected(config: RouterConfig, link: SchedulerLink, servicer: G
                 await _refresh_serving_info(config, link, servicer, tokenizer)
             if now_serving != serving:
                 servicer.serving = serving = now_serving
-                await server.set_serving(now_serving)
+                await health.update(serving=now_serving)
         servicer.serving = False
-        await server.set_serving(False)
+        await health.update(serving=False)
         logger.warning("lost the scheduler session; reconnecting")
+
+
+async def _follow_saturation(link: SchedulerLink, health: RouterHealth) -> None:
+    """The Generation service's health follows the scheduler's saturation, which its
+    session pushes as it changes (see health.py)."""
+    while True:
+        await link.saturation_changed.wait()
+        link.saturation_changed.clear()
+        await health.update(saturated=link.saturated)
 
 
 async def _refresh_serving_info(config: RouterConfig, link: SchedulerLink, servicer: GenerationServicer,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from llmserve.scheduler.preemption import PreemptionMode
 from llmserve.contract.grpc_server import ServerOptions, service_command
 from llmserve.settings import group, positive_int, setting
+from llmserve.scheduler.admission import QUEUED_TOKENS_PER_STEP_BUDGET
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,10 +30,22 @@ class SchedulerConfig:
                                        help="decode steps one plan may run back to back on the worker (multi-step "
                                             "scheduling) while nothing waits: one plan, result and message per K tokens; "
                                             "tokens reach clients K at a time; an arrival cuts a run short after one step")
+    # NOTE: the bounds apply to requests from routers (the service); the in-process
+    # engine queues whatever its caller adds. See admission.py.
+    max_queued_requests: int | None = setting(
+        None, parse=positive_int, unset="max-num-seqs: a full batch waits at most",
+        help="most requests waiting for a seat (queued or swapped out, beyond the seats the next step frees); "
+             "past it a new request is refused at once with RESOURCE_EXHAUSTED and a retry hint, unless it has "
+             "better priority than a queued request that has not started, which is refused instead")
+    max_queued_tokens: int | None = setting(
+        None, parse=positive_int, unset=f"{QUEUED_TOKENS_PER_STEP_BUDGET} x max-num-batched-tokens",
+        help="most prompt tokens the queued requests may still have to compute; past it new requests are refused "
+             "the same way (a request that finds the queue empty is always queued)")
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps"):
-            if getattr(self, name) <= 0:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps", "max_queued_requests",
+                     "max_queued_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         object.__setattr__(self, "preemption_mode", PreemptionMode(self.preemption_mode))
 

@@ -13,6 +13,10 @@ goes on:
 
 Halting is never silent: the service logs why, turns health NOT_SERVING, fails every
 live request (UNAVAILABLE) and refuses new ones until a worker registers again.
+
+Before each step the requests whose deadline has passed end (Scheduler.expire): a queued
+one is never scheduled, a running one stops at this step. With nothing to run, the loop
+waits for work or for the next deadline, whichever comes first.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ class EngineLoop:
             while True:
                 if not await self._step():
                     self.work.clear()
-                    await self.work.wait()
+                    await self._idle()
                 # Let session readers run between steps so aborts and adds land promptly.
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
@@ -76,12 +80,30 @@ class EngineLoop:
             logger.exception("the engine loop cannot go on")
             await _maybe_await(self.hooks.halt(f"{type(err).__name__}: {err}"))
 
+    async def _idle(self) -> None:
+        """Waits until work arrives or the earliest deadline passes (a queued request
+        must end then even if nothing else happens)."""
+        deadline = self.core.next_deadline()
+        if deadline is None:
+            await self.work.wait()
+            return
+        try:
+            await asyncio.wait_for(self.work.wait(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            pass
+
     async def _step(self) -> bool:
         """One step; False when there was nothing to run."""
         core = self.core
         if not core.has_unfinished_requests():
             return False
         start, start_ns = time.perf_counter(), time.time_ns()
+        try:
+            expired = core.expire(time.monotonic())
+        except Exception as err:
+            raise EngineHalted(f"ending requests past their deadline failed: {err}") from err
+        if expired:
+            self.hooks.dispatch(expired)
         try:
             plan = core.schedule()
         except Exception as err:

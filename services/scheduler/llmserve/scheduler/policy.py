@@ -195,6 +195,7 @@ class StepPolicy:
         if not request.admitted:
             request.admitted = True
             request.num_cached_tokens = sample.num_computed_tokens
+            self.counters.requests_admitted += 1
             self.counters.prompt_tokens_total += sample.num_prompt_tokens
 
 

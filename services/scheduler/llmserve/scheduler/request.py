@@ -84,6 +84,7 @@ class Request:
     priority: int = 0  # Lower is served first.
     arrival_order: int = 0  # FCFS rank among equal priorities.
     arrival_time: float = field(default_factory=time.monotonic)
+    deadline: float | None = None  # time.monotonic() after which it ends with DEADLINE_EXCEEDED.
     samples: list[Sample] = field(default_factory=list)  # Live ones (the root, or the samples).
     num_cached_tokens: int = 0  # Prompt tokens found in the prefix cache at admission.
     admitted: bool = False

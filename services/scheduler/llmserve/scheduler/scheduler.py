@@ -16,6 +16,8 @@ Request per client request, one Sample per sequence) and hold references to them
     kv_cache_manager.py  KVCacheManager: block tables, copy-on-write, prefix cache, swap
     block_audit.py       The block ledger (block -> live holders) and its leak check
     stats.py             Counters and the SchedulerStats snapshot
+    admission.py         Admission: queue bounds, displacement by priority, retry hints, saturation
+    deadlines.py         Deadlines: requests' end-to-end deadlines, earliest first
 
 Multi-sample requests (n > 1): a root sample prefills prompt[:-1]; once done it forks
 into n samples that share its blocks (ref counts). Each sample then computes the last
@@ -24,14 +26,17 @@ prompt token itself, writing into the shared partial block: copy-on-write.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 
 from llmserve.contract.outputs import ErrorCode, RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
+from llmserve.scheduler.admission import Admission, QueueFull, queue_bounds
 from llmserve.scheduler.block_audit import BlockAudit, audit_blocks
 from llmserve.scheduler.config import SchedulerConfig
+from llmserve.scheduler.deadlines import Deadlines
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
 from llmserve.scheduler.multi_step import allocate_lookahead, num_steps_for
 from llmserve.scheduler.output_processor import OutputProcessor
@@ -43,7 +48,7 @@ from llmserve.scheduler.request import Request, RequestStatus, Sample
 from llmserve.scheduler.stats import Counters, SchedulerStats, snapshot
 from llmserve.scheduler.worker_view import WorkerView
 
-__all__ = ["KVCacheShape", "PreemptionMode", "Scheduler", "SchedulerConfig", "SchedulerStats"]
+__all__ = ["KVCacheShape", "PreemptionMode", "QueueFull", "Scheduler", "SchedulerConfig", "SchedulerStats"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,9 +69,11 @@ class KVCacheShape:
 class Scheduler:
     """Owns the request queues and the KV cache block tables. Not thread-safe."""
 
-    def __init__(self, config: SchedulerConfig, cache: KVCacheShape, eos_token_ids: Iterable[int]):
+    def __init__(self, config: SchedulerConfig, cache: KVCacheShape, eos_token_ids: Iterable[int],
+                 clock: Callable[[], float] = time.monotonic):
         """A scheduler following `config` for a worker whose KV cache has `cache`'s shape
-        and whose model stops on `eos_token_ids`."""
+        and whose model stops on `eos_token_ids`. `clock` (time.monotonic, or a test's)
+        times the queue's drain rate; deadlines are on the same clock."""
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < cache.max_model_len:
             raise ValueError(
                 f"without chunked prefill max_num_batched_tokens ({config.max_num_batched_tokens})"
@@ -85,6 +92,9 @@ class Scheduler:
         self.policy = StepPolicy(config, self.kv, self.queues, preemptor, self.counters)
         self.outputs = OutputProcessor(cache.max_model_len, self.kv, self.queues, self.live, self.worker_view, self.counters)
         self._next_arrival = 0
+        self.clock = clock
+        self.admission = Admission(*queue_bounds(config), self.queues, clock)
+        self.deadlines = Deadlines()
 
     @property
     def waiting(self) -> list[Sample]:
@@ -104,18 +114,63 @@ class Scheduler:
     # ---- requests in and out ----
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                    n: int = 1, priority: int = 0) -> Request:
-        """Queue a request of `n` samples (WAITING) and return its record. Raises
-        ValueError on a duplicate id or bad input. Sample i gets seed + i when a seed is set."""
+                    n: int = 1, priority: int = 0, deadline: float | None = None) -> Request:
+        """Queue a request of `n` samples (WAITING) and return its record, whatever the
+        queue bounds (see submit). Raises ValueError on a duplicate id or bad input.
+        Sample i gets seed + i when a seed is set. `deadline` (on the scheduler's clock):
+        see expire."""
         self._validate(request_id, prompt_token_ids, sampling, n)
         request = Request(request_id, list(prompt_token_ids), sampling, self.eos_token_ids, n=n,
-                          priority=priority, arrival_order=self._next_arrival)
+                          priority=priority, arrival_order=self._next_arrival, deadline=deadline)
         self._next_arrival += 1
         samples = request.first_samples()
         self.live.add(request, samples)
         for sample in samples:
             self.queues.wait(sample)
+        if deadline is not None:
+            self.deadlines.add(request)
         return request
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+               n: int = 1, priority: int = 0, deadline: float | None = None) -> tuple[Request, list[RequestOutput]]:
+        """add_request within the queue bounds (max_queued_requests, max_queued_tokens).
+
+        Returns the request and the end outputs of the queued requests of worse priority
+        it displaced (RESOURCE_EXHAUSTED with a retry hint; usually none). Raises
+        ValueError for bad input and QueueFull (with its retry hint) when it does not
+        fit; either way nothing was queued and nothing displaced."""
+        self._validate(request_id, prompt_token_ids, sampling, n)
+        victims = self.admission.make_room(len(prompt_token_ids), priority)
+        outputs = []
+        if victims:
+            retry_ms = self.admission.retry_after_ms()
+            error = (f"the scheduler is saturated: a request of better priority took this queued request's place; "
+                     f"retry in {retry_ms} ms")
+            ended = self.outputs.end_requests([r.request_id for r in victims], RequestStatus.FINISHED_ERROR, error,
+                                              ErrorCode.RESOURCE_EXHAUSTED)
+            outputs = [replace(out, retry_after_ms=retry_ms) for out in ended]
+        return self.add_request(request_id, prompt_token_ids, sampling, n, priority, deadline), outputs
+
+    def expire(self, now: float) -> list[RequestOutput]:
+        """End every request whose deadline is at or before `now` with ERROR
+        (DEADLINE_EXCEEDED) and free its blocks: a queued one is never scheduled (again),
+        a running one stops here (its worker state goes with the next plan). Call it
+        before each schedule()."""
+        due = self.deadlines.due(now)
+        if not due:
+            return []
+        self.counters.requests_expired += len(due)
+        return self.outputs.end_requests([r.request_id for r in due], RequestStatus.FINISHED_ERROR,
+                                         "deadline exceeded", ErrorCode.DEADLINE_EXCEEDED)
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of an unfinished request (scheduler clock), or None."""
+        return self.deadlines.next()
+
+    @property
+    def saturated(self) -> bool:
+        """The queue hit its bounds and has not drained to half of them since."""
+        return self.admission.saturated
 
     def _validate(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams, n: int) -> None:
         """Raise ValueError for a request that can never be served."""
@@ -165,7 +220,7 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         """A snapshot of queue lengths, cache use and lifetime counters."""
-        return snapshot(self.counters, self.queues, self.kv)
+        return snapshot(self.counters, self.queues, self.kv, self.admission)
 
     # ---- one step ----
 
@@ -175,7 +230,10 @@ class Scheduler:
         An empty plan need not be sent to the worker: its finished_seq_ids are
         listed again in the next plan.
         """
+        admitted = self.counters.requests_admitted, self.counters.prompt_tokens_total
         scheduled = self.policy.choose()
+        self.admission.drain.record(self.clock(), self.counters.requests_admitted - admitted[0],
+                                    self.counters.prompt_tokens_total - admitted[1])
         num_steps = num_steps_for(self.config.num_scheduler_steps, self.cache.max_model_len, self.kv, self.queues,
                                   scheduled)
         if num_steps > 1:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 
 import grpc
 
@@ -25,7 +26,7 @@ from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.scheduler.config import SchedulerServiceConfig
 from llmserve.scheduler.engine_loop import EngineLoop, LoopHooks
 from llmserve.scheduler.request import Request
-from llmserve.scheduler.scheduler import KVCacheShape, Scheduler
+from llmserve.scheduler.scheduler import KVCacheShape, QueueFull, Scheduler
 from llmserve.scheduler.stream_interval import OutputCoalescer
 from llmserve.scheduler.worker_link import WorkerGroup, WorkerLink, WorkerLost
 from llmserve.contract.sampling import SamplingParams
@@ -74,6 +75,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._probe: asyncio.Future | None = None  # The readiness request's outcome.
         self.ready = False  # A worker is registered and its readiness step has run.
         self.coalescer = OutputCoalescer(config.stream_interval)
+        # Admission control: every open session hears when saturation changes.
+        self._sessions: set[RouterSession] = set()
+        self._saturated = False  # As last told to the sessions.
 
     # --- worker registration -------------------------------------------------
 
@@ -181,6 +185,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def Session(self, request_iterator, context):
         session = RouterSession()
+        self._sessions.add(session)
+        session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(saturated=self._saturated))
         reader = asyncio.create_task(self._read_router(session, context))
         try:
             while True:
@@ -189,6 +195,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     break
                 await context.write(update)
         finally:
+            self._sessions.discard(session)
             reader.cancel()
             # The router is gone (or its stream broke): nobody can receive these outputs.
             self._abort([request.request_id for request in session.owned])
@@ -221,12 +228,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if request_id in self._live:
             self._refuse(session, request_id, ErrorCode.ALREADY_EXISTS, f"request id {request_id!r} is already running")
             return
+        # The client's deadline, as a budget relative to now: the clocks need not agree.
+        deadline = time.monotonic() + add.deadline_ms / 1000 if add.deadline_ms else None
         try:
-            request = self.core.add_request(request_id, list(add.prompt_token_ids),
-                                            wire.sampling_from_pb(add.sampling), n=add.n or 1, priority=add.priority)
+            request, displaced = self.core.submit(request_id, list(add.prompt_token_ids),
+                                                  wire.sampling_from_pb(add.sampling), n=add.n or 1,
+                                                  priority=add.priority, deadline=deadline)
         except ValueError as err:
             self._refuse(session, request_id, ErrorCode.INVALID_ARGUMENT, str(err))
             return
+        except QueueFull as full:
+            self._refuse(session, request_id, ErrorCode.RESOURCE_EXHAUSTED, str(full), full.retry_after_ms)
+            self._publish_saturation()
+            return
+        self._dispatch(displaced)
         request.stream.owner = session
         self._live[request_id] = request
         session.owned[request] = None
@@ -244,9 +259,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self._dispatch(self.core.abort_requests(live))
             self._work.set()  # The worker must drop their state at the next step.
 
-    def _refuse(self, session: RouterSession, request_id: str, code: ErrorCode, error: str) -> None:
+    def _refuse(self, session: RouterSession, request_id: str, code: ErrorCode, error: str,
+                retry_after_ms: int = 0) -> None:
         """Ends a request that was never queued."""
-        self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=error, error_code=code))
+        self._send(session, RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=error, error_code=code,
+                                          retry_after_ms=retry_after_ms))
 
     def _send(self, session: RouterSession, output: RequestOutput) -> None:
         session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=[wire.request_output_to_pb(output)]))
@@ -282,6 +299,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self.coalescer.forget(request.stream)
         for session, pbs in per_session.values():
             session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=pbs))
+        self._publish_saturation()
+
+    # --- admission control ---------------------------------------------------
+
+    def _publish_saturation(self) -> None:
+        """Tells every router when the core's saturation changes (it drops with the queue,
+        which steps, ends and aborts all shrink: every one of them dispatches)."""
+        saturated = self.core is not None and self.core.saturated
+        if saturated == self._saturated:
+            return
+        self._saturated = saturated
+        if saturated:
+            logger.warning("saturated: the waiting queue is at its bounds, refusing new requests")
+        else:
+            logger.info("no longer saturated: the waiting queue drained")
+        for session in self._sessions:
+            session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(saturated=saturated))
 
     # --- the engine loop (engine_loop.py) -------------------------------------
 
@@ -394,11 +428,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 logger.info(
                     "running: %d, waiting: %d, swapped: %d, KV cache usage: %.1f%%, CPU swap usage:"
                     " %.1f%%, prefix cache hit rate: %.1f%%, preemptions: %d recompute / %d swap,"
-                    " swapped-out blocks: %d, cached blocks: %d",
+                    " swapped-out blocks: %d, cached blocks: %d, queued: %d requests / %d tokens, refused: %d,"
+                    " expired: %d",
                     s.num_running, s.num_waiting, s.num_swapped, 100 * s.kv_cache_usage,
                     100 * (1 - s.num_free_cpu_blocks / s.num_cpu_blocks) if s.num_cpu_blocks else 0.0,
                     100 * s.prefix_cache_hit_rate, s.num_preemptions_recompute, s.num_preemptions_swap,
-                    s.num_swapped_out_blocks, s.num_cached_blocks,
+                    s.num_swapped_out_blocks, s.num_cached_blocks, s.num_queued_requests, s.num_queued_tokens,
+                    sum(s.num_refused.values()), s.num_expired,
                 )
 
     async def drain(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmserve.scheduler.admission import REFUSAL_REASONS, Admission
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
 from llmserve.scheduler.queues import Queues
 from llmserve.scheduler.request import RequestStatus
@@ -34,6 +35,14 @@ class SchedulerStats:
     num_failed: int  # Finished with ERROR.
     prompt_tokens_total: int  # Prompt tokens of admitted requests (recomputes not counted).
     generation_tokens_total: int  # Tokens sampled and kept.
+    # Admission control and deadlines (see admission.py, deadlines.py).
+    num_queued_requests: int = 0  # Requests waiting or swapped out.
+    num_queued_tokens: int = 0  # Tokens they must compute before their next token.
+    max_queued_requests: int = 0  # The bounds.
+    max_queued_tokens: int = 0
+    saturated: bool = False
+    num_refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSAL_REASONS, 0))  # By reason.
+    num_expired: int = 0  # Requests ended by their deadline.
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -54,15 +63,18 @@ class Counters:
     finished: dict[RequestStatus, int] = field(default_factory=_finished_counts)  # Samples, by end.
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    requests_admitted: int = 0  # Requests scheduled for the first time.
+    requests_expired: int = 0  # Requests ended by their deadline.
 
     @property
     def num_preemptions(self) -> int:
         return self.preemptions_recompute + self.preemptions_swap
 
 
-def snapshot(counters: Counters, queues: Queues, kv: KVCacheManager) -> SchedulerStats:
+def snapshot(counters: Counters, queues: Queues, kv: KVCacheManager, admission: Admission) -> SchedulerStats:
     """A SchedulerStats of the queues' lengths, the cache's use and the lifetime counters."""
     finished = counters.finished
+    num_queued_requests, num_queued_tokens = admission.load()
     return SchedulerStats(
         num_waiting=len(queues.waiting),
         num_running=len(queues.running),
@@ -87,4 +99,11 @@ def snapshot(counters: Counters, queues: Queues, kv: KVCacheManager) -> Schedule
         num_failed=finished[RequestStatus.FINISHED_ERROR],
         prompt_tokens_total=counters.prompt_tokens_total,
         generation_tokens_total=counters.generation_tokens_total,
+        num_queued_requests=num_queued_requests,
+        num_queued_tokens=num_queued_tokens,
+        max_queued_requests=admission.max_requests,
+        max_queued_tokens=admission.max_tokens,
+        saturated=admission.saturated,
+        num_refused=dict(admission.refused),
+        num_expired=counters.requests_expired,
     )
