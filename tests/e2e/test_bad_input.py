@@ -8,7 +8,6 @@ import asyncio
 import grpc
 import pytest
 
-from llmserve.client import LLMServeClient
 from llmserve.v1 import generation_pb2 as pb
 from llmserve.v1 import generation_pb2_grpc
 
@@ -64,12 +63,12 @@ async def expect_error(stub, request) -> grpc.aio.AioRpcError:
 
 @pytest.mark.slow
 async def test_bad_inputs_fail_cleanly_while_a_good_request_runs(cluster):
-    async with LLMServeClient(cluster.router_address) as client:
+    async with cluster.client() as client:
         solo = await generate_ids(client, "The three primary colors are", max_tokens=48, temperature=0.0,
                                          ignore_eos=True)
         good = asyncio.create_task(generate_ids(client, "The three primary colors are", max_tokens=48,
                                                        temperature=0.0, ignore_eos=True))
-        async with grpc.aio.insecure_channel(cluster.router_address) as channel:
+        async with cluster.channel() as channel:
             stub = generation_pb2_grpc.GenerationStub(channel)
             for label, request, code, message in BAD_REQUESTS:
                 err = await expect_error(stub, request)

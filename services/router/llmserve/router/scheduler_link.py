@@ -15,7 +15,8 @@ import grpc
 from llmserve.contract import wire
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from llmserve.contract.grpc_server import SERVING, insecure_channel
+from llmserve.contract.grpc_server import SERVING, channel
+from llmserve.contract.security import SecurityOptions
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.contract.outputs import FinishReason, RequestOutput
 from llmserve.contract.sampling import SamplingParams
@@ -29,9 +30,9 @@ class SchedulerUnavailable(RuntimeError):
 
 
 class SchedulerLink:
-    def __init__(self, address: str):
+    def __init__(self, address: str, security: SecurityOptions):
         self.address = address
-        self._channel = insecure_channel(address)
+        self._channel = channel(address, security)  # Mutual TLS: the router's certificate.
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._call = None
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}

@@ -18,6 +18,7 @@ import grpc
 from grpc_reflection.v1alpha import reflection
 
 from llmserve.contract import wire
+from llmserve.contract.api_keys import ApiKeyInterceptor, ApiKeys
 from llmserve.contract.grpc_server import ServiceServer
 from llmserve.contract.outputs import FinishReason
 from llmserve.model_store import resolve_model_dir
@@ -236,8 +237,11 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-router")
     metrics = RouterMetrics(setup_metrics("router", config.server.metrics_port, config.server.host))
     tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, resolve_model_dir(config.model))
-    server = ServiceServer(SERVICE_NAME, config.server.host, config.server.port)
-    link = SchedulerLink(config.scheduler_address)
+    # The public port: TLS without client certificates; callers prove themselves with a key.
+    interceptors = [] if config.security.insecure else [ApiKeyInterceptor(ApiKeys(config.api.keys()))]
+    server = ServiceServer(SERVICE_NAME, config.server.host, config.server.port, config.security,
+                           client_auth=False, interceptors=interceptors)
+    link = SchedulerLink(config.scheduler_address, config.security)
     # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
     servicer = GenerationServicer(tokenizer, link, metrics)
     generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server.server)

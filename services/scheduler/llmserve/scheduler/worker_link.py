@@ -10,7 +10,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.contract import wire
-from llmserve.contract.grpc_server import insecure_channel
+from llmserve.contract.grpc_server import channel
+from llmserve.contract.security import SecurityOptions
 from llmserve.internal.v1 import worker_pb2_grpc
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.worker_info import WorkerInfo
@@ -21,10 +22,11 @@ class WorkerLost(RuntimeError):
 
 
 class WorkerLink:
-    def __init__(self, address: str, info: WorkerInfo):
+    def __init__(self, address: str, info: WorkerInfo, security: SecurityOptions):
         self.address = address
         self.info = info
-        self._channel = insecure_channel(address)
+        # Mutual TLS: the scheduler's certificate; the worker must hold one for `address`.
+        self._channel = channel(address, security)
         self._call = worker_pb2_grpc.WorkerStub(self._channel).Execute()
         # The multi-step plan the worker is running (its step id), until it is interrupted
         # or answered; None otherwise. Only then may an interrupt be written: grpc.aio
