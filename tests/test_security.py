@@ -108,6 +108,23 @@ def test_api_keys_accept_any_configured_key_and_say_what_is_wrong(tmp_path):
     assert "no such file" in ApiKeyOptions(api_key_file=tmp_path / "missing").problem().lower()
 
 
+def test_key_file_rotation_needs_no_restart(tmp_path, caplog):
+    key_file = tmp_path / "keys"
+    key_file.write_text("old-key\n")
+    keys = ApiKeys.from_options(ApiKeyOptions(api_key="env-key", api_key_file=key_file))
+    assert keys.valid("old-key") and keys.valid("env-key") and not keys.valid("new-key")
+    key_file.write_text("old-key\nnew-key\n")  # Add the new key: both work meanwhile...
+    assert keys.valid("old-key") and keys.valid("new-key")
+    _replace(key_file, b"new-key\n")  # ...then drop the old one.
+    assert keys.valid("new-key") and not keys.valid("old-key") and keys.valid("env-key")
+    with caplog.at_level(logging.WARNING, logger="llmserve.contract.api_keys"):
+        _replace(key_file, b"# emptied by mistake\n")  # Keeps the keys it had, and says so.
+        assert keys.valid("new-key")
+        key_file.unlink()
+        assert keys.valid("new-key")
+    assert "cannot be used" in caplog.text
+
+
 class Echo(pb_grpc.GenerationServicer):
     async def Tokenize(self, request, context):
         return pb.TokenizeResponse(token_ids=[1, 2], count=2, prompt=request.text)
@@ -344,7 +361,7 @@ def test_insecure_warns_and_binds_loopback_by_default():
                 port = int(line.split(" listening on ")[1].split()[0].rsplit(":", 1)[1])
         log = "".join(lines)
         assert "WARNING" in log and "--insecure: the scheduler runs WITHOUT TLS and without authentication" in log
-        assert "plaintext (--insecure)" in log
+        assert "(plaintext: --insecure)" in log
         assert _listening_addresses(port) == ["127.0.0.1"]
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -2,13 +2,17 @@
 
 `ApiKeys.authenticate` is the one check, so that any front door (the gRPC interceptor
 below; an OpenAI-style HTTP server later) refuses the same requests with the same
-message. Keys are compared in constant time, against every configured key.
+message. Keys are compared in constant time, against every configured key. The key
+file is re-read when it changes: rotate a key by adding the new one, moving clients
+over, then deleting the old one, without a restart.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +20,8 @@ from pathlib import Path
 import grpc
 
 from llmserve.settings import setting
+
+logger = logging.getLogger(__name__)
 
 # Open without a key: health probes (Kubernetes, compose, load balancers) carry no
 # credentials. Reflection is NOT open: it hands out the whole API surface, and a keyed
@@ -49,13 +55,15 @@ class ApiKeyOptions:
                 "a key file), or --insecure to serve without one (debugging only)")
 
     def keys(self) -> list[str]:
-        """Every configured key (blank lines and #-comments of the file skipped)."""
-        keys = [self.api_key] if self.api_key else []
-        if self.api_key_file is not None:
-            for line in Path(self.api_key_file).read_text(encoding="utf-8").splitlines():
-                if line.strip() and not line.lstrip().startswith("#"):
-                    keys.append(line.strip())
-        return keys
+        """Every configured key, now."""
+        return ([self.api_key] if self.api_key else []) + (read_key_file(self.api_key_file)
+                                                           if self.api_key_file is not None else [])
+
+
+def read_key_file(path: Path) -> list[str]:
+    """The keys of a key file: one a line, blank lines and #-comments skipped."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
 def _digest(key: str) -> bytes:
@@ -64,18 +72,51 @@ def _digest(key: str) -> bytes:
 
 
 class ApiKeys:
-    """The keys a client may present."""
+    """The keys a client may present: `keys`, and those of `file` as it is now (a stat
+    per check; re-read when it changed; an unreadable or empty rewrite keeps the keys
+    it had, so a botched edit does not lock every client out)."""
 
-    def __init__(self, keys: Iterable[str]):
-        self._digests = tuple(_digest(k) for k in keys if k)
-        if not self._digests:
+    def __init__(self, keys: Iterable[str] = (), file: Path | None = None):
+        self._fixed = tuple(_digest(k) for k in keys if k)
+        self._file = Path(file) if file is not None else None
+        self._stamp: tuple[int, int, int] | None = None
+        self._from_file: tuple[bytes, ...] = ()
+        if self._file is not None:
+            self._from_file = tuple(map(_digest, read_key_file(self._file)))
+            self._stamp = self._file_stamp()
+        if not self._fixed + self._from_file:
             raise ValueError("no API key configured")
+
+    @classmethod
+    def from_options(cls, options: ApiKeyOptions) -> "ApiKeys":
+        return cls([options.api_key] if options.api_key else [], options.api_key_file)
+
+    def _file_stamp(self) -> tuple[int, int, int]:
+        s = os.stat(self._file)
+        return s.st_ino, s.st_mtime_ns, s.st_size
+
+    def _digests(self) -> tuple[bytes, ...]:
+        if self._file is None:
+            return self._fixed
+        try:
+            stamp = self._file_stamp()
+            if stamp != self._stamp:
+                self._stamp = stamp  # Tried once per change, whatever comes of it.
+                keys = read_key_file(self._file)
+                if not keys:
+                    raise ValueError("no key in it")
+                self._from_file = tuple(map(_digest, keys))
+                logger.info("API key file %s reloaded: %d keys", self._file, len(keys))
+        except (OSError, ValueError) as err:
+            logger.warning("API key file %s changed but cannot be used (%s); keeping its previous keys",
+                           self._file, err)
+        return self._fixed + self._from_file
 
     def valid(self, key: str) -> bool:
         """Constant time: every configured key is compared, whichever matches."""
         presented = _digest(key)
         found = False
-        for digest in self._digests:
+        for digest in self._digests():
             found |= hmac.compare_digest(digest, presented)
         return found
 

@@ -60,7 +60,7 @@ class ServiceServer:
         self.certificates = None  # The served certificate's files (None: plaintext).
         if security.insecure:
             self.port = self.server.add_insecure_port(f"{host}:{port}")
-            self.transport = "plaintext (--insecure)"
+            self.transport = "plaintext: --insecure"
         else:
             creds, self.certificates = server_credentials(security, client_auth)
             self.port = self.server.add_secure_port(f"{host}:{port}", creds)

@@ -4,7 +4,8 @@ Mutual TLS proves a peer holds a certificate from the cluster's CA; its role com
 the certificate's subject CN (`llmserve-router`, `llmserve-scheduler`,
 `llmserve-worker`). A valid certificate of the wrong role is refused with
 PERMISSION_DENIED: a router cannot register as a worker and take the live worker's
-place, and only the scheduler drives a worker.
+place, and only the scheduler drives a worker. The other internal calls (health,
+GetStats, GetServingInfo, Describe) are open to any holder of a cluster certificate.
 """
 
 from __future__ import annotations

@@ -238,7 +238,7 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     metrics = RouterMetrics(setup_metrics("router", config.server.metrics_port, config.server.host))
     tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, resolve_model_dir(config.model))
     # The public port: TLS without client certificates; callers prove themselves with a key.
-    interceptors = [] if config.security.insecure else [ApiKeyInterceptor(ApiKeys(config.api.keys()))]
+    interceptors = [] if config.security.insecure else [ApiKeyInterceptor(ApiKeys.from_options(config.api))]
     server = ServiceServer(SERVICE_NAME, config.server.host, config.server.port, config.security,
                            client_auth=False, interceptors=interceptors)
     link = SchedulerLink(config.scheduler_address, config.security)
