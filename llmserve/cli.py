@@ -70,10 +70,12 @@ def _health(args) -> int:
     from llmserve.contract.security import channel_credentials
 
     try:
-        if args.insecure:
-            channel = grpc.insecure_channel(args.target)
-        else:
-            channel = grpc.secure_channel(args.target, channel_credentials(args.tls_ca, args.tls_cert, args.tls_key))
+        creds = None if args.insecure else channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
+    except OSError as err:  # A probe says why in one line, not a traceback.
+        print(f"{args.target}: {err}", file=sys.stderr)
+        return 1
+    try:
+        channel = grpc.insecure_channel(args.target) if creds is None else grpc.secure_channel(args.target, creds)
         with channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)

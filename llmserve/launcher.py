@@ -167,7 +167,8 @@ class LocalCluster:
 
         if self.credentials is None:
             return LLMServeClient(self.router_address, insecure=True, **kwargs)
-        return LLMServeClient(self.router_address, tls_ca=self.credentials.ca, api_key=self.api_key, **kwargs)
+        return LLMServeClient(self.router_address, tls_ca=self.credentials.ca, api_key=self.api_key, insecure=False,
+                              **kwargs)
 
     def start(self, timeout_s: float = 600.0) -> "LocalCluster":
         for name in self.spec.commands(self.credentials):

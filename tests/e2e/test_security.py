@@ -120,3 +120,26 @@ def test_bench_serve_reaches_a_running_secure_cluster(cluster, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(next(tmp_path.glob("serve-*.json")).read_text())
     assert report["metrics"]["completed"] == 3 and report["metrics"]["failed"] == 0
+
+
+@pytest.mark.slow
+def test_llmserve_health_probes_every_service_with_what_it_needs(cluster):
+    import os
+    import subprocess
+    import sys
+
+    c = cluster.credentials
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSERVE_")}
+
+    def probe(address: str, *flags: str, **extra_env: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "llmserve.cli", "health", "--target", address, *flags],
+                              capture_output=True, text=True, timeout=60, env={**env, **extra_env})
+
+    # The router: the CA is enough (probes carry no key).
+    assert probe(cluster.router_address, "--tls-ca", str(c.ca)).returncode == 0
+    # The scheduler: a client certificate too, from flags or (inside its container) its variables.
+    assert probe(cluster.scheduler_address, "--tls-ca", str(c.ca)).returncode == 1
+    ok = probe(cluster.scheduler_address, LLMSERVE_TLS_CA=str(c.ca), LLMSERVE_TLS_CERT=str(c.cert("scheduler")),
+               LLMSERVE_TLS_KEY=str(c.key("scheduler")))
+    assert ok.returncode == 0 and "SERVING" in ok.stdout
+    assert probe(cluster.worker_address, *c.service_flags("scheduler")[:4], "--tls-ca", str(c.ca)).returncode == 0
