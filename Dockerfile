@@ -14,8 +14,11 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     LLMSERVE_CACHE=/opt/llmserve/cache
+# certs/ and ca/: mount points of docker-compose's credential volumes (a new named
+# volume takes the owner and mode of the directory it is mounted on).
 RUN useradd --system --uid 10001 --home-dir /opt/llmserve llmserve \
-    && mkdir -p /opt/llmserve/cache && chown -R llmserve /opt/llmserve
+    && mkdir -p /opt/llmserve/cache /opt/llmserve/certs /opt/llmserve/ca \
+    && chmod 700 /opt/llmserve/certs /opt/llmserve/ca && chown -R llmserve /opt/llmserve
 WORKDIR /opt/llmserve/src
 COPY pyproject.toml README.md ./
 COPY llmserve ./llmserve

@@ -3,6 +3,7 @@
     llmserve up [--prompt TEXT]       router + scheduler + worker on localhost
     llmserve router|scheduler|worker  one service (docker-compose, Kubernetes)
     llmserve generate "prompt"        stream an answer from a running cluster
+    llmserve certs --out DIR          a CA, per-role certificates and an API key
 
 Each installed distribution adds its own commands (entry points `llmserve.commands`):
 an image with only the scheduler installed offers `llmserve scheduler`, not `worker`.
@@ -30,18 +31,52 @@ COMMAND_GROUP = "llmserve.commands"
 # --- client commands, always present ---------------------------------------------------
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+
+
+def _connection_arguments(p: argparse.ArgumentParser, client_cert: bool) -> None:
+    """How a client command reaches a secure service: the flags, or the LLMSERVE_* variables
+    the services read (a health check inside a service's container needs no flags)."""
+    env = os.environ.get
+    p.add_argument("--tls-ca", default=env("LLMSERVE_TLS_CA"),
+                   help="CA certificate to verify the server against (default: $LLMSERVE_TLS_CA, else the "
+                        "system's roots)")
+    if client_cert:
+        p.add_argument("--tls-cert", default=env("LLMSERVE_TLS_CERT"),
+                       help="client certificate, which the scheduler and worker require, e.g. the service's own "
+                            "(default: $LLMSERVE_TLS_CERT)")
+        p.add_argument("--tls-key", default=env("LLMSERVE_TLS_KEY"),
+                       help="its private key (default: $LLMSERVE_TLS_KEY)")
+    else:
+        p.add_argument("--api-key", default=env("LLMSERVE_API_KEY"), help="the router's API key (default: "
+                       "$LLMSERVE_API_KEY; a flag shows in `ps`: prefer the variable or --api-key-file)")
+        p.add_argument("--api-key-file", type=Path, default=None, help="read the API key from this file")
+    p.add_argument("--insecure", action="store_true", default=_env_flag("LLMSERVE_INSECURE"),
+                   help="plaintext, for a service run with --insecure (default: $LLMSERVE_INSECURE)")
+
+
 def _health_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="localhost:50051", help="service address (default: %(default)s)")
     p.add_argument("--service", default="", help="service name to ask about ('' = the whole server)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds (default: %(default)s)")
+    _connection_arguments(p, client_cert=True)
 
 
 def _health(args) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from llmserve.contract.security import channel_credentials
+
     try:
-        with grpc.insecure_channel(args.target) as channel:
+        creds = None if args.insecure else channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
+    except OSError as err:  # A probe says why in one line, not a traceback.
+        print(f"{args.target}: {err}", file=sys.stderr)
+        return 1
+    try:
+        channel = grpc.insecure_channel(args.target) if creds is None else grpc.secure_channel(args.target, creds)
+        with channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
     except grpc.RpcError as err:
@@ -63,21 +98,30 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[])
     p.add_argument("--ignore-eos", action="store_true")
+    _connection_arguments(p, client_cert=False)
 
 
 def _generate(args) -> int:
+    import grpc
+
     from llmserve.client import LLMServeClient
 
+    api_key = args.api_key_file.read_text().strip() if args.api_key_file else args.api_key
+
     async def main() -> int:
-        async with LLMServeClient(args.target) as client:
+        async with LLMServeClient(args.target, api_key=api_key, tls_ca=args.tls_ca, insecure=args.insecure) as client:
             kwargs = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
             if args.chat:
                 stream = client.generate(messages=[{"role": "user", "content": args.prompt}], **kwargs)
             else:
                 stream = client.generate(args.prompt, **kwargs)
-            async for delta in stream:
-                print(delta.text, end="", flush=True)
+            try:
+                async for delta in stream:
+                    print(delta.text, end="", flush=True)
+            except grpc.aio.AioRpcError as err:
+                print(f"{args.target}: {err.code().name} {err.details()}", file=sys.stderr)
+                return 1
             print()
         return 0
 

@@ -1,9 +1,15 @@
 """A small asyncio client for the public llmserve API (llmserve.v1.Generation).
 
-    async with LLMServeClient("localhost:50051") as client:
+    async with LLMServeClient("localhost:50051", tls_ca="ca.crt", api_key=KEY) as client:
         async for delta in client.generate("Hi", max_tokens=32):
             print(delta.text, end="", flush=True)
         text = await client.complete(messages=[("user", "What is 2+2?")])
+
+TLS by default: the server is verified against `tls_ca` (a path or PEM bytes; the
+system's roots if none), and `api_key` goes with every call as `authorization: Bearer
+<key>`. Unset, they come from LLMSERVE_TLS_CA and LLMSERVE_API_KEY (the variables the
+services read too). `insecure=True` (or LLMSERVE_INSECURE=1) talks plaintext to a
+server run with --insecure, and sends no key.
 
 RPC failures surface as ``grpc.aio.AioRpcError`` (``.code()`` keeps the status).
 Leaving a ``generate`` loop early (``break``, task cancel) cancels the call, and the
@@ -12,14 +18,17 @@ server aborts the request.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.contract.outputs import TokenLogprobs
+from llmserve.contract.security import channel_credentials
 from llmserve.v1 import generation_pb2 as pb
 from llmserve.v1 import generation_pb2_grpc as pb_grpc
 
@@ -171,14 +180,34 @@ def build_generate_request(
     return request
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+
+
+def router_channel(target: str, *, api_key: str | None = None, tls_ca: str | Path | bytes | None = None,
+                   insecure: bool | None = None) -> grpc.aio.Channel:
+    """A channel to a router: TLS verified against `tls_ca`, the key on every call (see
+    the module's docstring for the defaults)."""
+    if insecure is None:
+        insecure = _env_flag("LLMSERVE_INSECURE")
+    if insecure:
+        return grpc.aio.insecure_channel(target)
+    api_key = api_key if api_key is not None else os.environ.get("LLMSERVE_API_KEY") or None
+    tls_ca = tls_ca if tls_ca is not None else os.environ.get("LLMSERVE_TLS_CA") or None
+    return grpc.aio.secure_channel(target, channel_credentials(tls_ca, api_key=api_key))
+
+
 class LLMServeClient:
     """Async client for one llmserve router. Use as ``async with``, or call close()."""
 
-    def __init__(self, target: str = "localhost:50051", *,
+    def __init__(self, target: str = "localhost:50051", *, api_key: str | None = None,
+                 tls_ca: str | Path | bytes | None = None, insecure: bool | None = None,
                  channel: grpc.aio.Channel | None = None, timeout: float | None = None) -> None:
         self.target = target
         self._owns_channel = channel is None
-        self._channel = channel if channel is not None else grpc.aio.insecure_channel(target)
+        if channel is None:
+            channel = router_channel(target, api_key=api_key, tls_ca=tls_ca, insecure=insecure)
+        self._channel = channel
         self._stub = pb_grpc.GenerationStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self.timeout = timeout  # Deadline of unary calls, in seconds (None: none).

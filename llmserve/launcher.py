@@ -1,7 +1,10 @@
 """A local cluster: router, scheduler and worker as three processes on localhost.
 
 Used by `llmserve up` and by the end-to-end tests. Each child is the same
-`llmserve <service>` command that docker-compose or Kubernetes would run.
+`llmserve <service>` command that docker-compose or Kubernetes would run. Secure by
+default: unless the spec says `insecure`, the cluster makes a throwaway CA, one
+certificate per role and an API key in a private temporary directory (removed by
+stop()), and every hop runs mutual TLS.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +24,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from llmserve.certs import ClusterCredentials, write_credentials
+from llmserve.contract.peers import ROUTER, SCHEDULER, WORKER
+from llmserve.contract.security import channel_credentials
 from llmserve.router.config import RouterConfig
 from llmserve.scheduler.config import SchedulerConfig, SchedulerServiceConfig
 from llmserve.settings import Command, group, setting, to_argv
@@ -53,17 +60,33 @@ class ClusterSpec:
     # Environment variables for one service's processes on top of this process's own:
     # {"router" | "scheduler" | "worker": {name: value}} ("worker": every rank of a group).
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    insecure: bool = False  # Plaintext and no API key (debugging; the benchmarks' TLS-cost runs).
+    # A credential set to use (`llmserve certs --out DIR`); None: a throwaway one per cluster.
+    credentials: ClusterCredentials | None = None
 
-    def commands(self) -> dict[str, list[str]]:
+    def commands(self, credentials: ClusterCredentials | None = None) -> dict[str, list[str]]:
+        """Each process's command line; `credentials` is required unless `insecure`."""
+        if not self.insecure and credentials is None:
+            raise ValueError("a secure cluster needs credentials (or insecure=True)")
+
+        def security(role: str) -> list[str]:
+            if self.insecure:
+                return ["--insecure"]
+            # --no-insecure: an LLMSERVE_INSECURE in this process's environment must not
+            # turn a child insecure behind the launcher's back.
+            flags = ["--no-insecure", *credentials.service_flags(role)]
+            return flags + (["--api-key-file", str(credentials.api_key_file)] if role == ROUTER else [])
+
         base = [sys.executable, "-m", "llmserve.cli", "--log-level", self.log_level]
         model = ["--model", str(self.model_dir)]
         if self.model_name:
             model += ["--served-model-name", self.model_name]
         scheduler_addr = f"localhost:{self.scheduler_port}"
-        worker = base + ["worker", *model, "--host", "127.0.0.1", "--scheduler", scheduler_addr, *self.worker_args]
+        worker = base + ["worker", *model, "--host", "127.0.0.1", "--scheduler", scheduler_addr, *security(WORKER),
+                         *self.worker_args]
         commands = {
             "scheduler": base + ["scheduler", "--host", "127.0.0.1", "--port", str(self.scheduler_port),
-                                 *self.scheduler_args],
+                                 *security(SCHEDULER), *self.scheduler_args],
         }
         world = self.tp_size * self.pp_size
         if world == 1:
@@ -77,7 +100,7 @@ class ClusterSpec:
                     "--pp-size", str(self.pp_size), "--rank", str(rank),
                     "--dist-init", f"tcp://127.0.0.1:{self.dist_port}"]
         commands["router"] = base + ["router", *model, "--host", "127.0.0.1", "--port", str(self.router_port),
-                                     "--scheduler", scheduler_addr, *self.router_args]
+                                     "--scheduler", scheduler_addr, *security(ROUTER), *self.router_args]
         return commands
 
 
@@ -85,6 +108,12 @@ class LocalCluster:
     def __init__(self, spec: ClusterSpec):
         self.spec = spec
         self.processes: dict[str, subprocess.Popen] = {}
+        self._private_dir: tempfile.TemporaryDirectory | None = None
+        self.credentials: ClusterCredentials | None = spec.credentials
+        if not spec.insecure and self.credentials is None:
+            # mkdtemp's directory is 0700: only this user can read the keys.
+            self._private_dir = tempfile.TemporaryDirectory(prefix="llmserve-credentials-")
+            self.credentials = write_credentials(Path(self._private_dir.name), keep_ca_key=False)
 
     @property
     def router_address(self) -> str:
@@ -94,8 +123,55 @@ class LocalCluster:
     def scheduler_address(self) -> str:
         return f"localhost:{self.spec.scheduler_port}"
 
+    @property
+    def worker_address(self) -> str:
+        return f"localhost:{self.spec.worker_port}"
+
+    # --- talking to it: the credentials each hop wants ---------------------------------
+
+    @property
+    def api_key(self) -> str | None:
+        return None if self.credentials is None else self.credentials.api_key
+
+    @property
+    def call_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The router's call metadata for a channel made without the key."""
+        return () if self.api_key is None else (("authorization", f"Bearer {self.api_key}"),)
+
+    def credentials_for(self, service: str = ROUTER, api_key: bool = True):
+        """Channel credentials for calling `service` as its natural caller does: the
+        router as a public client (the CA, the API key unless `api_key=False`); the
+        scheduler with the router's certificate; a worker with the scheduler's. None
+        when the cluster is insecure."""
+        c = self.credentials
+        if c is None:
+            return None
+        if service == ROUTER:
+            return channel_credentials(c.ca, api_key=c.api_key if api_key else None)
+        caller = ROUTER if service == SCHEDULER else SCHEDULER
+        return channel_credentials(c.ca, c.cert(caller), c.key(caller))
+
+    def address(self, service: str) -> str:
+        return {ROUTER: self.router_address, SCHEDULER: self.scheduler_address, WORKER: self.worker_address}[service]
+
+    def channel(self, service: str = ROUTER, api_key: bool = True) -> grpc.aio.Channel:
+        """An asyncio channel to `service` (see credentials_for)."""
+        creds = self.credentials_for(service, api_key)
+        if creds is None:
+            return grpc.aio.insecure_channel(self.address(service))
+        return grpc.aio.secure_channel(self.address(service), creds)
+
+    def client(self, **kwargs):
+        """An LLMServeClient for the router, with this cluster's CA and API key."""
+        from llmserve.client import LLMServeClient
+
+        if self.credentials is None:
+            return LLMServeClient(self.router_address, insecure=True, **kwargs)
+        return LLMServeClient(self.router_address, tls_ca=self.credentials.ca, api_key=self.api_key, insecure=False,
+                              **kwargs)
+
     def start(self, timeout_s: float = 600.0) -> "LocalCluster":
-        for name in self.spec.commands():
+        for name in self.spec.commands(self.credentials):
             self.spawn(name)
         try:
             self.wait_ready(timeout_s)
@@ -110,7 +186,7 @@ class LocalCluster:
         if self.spec.log_dir is not None:
             self.spec.log_dir.mkdir(parents=True, exist_ok=True)
             stderr = open(self.spec.log_dir / f"{name}.log", "ab")
-        cmd = self.spec.commands()[name]
+        cmd = self.spec.commands(self.credentials)[name]
         env = dict(os.environ, **self.spec.service_env.get(name.split("-")[0], {}))
         world = self.spec.tp_size * self.spec.pp_size
         if name.startswith("worker-") and "OMP_NUM_THREADS" not in env:
@@ -121,7 +197,10 @@ class LocalCluster:
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.router_address) as channel:
+        creds = self.credentials_for(ROUTER)
+        channel = grpc.insecure_channel(self.router_address) if creds is None else \
+            grpc.secure_channel(self.router_address, creds)
+        with channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 for name, proc in self.processes.items():
@@ -167,6 +246,8 @@ class LocalCluster:
                 proc.kill()
                 proc.wait()
             codes[name] = proc.returncode
+        if self._private_dir is not None:  # The throwaway keys go with the cluster.
+            self._private_dir.cleanup()
         return codes
 
     def __enter__(self) -> "LocalCluster":
@@ -179,8 +260,12 @@ class LocalCluster:
 # Settings a process of a local cluster gets from the launcher itself, not from the user.
 _PER_PROCESS = ("host", "port", "metrics-port", "shutdown-timeout")
 _WORKER_ADDRESSING = ("scheduler", "advertise-host", "register-timeout", "rank", "dist-init", "dist-timeout")
+# Credentials come from ClusterSpec too (a throwaway set, or --insecure for none).
+_CREDENTIALS = ("tls-cert", "tls-key", "tls-ca", "api-key", "api-key-file")
+_SECURITY = _CREDENTIALS + ("insecure",)
 # The router's model and scheduler address come from ClusterSpec, like everyone's addresses.
-_ROUTER_SET_BY_LAUNCHER = _PER_PROCESS + ("scheduler", "model", "served-model-name")
+# `up` keeps the router's --insecure: one flag for the whole cluster.
+_ROUTER_SET_BY_LAUNCHER = _PER_PROCESS + _CREDENTIALS + ("scheduler", "model", "served-model-name")
 
 
 @dataclass(frozen=True)
@@ -188,21 +273,21 @@ class EngineSettings:
     """What an engine is built from, in process or as a local cluster: the worker's model
     and runner settings and the scheduler's, as the services declare them."""
 
-    worker: WorkerConfig = group(WorkerConfig, skip=_PER_PROCESS + _WORKER_ADDRESSING)
-    scheduler: SchedulerServiceConfig = group(SchedulerServiceConfig,
-                                              skip=_PER_PROCESS + ("log-stats-interval", "step-timeout"))
+    worker: WorkerConfig = group(WorkerConfig, skip=_PER_PROCESS + _SECURITY + _WORKER_ADDRESSING)
+    scheduler: SchedulerServiceConfig = group(SchedulerServiceConfig, skip=_PER_PROCESS + _SECURITY + (
+        "log-stats-interval", "step-timeout"))
 
     @property
     def scheduling(self) -> SchedulerConfig:
         return self.scheduler.scheduling
 
     def scheduler_argv(self) -> list[str]:
-        return to_argv(self.scheduler, skip=_PER_PROCESS)
+        return to_argv(self.scheduler, skip=_PER_PROCESS + _SECURITY)
 
     def worker_argv(self) -> list[str]:
         """The worker's runner flags (ClusterSpec adds the model, the launcher the group's shape)."""
-        return to_argv(self.worker, skip=_PER_PROCESS + _WORKER_ADDRESSING + ("tp-size", "pp-size", "model",
-                                                                            "served-model-name"))
+        return to_argv(self.worker, skip=_PER_PROCESS + _SECURITY + _WORKER_ADDRESSING + (
+            "tp-size", "pp-size", "model", "served-model-name"))
 
 
 @dataclass(frozen=True)
@@ -238,9 +323,10 @@ def run_local_cluster(config: UpConfig, log_level: str = "INFO") -> int:
                        worker_port=config.worker_port, model_name=worker.served_model_name,
                        scheduler_args=config.engine.scheduler_argv() + ops["scheduler"],
                        worker_args=config.engine.worker_argv() + ops["worker"],
-                       router_args=to_argv(config.router, skip=_ROUTER_SET_BY_LAUNCHER) + ops["router"],
+                       router_args=to_argv(config.router, skip=_ROUTER_SET_BY_LAUNCHER + ("insecure",)) + ops["router"],
                        shutdown_timeout_s=config.shutdown_timeout, log_level=log_level,
-                       tp_size=worker.tp_size, pp_size=worker.pp_size)
+                       tp_size=worker.tp_size, pp_size=worker.pp_size, insecure=config.router.security.insecure)
+    config.router.security.warn_if_insecure("the local cluster (router, scheduler and worker)")
     cluster = LocalCluster(spec)
     # Ctrl-C reaches the whole foreground process group; the children shut down on it
     # by themselves, and stop() below makes sure none is left behind. SIGTERM reaches
@@ -249,8 +335,13 @@ def run_local_cluster(config: UpConfig, log_level: str = "INFO") -> int:
     try:
         cluster.start(timeout_s=config.startup_timeout)
         logger.info("cluster ready: router at %s (Ctrl-C stops it)", cluster.router_address)
+        if cluster.credentials is not None:
+            c = cluster.credentials
+            logger.info("TLS CA certificate: %s; API key file: %s (removed when the cluster stops). Connect with "
+                        "LLMSERVE_TLS_CA=%s LLMSERVE_API_KEY=$(cat %s) llmserve generate ...", c.ca, c.api_key_file,
+                        c.ca, c.api_key_file)
         if config.prompt is not None:
-            return asyncio.run(_answer(cluster.router_address, config.prompt, config.max_tokens))
+            return asyncio.run(_answer(cluster, config.prompt, config.max_tokens))
         while all(p.poll() is None for p in cluster.processes.values()):
             time.sleep(0.5)
         logger.error("a service exited; stopping the cluster")
@@ -277,11 +368,9 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-async def _answer(target: str, prompt: str, max_tokens: int) -> int:
-    from llmserve.client import LLMServeClient
-
+async def _answer(cluster: LocalCluster, prompt: str, max_tokens: int) -> int:
     print(f">>> {prompt}", flush=True)
-    async with LLMServeClient(target) as client:
+    async with cluster.client() as client:
         async for delta in client.generate(messages=[{"role": "user", "content": prompt}],
                                            max_tokens=max_tokens, temperature=0.0):
             print(delta.text, end="", flush=True)

@@ -18,3 +18,19 @@ def tiny_model_dir(request, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("llama_runner"), "llama", True, seed=1)
+
+
+@pytest.fixture(scope="session")
+def credentials(tmp_path_factory):
+    """A cluster's credentials (CA, a certificate per role, an API key), made once."""
+    from llmserve.certs import write_credentials
+
+    return write_credentials(tmp_path_factory.mktemp("credentials"))
+
+
+@pytest.fixture(scope="session")
+def foreign_credentials(tmp_path_factory):
+    """The same set from another CA: the cluster must refuse its certificates."""
+    from llmserve.certs import write_credentials
+
+    return write_credentials(tmp_path_factory.mktemp("foreign-credentials"))

@@ -28,7 +28,7 @@ LAYERS = {
     "router": ("llmserve.router",),
     "scheduler": ("llmserve.scheduler",),
     "worker": ("llmserve.worker",),
-    "launcher": ("llmserve.launcher", "llmserve.client", "llmserve.engine"),
+    "launcher": ("llmserve.launcher", "llmserve.client", "llmserve.engine", "llmserve.certs"),
     "cli": ("llmserve.cli", "llmserve.protogen"),
     "bench": ("llmserve.bench",),
 }

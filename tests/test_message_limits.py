@@ -7,6 +7,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.contract.grpc_server import MAX_MESSAGE_BYTES, ServiceServer
+from llmserve.contract.security import SecurityOptions
 from llmserve.router.config import RouterConfig
 from llmserve.scheduler.config import SchedulerServiceConfig
 from llmserve.settings import resolve
@@ -23,7 +24,7 @@ def test_limits_are_flags_with_defaults():
 
 
 async def test_a_message_over_the_receive_limit_is_resource_exhausted():
-    server = ServiceServer("test.Service", "127.0.0.1", 0, max_receive_bytes=1024)
+    server = ServiceServer("test.Service", "127.0.0.1", 0, SecurityOptions(insecure=True), max_receive_bytes=1024)
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:

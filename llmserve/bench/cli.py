@@ -17,6 +17,10 @@ from llmserve.settings import Command, add_flags, group, resolve
 from llmserve.worker.config import DTYPES, RunnerConfig, WorkerConfig
 
 
+# --grpc-security: the transports a round runs, as ClusterSpec.insecure values.
+GRPC_SECURITY = {"tls": (False,), "insecure": (True,), "both": (False, True)}
+
+
 def _bench_engine() -> EngineSettings:
     return EngineSettings(worker=WorkerConfig(runner=RunnerConfig(kv_cache_memory=2**30, swap_space=0)))
 
@@ -33,6 +37,10 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
         add_flags(p, BenchSettings)
         add_workload_flags(p)
         p.add_argument("--output-dir", default="bench-results", help="JSON + PNG go here")
+        p.add_argument("--grpc-security", choices=list(GRPC_SECURITY), default="tls",
+                       help="launched clusters run mutual TLS with an API key (tls, the default), plaintext "
+                            "(insecure), or both, one after the other in every round, to measure what TLS costs "
+                            "(with --target: how to reach it, tls or insecure)")
 
     tput = bench_sub.add_parser("throughput", help="offline: in-process engine, optionally gRPC stack and HF")
     common(tput)
@@ -47,6 +55,10 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     serve = bench_sub.add_parser("serve", help="online: Poisson arrivals against a cluster")
     common(serve)
     serve.add_argument("--target", default="localhost:50051", help="router address")
+    serve.add_argument("--tls-ca", default=None, help="with --target: the CA to verify the router against "
+                                                     "(default: $LLMSERVE_TLS_CA, else the system's roots)")
+    serve.add_argument("--api-key-file", default=None, help="with --target: the API key's file (default: "
+                                                            "$LLMSERVE_API_KEY)")
     serve.add_argument("--span-file", default=None,
                        help="with --target: the JSON-lines span file the cluster's scheduler and worker append "
                             "to (their LLMSERVE_SPAN_FILE): also report its engine steps (known with --launch)")

@@ -62,7 +62,8 @@ class Outcome:
 
 
 def add_overload_arguments(p) -> None:
-    p.add_argument("--target", default="localhost:50051", help="router address (without --launch)")
+    p.add_argument("--target", default="localhost:50051",
+                   help="router address (without --launch: a cluster started with --insecure)")
     p.add_argument("--scheduler-target", default="localhost:50052",
                    help="scheduler address for its stats (without --launch)")
     p.add_argument("--launch", action="store_true", help="start a local cluster for the run")
@@ -150,17 +151,16 @@ async def overload(client, prompts: Iterator[list[int]], output_len: int, rate: 
 class ClusterWatch:
     """Samples the router's Generation health and the scheduler's queue while loaded."""
 
-    def __init__(self, router: str, scheduler: str) -> None:
-        self.router, self.scheduler = router, scheduler
+    def __init__(self, endpoints: "Endpoints") -> None:
+        self.endpoints = endpoints
         self.samples: list[tuple[bool, int, int]] = []  # (Generation NOT_SERVING, queued requests, running)
 
     async def __call__(self, interval_s: float = 0.25) -> None:
-        import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-        async with grpc.aio.insecure_channel(self.router) as r, grpc.aio.insecure_channel(self.scheduler) as s:
+        async with self.endpoints.channel("router") as r, self.endpoints.channel("scheduler") as s:
             health, stats = health_pb2_grpc.HealthStub(r), scheduler_pb2_grpc.SchedulerStub(s)
             while True:
                 reply = await health.Check(health_pb2.HealthCheckRequest(service=GENERATION_SERVICE), timeout=5)
@@ -177,14 +177,33 @@ class ClusterWatch:
                 "mean_running": sum(s[2] for s in self.samples) / n}
 
 
-async def idle_stats(scheduler: str, timeout_s: float = IDLE_TIMEOUT_S):
-    """The scheduler's stats once nothing runs, waits or is swapped out (or at the timeout)."""
-    import grpc
+class PlaintextEndpoints:
+    """A cluster started elsewhere with --insecure: its router and scheduler addresses.
+    (A secure cluster's scheduler takes only its routers' certificates: launch one.)"""
 
+    def __init__(self, router: str, scheduler: str) -> None:
+        self.addresses = {"router": router, "scheduler": scheduler}
+
+    def client(self):
+        from llmserve.client import LLMServeClient
+
+        return LLMServeClient(self.addresses["router"], insecure=True)
+
+    def channel(self, service: str):
+        import grpc
+
+        return grpc.aio.insecure_channel(self.addresses[service])
+
+
+Endpoints = PlaintextEndpoints  # Or a LocalCluster: client(), channel("router" | "scheduler").
+
+
+async def idle_stats(endpoints: Endpoints, timeout_s: float = IDLE_TIMEOUT_S):
+    """The scheduler's stats once nothing runs, waits or is swapped out (or at the timeout)."""
     from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 
     deadline = time.perf_counter() + timeout_s
-    async with grpc.aio.insecure_channel(scheduler) as channel:
+    async with endpoints.channel("scheduler") as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         while True:
             stats = await stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
@@ -247,12 +266,10 @@ def summarize(base: list[Outcome], calibration: list[Outcome], loaded: list[Outc
     return report
 
 
-async def run_phases(args, router: str, scheduler: str, vocab_size: int, seats: int) -> dict:
-    from llmserve.client import LLMServeClient
-
+async def run_phases(args, endpoints: Endpoints, vocab_size: int, seats: int) -> dict:
     rng = random.Random(args.seed)
     prompts = random_prompts(tuple(args.input_len), vocab_size, rng)
-    async with LLMServeClient(router) as client:
+    async with endpoints.client() as client:
         await one_request(client, [1, 2, 3, 4], 2)  # Warm-up.
         base = await unloaded(client, itertools.islice(prompts, args.unloaded_requests), args.output_len)
         calibration: list[Outcome] = []
@@ -261,9 +278,9 @@ async def run_phases(args, router: str, scheduler: str, vocab_size: int, seats: 
             concurrency = args.concurrency or seats
             rate, calibration = await capacity(client, prompts, args.output_len, concurrency, args.calibrate_s)
         offered = args.overload * rate
-        watch = ClusterWatch(router, scheduler)
+        watch = ClusterWatch(endpoints)
         loaded, arrivals_s = await overload(client, prompts, args.output_len, offered, args.duration, rng, watch)
-    stats = await idle_stats(scheduler)
+    stats = await idle_stats(endpoints)
     return summarize(base, calibration, loaded, args.output_len, rate, offered, arrivals_s, stats, watch.summary())
 
 
@@ -280,9 +297,8 @@ def bench_overload(args) -> int:
     seats = args.engine.scheduling.max_num_seqs
     cluster = LocalCluster(cluster_spec(model_dir, args)).start() if args.launch else None
     try:
-        router = cluster.router_address if cluster else args.target
-        scheduler = cluster.scheduler_address if cluster else args.scheduler_target
-        report = asyncio.run(run_phases(args, router, scheduler, vocab_size, seats))
+        endpoints = cluster or PlaintextEndpoints(args.target, args.scheduler_target)
+        report = asyncio.run(run_phases(args, endpoints, vocab_size, seats))
     finally:
         if cluster is not None:
             cluster.stop()

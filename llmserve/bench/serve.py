@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmserve.bench import cpu_usage
+from llmserve.bench.cli import GRPC_SECURITY
 from llmserve.bench.report import machine_info, median_round, plot_latency, write_json
 from llmserve.bench.step_spans import StepTotals, read_spans, step_totals
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
@@ -78,10 +79,9 @@ def compute_metrics(timings: list[RequestTiming], duration: float) -> dict:
     }
 
 
-async def run_load(target: str, requests: list[BenchRequest], request_rate: float, max_concurrency: int | None,
+async def run_load(connect, requests: list[BenchRequest], request_rate: float, max_concurrency: int | None,
                    seed: int = 0) -> tuple[list[RequestTiming], float]:
-    from llmserve.client import LLMServeClient
-
+    """`connect()`: a new LLMServeClient for the cluster under test."""
     rng = random.Random(seed)
     limit = asyncio.Semaphore(max_concurrency or len(requests))
     timings = [RequestTiming(len(r.prompt_token_ids)) for r in requests]
@@ -100,7 +100,7 @@ async def run_load(target: str, requests: list[BenchRequest], request_rate: floa
                 timing.error = str(err)
             timing.end = time.perf_counter()
 
-    async with LLMServeClient(target) as client:
+    async with connect() as client:
         tasks = []
         start = time.perf_counter()
         for r, timing in zip(requests, timings):
@@ -149,12 +149,12 @@ def engine_steps(d: StepTotals) -> dict:
     }
 
 
-async def measured_load(target: str, requests: list[BenchRequest], args, pids: dict[str, int] | None = None):
+async def measured_load(connect, requests: list[BenchRequest], args, pids: dict[str, int] | None = None):
     """run_load, with the wall-clock window it ran in (nanoseconds, the spans' clock) and
     the CPU time of the processes in `pids` (a launched cluster's) before and after."""
     cpu_before = cpu_usage.snapshot(pids) if pids else None
     start_ns = time.time_ns()
-    timings, duration = await run_load(target, requests, args.request_rate, args.max_concurrency, args.seed)
+    timings, duration = await run_load(connect, requests, args.request_rate, args.max_concurrency, args.seed)
     end_ns = time.time_ns()
     cpu = (cpu_before, cpu_usage.snapshot(pids)) if pids else None
     return timings, duration, (start_ns, end_ns), cpu
@@ -178,14 +178,32 @@ def bench_serve(args) -> int:
                          "pass --span-file with the file the cluster's scheduler and worker append their "
                          "spans to (LLMSERVE_SPAN_FILE), or use --launch")
 
+    modes = GRPC_SECURITY[args.grpc_security]
+    if len(modes) > 1 and not args.launch:
+        raise SystemExit("bench serve: --grpc-security both needs --launch (a running cluster has one transport)")
     model_dir = resolve_model_dir(args.model)
     requests = workload_from_args(args, model_dir)
-    rounds = [serve_round(model_dir, requests, args) for _ in range(args.repeat)]
+    # insecure -> rounds; with both, each round runs TLS and plaintext, in turns first.
+    by_mode: dict[bool, list[dict]] = {insecure: [] for insecure in modes}
+    for index in range(args.repeat):
+        for insecure in (modes if index % 2 == 0 else modes[::-1]):
+            if len(modes) > 1:
+                print(f"round {index + 1}: {'plaintext' if insecure else 'TLS'}", flush=True)
+            by_mode[insecure].append(serve_round(model_dir, requests, args, insecure))
+    rounds = by_mode[modes[0]]
     metrics = summarize_rounds(rounds)
     report = {"kind": "serve", "workload": {"name": args.workload, **summary(requests)}, "machine": machine_info(),
               "dtype": args.dtype, "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
-              "command": " ".join(args.argv), "rounds": len(rounds), "metrics": metrics}
+              "command": " ".join(args.argv), "rounds": len(rounds), "grpc_security": args.grpc_security,
+              "metrics": metrics}
     print_metrics(metrics)
+    if len(modes) > 1:
+        report["metrics_insecure"] = summarize_rounds(by_mode[True])
+        report["tls_cost"] = tls_cost(by_mode[False], by_mode[True])
+        print("plaintext:")
+        print_metrics(report["metrics_insecure"])
+        print_tls_cost(report["tls_cost"])
+        rounds = rounds + by_mode[True]
     out = Path(args.output_dir)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     write_json(report, out / f"serve-{args.workload}-{stamp}.json")
@@ -195,28 +213,56 @@ def bench_serve(args) -> int:
     return 0 if all(r["failed"] == 0 for r in rounds) else 1
 
 
-def serve_round(model_dir, requests: list[BenchRequest], args) -> dict:
+def tls_cost(tls: list[dict], plain: list[dict]) -> dict:
+    """TLS against plaintext, paired round by round (the host drifts between rounds)."""
+    return {"output_tok_s_plaintext_over_tls": [p["output_token_throughput"] / t["output_token_throughput"]
+                                                for t, p in zip(tls, plain)],
+            "tpot_median_tls_over_plaintext": [t["tpot_ms"]["median"] / p["tpot_ms"]["median"]
+                                               for t, p in zip(tls, plain)],
+            "ttft_median_tls_over_plaintext": [t["ttft_ms"]["median"] / p["ttft_ms"]["median"]
+                                               for t, p in zip(tls, plain)]}
+
+
+def print_tls_cost(cost: dict) -> None:
+    for name, values in cost.items():
+        finite = [v for v in values if math.isfinite(v)]
+        median = statistics.median(finite) if finite else math.nan
+        print(f"{name}: median {median:.3f} (rounds: {', '.join(f'{v:.3f}' for v in values)})")
+
+
+def _connector(args, insecure: bool):
+    """How this run's clients reach --target: the transport --grpc-security names, the CA
+    and key of the flags (else LLMSERVE_TLS_CA, LLMSERVE_API_KEY)."""
+    from llmserve.client import LLMServeClient
+
+    api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
+    return lambda: LLMServeClient(args.target, api_key=api_key, tls_ca=args.tls_ca, insecure=insecure)
+
+
+def serve_round(model_dir, requests: list[BenchRequest], args, insecure: bool = False) -> dict:
     """One online run; with --launch on a fresh cluster (so no round finds the previous
     round's prompts in the prefix cache), followed by the in-process decode step it is
-    compared with, so each round's ratio pairs two measurements minutes apart at most."""
+    compared with, so each round's ratio pairs two measurements minutes apart at most.
+    `insecure`: the cluster (or --target) is plaintext, without an API key."""
     from llmserve.bench.throughput import cluster_spec
     from llmserve.launcher import LocalCluster
     from llmserve.telemetry.tracing import SPAN_FILE_ENV
 
     cluster, steps = None, None
-    target, span_file, pids = args.target, args.span_file, None
+    span_file, pids = args.span_file, None
+    connect = None if args.launch else _connector(args, insecure)
     with tempfile.TemporaryDirectory(prefix="llmserve-bench-") as tmp:
         if args.launch:
             # The scheduler's and the worker's step spans, and no collector (the router's
             # request spans are not needed).
             span_file = Path(tmp) / "spans.jsonl"
-            spec = cluster_spec(model_dir, args)
+            spec = cluster_spec(model_dir, args, insecure)
             spec.service_env = {name: {SPAN_FILE_ENV: str(span_file)} for name in ("scheduler", "worker")}
             cluster = LocalCluster(spec).start()
-            target = cluster.router_address
+            connect = cluster.client
             pids = {name: proc.pid for name, proc in cluster.processes.items()}
         try:
-            timings, duration, window, cpu = asyncio.run(measured_load(target, requests, args, pids))
+            timings, duration, window, cpu = asyncio.run(measured_load(connect, requests, args, pids))
         finally:
             if cluster is not None:
                 cluster.stop()  # Its processes gone, every span they ended is in the file.

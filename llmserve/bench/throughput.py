@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from llmserve.bench.cli import GRPC_SECURITY
 from llmserve.bench.flops import ModelBytes, ModelFlops, measure_matmul_peak, measure_memory_bandwidth
 from llmserve.bench.report import machine_info, median_round, plot_throughput, write_json
 from llmserve.bench.step_records import RecordingEngine
@@ -75,20 +76,20 @@ def roofline(engine: RecordingEngine, peak_flops: float, bandwidth: float, dtype
     }
 
 
-def cluster_spec(model_dir: Path, args):
-    """A local cluster configured like the in-process engine of the same run."""
+def cluster_spec(model_dir: Path, args, insecure: bool = False):
+    """A local cluster configured like the in-process engine of the same run (mutual TLS
+    and an API key unless `insecure`)."""
     from llmserve.launcher import ClusterSpec, free_port
 
     return ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
                        worker_port=free_port(), log_level="WARNING", scheduler_args=args.engine.scheduler_argv(),
-                       worker_args=args.engine.worker_argv())
+                       worker_args=args.engine.worker_argv(), insecure=insecure)
 
 
-def run_through_grpc(model_dir: Path, requests: list[BenchRequest], args) -> dict:
-    from llmserve.client import LLMServeClient
+def run_through_grpc(model_dir: Path, requests: list[BenchRequest], args, insecure: bool = False) -> dict:
     from llmserve.launcher import LocalCluster
 
-    spec = cluster_spec(model_dir, args)
+    spec = cluster_spec(model_dir, args, insecure)
 
     async def one(client, rid: str, r: BenchRequest) -> tuple[str, list[int]]:
         ids = []
@@ -98,7 +99,7 @@ def run_through_grpc(model_dir: Path, requests: list[BenchRequest], args) -> dic
         return rid, ids
 
     async def run_all(cluster) -> tuple[float, dict]:
-        async with LLMServeClient(cluster.router_address) as client:
+        async with cluster.client() as client:
             await one(client, "warmup", BenchRequest(requests[0].prompt_token_ids[:16], 2))
             start = time.perf_counter()
             results = await asyncio.gather(*(one(client, f"r{i}", r) for i, r in enumerate(requests)))
@@ -141,8 +142,24 @@ def _summarize_rounds(rounds: list[dict]) -> dict:
 
 
 def _label(system: str, hf_batch_size: int) -> str:
-    return {"engine": "llmserve in-process", "grpc": "llmserve through gRPC", "hf-cb": "HF continuous batching",
+    return {"engine": "llmserve in-process", "grpc": "llmserve through gRPC (TLS)",
+            "grpc-insecure": "llmserve through gRPC, plaintext", "hf-cb": "HF continuous batching",
             "hf": f"HF generate, static batch {hf_batch_size}"}[system]
+
+
+def _grpc_systems(args, round_index: int) -> list[str]:
+    """The gRPC systems of a round: TLS, plaintext or both (in turns first, so that
+    neither always runs on the machine the other just warmed)."""
+    if not args.through_grpc:
+        return []
+    systems = ["grpc-insecure" if insecure else "grpc" for insecure in GRPC_SECURITY[args.grpc_security]]
+    return systems if round_index % 2 == 0 else systems[::-1]
+
+
+def _tls_cost(rounds: dict[str, list[dict]]) -> list[float]:
+    """Per round: plaintext tokens/s over TLS tokens/s (1.05 = TLS costs 5%)."""
+    pairs = zip(rounds.get("grpc", []), rounds.get("grpc-insecure", []))
+    return [b["output_tokens_per_s"] / a["output_tokens_per_s"] for a, b in pairs if "error" not in a and "error" not in b]
 
 
 def bench_throughput(args) -> int:
@@ -172,10 +189,12 @@ def bench_throughput(args) -> int:
         result.update(roofline(engine, peak, bandwidth, torch_dtype, result))
         rounds.setdefault("engine", []).append(result)
         _print_row(f"[{round_index + 1}] {_label('engine', args.hf_batch_size)}", result)
-        systems = (["grpc"] if args.through_grpc else []) + list(args.baseline)
+        systems = _grpc_systems(args, round_index) + list(args.baseline)
         for system in systems:
-            run = run_through_grpc(model_dir, requests, args) if system == "grpc" else \
-                _run_baseline(system, model_dir, requests, args, torch_dtype)
+            if system.startswith("grpc"):
+                run = run_through_grpc(model_dir, requests, args, insecure=system == "grpc-insecure")
+            else:
+                run = _run_baseline(system, model_dir, requests, args, torch_dtype)
             if "error" in run:
                 print(f"[{round_index + 1}] {system}: failed: {run['error']}", flush=True)
             else:
@@ -187,6 +206,10 @@ def bench_throughput(args) -> int:
             rounds.setdefault(system, []).append(run)
     del engine
     report["results"] = {system: _summarize_rounds(runs) for system, runs in rounds.items()}
+    if tls_cost := _tls_cost(rounds):
+        report["tls_cost_rounds"] = tls_cost  # Plaintext over TLS throughput, paired by round.
+        print(f"TLS cost: plaintext / TLS throughput {statistics.median(tls_cost):.3f}x (rounds: "
+              f"{', '.join(f'{c:.3f}' for c in tls_cost)})", flush=True)
     result = report["results"]["engine"]
     if args.repeat > 1:
         print(f"medians of {args.repeat} rounds:", flush=True)

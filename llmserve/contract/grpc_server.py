@@ -1,5 +1,6 @@
 """What every llmserve service shares: an asyncio gRPC server with the standard
-health service, and channel options sized for step plans and long prompts."""
+health service (TLS unless --insecure), the one way to dial another service, and
+channel options sized for step plans and long prompts."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from llmserve.contract.security import SecurityOptions, internal_credentials, server_credentials
 from llmserve.settings import Command, format_bytes, parse_bytes, setting
 
 logger = logging.getLogger(__name__)
@@ -65,24 +67,36 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 class ServiceServer:
     """An aio server bound to `host:port`, with grpc.health.v1 for `service_name`.
 
-    Health starts NOT_SERVING; the service flips it once it can do its job.
+    TLS with the certificate of `security` (re-read when its files change); with
+    `client_auth`, clients must present a certificate from its CA (the internal
+    services). Plaintext only with --insecure. Health starts NOT_SERVING; the service
+    flips it once it can do its job.
     """
 
-    def __init__(self, service_name: str, host: str, port: int, *, max_message_bytes: int = MAX_MESSAGE_BYTES,
+    def __init__(self, service_name: str, host: str, port: int, security: SecurityOptions, *,
+                 client_auth: bool = True, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  max_receive_bytes: int | None = None, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()):
         self.service_name = service_name
         options = with_message_limits(SERVER_OPTIONS, max_message_bytes, max_receive_bytes)
         self.server = grpc.aio.server(options=options, interceptors=list(interceptors) or None)
         self.health = health_async.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        self.certificates = None  # The served certificate's files (None: plaintext).
+        if security.insecure:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+            self.transport = "plaintext: --insecure"
+        else:
+            creds, self.certificates = server_credentials(security, client_auth)
+            self.port = self.server.add_secure_port(f"{host}:{port}", creds)
+            self.transport = "TLS, client certificates required" if client_auth else "TLS"
         if self.port == 0:
             raise OSError(f"{service_name}: cannot bind {host}:{port}")
+        self.host = host
 
     async def start(self) -> None:
         await self.set_serving(False)
         await self.server.start()
-        logger.info("%s listening on port %d", self.service_name, self.port)
+        logger.info("%s listening on %s:%d (%s)", self.service_name, self.host, self.port, self.transport)
 
     async def set_serving(self, serving: bool) -> None:
         status = SERVING if serving else NOT_SERVING
@@ -95,8 +109,13 @@ class ServiceServer:
         await self.server.stop(grace)
 
 
-def insecure_channel(target: str, max_message_bytes: int = MAX_MESSAGE_BYTES) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=with_message_limits(CHANNEL_OPTIONS, max_message_bytes))
+def channel(target: str, security: SecurityOptions, max_message_bytes: int = MAX_MESSAGE_BYTES) -> grpc.aio.Channel:
+    """A channel to another llmserve service: mutual TLS with this service's own
+    certificate (plaintext with --insecure)."""
+    options = with_message_limits(CHANNEL_OPTIONS, max_message_bytes)
+    if security.insecure:
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, internal_credentials(security), options=options)
 
 
 def run_until_signal(serve: Callable[[Any, asyncio.Event], Awaitable[None]], config: Any) -> int:
@@ -119,7 +138,9 @@ class ServerOptions:
     """Where a service listens, where its metrics go and how long it drains: the same
     settings in every service (each with its own default port)."""
 
-    host: str = setting("0.0.0.0", help="address to listen on")
+    # NOTE: loopback unless told otherwise: a service run alone is not reachable from
+    # other hosts by accident (docker-compose and Kubernetes pass --host 0.0.0.0).
+    host: str = setting("127.0.0.1", help="address to listen on (metrics too)")
     port: int = setting(0, help="gRPC port (0 picks a free one)")
     metrics_port: int = setting(0, help="Prometheus endpoint http://HOST:PORT/metrics (0 = off)")
     shutdown_timeout: float = setting(30.0, help="after SIGTERM, seconds in-flight work may go on before it is "
@@ -132,9 +153,16 @@ class ServerOptions:
 
 def service_command(name: str, help: str, config_cls: type, serve: str) -> Command:
     """`llmserve <name>`: resolves `config_cls` and runs `serve` ("module:function", imported
-    only when the command runs) until SIGINT or SIGTERM."""
+    only when the command runs) until SIGINT or SIGTERM. The config's `security` group
+    must be complete (TLS files) unless it says --insecure."""
 
     def run(config: Any) -> int:
+        # A config may add its own checks (the router: an API key) as a `problem()` method.
+        problem = config.security.problem() or (config.problem() if hasattr(config, "problem") else None)
+        if problem is not None:
+            logger.error("%s: %s", name, problem)
+            return 2
+        config.security.warn_if_insecure(f"the {name}")
         module, _, function = serve.partition(":")
         return run_until_signal(getattr(importlib.import_module(module), function), config)
 

@@ -109,8 +109,9 @@ SPECS = {spec.name: spec for spec in METRICS}
 _started: dict[str, object] = {}  # One endpoint per process.
 
 
-def setup_metrics(service: str, port: int, host: str = "0.0.0.0"):
-    """Starts the Prometheus endpoint for `service` on `port` and returns its meter;
+def setup_metrics(service: str, port: int, host: str = "127.0.0.1"):
+    """Starts the Prometheus endpoint for `service` on `host:port` (services pass their own
+    --host: metrics bind like the service) and returns its meter;
     port 0 returns the no-op meter (nothing installed)."""
     if not port:
         return NoOpMeter(METER_NAME)

@@ -26,7 +26,8 @@ def run_cli(args: list[str], tmp_path) -> dict:
 
 @pytest.mark.slow
 def test_bench_throughput_smoke(tmp_path):
-    report = run_cli(["bench", "throughput", *SMALL, "--through-grpc", "--baseline", "hf", "--repeat", "2"], tmp_path)
+    report = run_cli(["bench", "throughput", *SMALL, "--through-grpc", "--grpc-security", "both", "--baseline", "hf",
+                      "--repeat", "2"], tmp_path)
     assert report["workload"]["num_requests"] == 6
     assert report["machine"]["torch"] and report["machine"]["git_revision"] is not None
     isa = report["machine"]["cpu_matrix_isa"]
@@ -53,6 +54,12 @@ def test_bench_throughput_smoke(tmp_path):
     # Greedy: the same tokens whichever way they were produced.
     assert grpc_run["same_tokens_as_engine"] == 1.0
     assert hf["same_tokens_as_engine"] == 1.0
+    # --grpc-security both: every round ran the cluster over TLS and over plaintext too,
+    # and the TLS cost pairs the two by round.
+    plain = report["results"]["grpc-insecure"]
+    assert plain["same_tokens_as_engine"] == 1.0 and len(plain["rounds_output_tokens_per_s"]) == 2
+    assert report["tls_cost_rounds"] == pytest.approx(
+        [p / t for p, t in zip(plain["rounds_output_tokens_per_s"], grpc_run["rounds_output_tokens_per_s"])])
 
 
 @pytest.mark.slow
@@ -115,3 +122,34 @@ def test_batches_to_time_cover_most_tokens():
                                                       4: 0.15 / 0.95})
     assert batches_to_time(shares, most=2) == pytest.approx({2: 0.4 / 0.7, 3: 0.3 / 0.7})
     assert batches_to_time({7: 1.0}) == {7: 1.0}
+
+
+def test_bench_serve_grpc_security_both_pairs_tls_with_plaintext_rounds(tmp_path, monkeypatch):
+    """--grpc-security both: every round runs a TLS and a plaintext cluster, in turns
+    first, and the report pairs them round by round. (The rounds are stand-ins here: the
+    launched clusters of both kinds run for real in the throughput smoke.)"""
+    from llmserve.bench import serve
+    from llmserve.bench.cli import run_bench
+    from llmserve.cli import build_parser
+
+    ran = []
+
+    def fake_round(model_dir, requests, args, insecure=False):
+        ran.append(insecure)
+        tpot = 0.010 if insecure else 0.011  # TLS: 10% slower per token
+        timing = serve.RequestTiming(8, start=0.0, end=0.05 + 4 * tpot)
+        timing.token_times = timing.delta_times = [0.05 + i * tpot for i in range(5)]
+        return serve.compute_metrics([timing], duration=1.0)
+
+    monkeypatch.setattr(serve, "serve_round", fake_round)
+    args = build_parser().parse_args(["bench", "serve", "--launch", *SMALL, "--repeat", "2", "--grpc-security",
+                                      "both", "--output-dir", str(tmp_path)])
+    args.argv = ["llmserve", "bench", "serve"]
+    assert run_bench(args) == 0
+    assert ran == [False, True, True, False]
+    report = json.loads(next(tmp_path.glob("serve-*.json")).read_text())
+    assert report["grpc_security"] == "both" and report["rounds"] == 2
+    assert report["metrics"]["tpot_ms"]["median"] == pytest.approx(11.0)
+    assert report["metrics_insecure"]["tpot_ms"]["median"] == pytest.approx(10.0)
+    assert report["tls_cost"]["tpot_median_tls_over_plaintext"] == pytest.approx([1.1, 1.1])
+    assert report["tls_cost"]["output_tok_s_plaintext_over_tls"] == pytest.approx([1.0, 1.0])

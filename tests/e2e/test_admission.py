@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.bench.overload import print_report, run_phases
-from llmserve.client import LLMServeClient, build_generate_request
+from llmserve.client import build_generate_request
 from llmserve.contract.retry_info import retry_delay_s
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.launcher import free_port
@@ -74,8 +74,9 @@ async def until(probe, timeout_s: float = 30.0, what: str = ""):
     return value
 
 
-async def health(address: str, service: str) -> int:
-    async with grpc.aio.insecure_channel(address) as channel:
+async def health(cluster, service: str) -> int:
+    """The router's health for `service`."""
+    async with cluster.channel() as channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
                                                                 timeout=5)
         return reply.status
@@ -95,12 +96,11 @@ async def stop(task: asyncio.Task) -> None:
 @pytest.mark.slow
 async def test_full_queue_refuses_with_retry_info_and_shows_saturation(bounded):
     cluster, metrics_port, _ = bounded
-    router, scheduler = cluster.router_address, cluster.scheduler_address
-    async with LLMServeClient(router) as client:
+    async with cluster.client() as client:
         seat = await occupy_the_seat(client)
-        refused_before = dict((await scheduler_stats(scheduler)).num_refused)
+        refused_before = dict((await scheduler_stats(cluster)).num_refused)
         queued = asyncio.create_task(collect(client, "queued", priority=5))
-        await until(lambda: _queued(scheduler, 1), what="one request queued")
+        await until(lambda: _queued(cluster, 1), what="one request queued")
 
         # Not better than the queued one: refused at once, with a retry hint, never queued.
         with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -108,13 +108,13 @@ async def test_full_queue_refuses_with_retry_info_and_shows_saturation(bounded):
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "--max-queued-requests (1) reached" in refused.value.details()
         assert retry_delay_s(refused.value) > 0
-        stats = await scheduler_stats(scheduler)
+        stats = await scheduler_stats(cluster)
         assert (stats.num_queued_requests, stats.saturated) == (1, True)
         assert stats.num_refused["queued_requests"] == refused_before.get("queued_requests", 0) + 1
 
         # Health: alive, but the Generation service tells load balancers to go elsewhere.
-        await until(lambda: _status_is(router, GENERATION, NOT_SERVING), what="Generation NOT_SERVING")
-        assert await health(router, "") == SERVING
+        await until(lambda: _status_is(cluster, GENERATION, NOT_SERVING), what="Generation NOT_SERVING")
+        assert await health(cluster, "") == SERVING
         metrics = await until(lambda: _saturated_metrics(metrics_port), what="saturation in the metrics")
         assert metrics["llmserve_queued_requests_limit"] == 1
         assert metrics['llmserve_requests_refused_total{reason="queued_requests"}'] >= 1
@@ -125,23 +125,22 @@ async def test_full_queue_refuses_with_retry_info_and_shows_saturation(bounded):
             await asyncio.wait_for(queued, 30)
         assert displaced.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "better priority" in displaced.value.details() and retry_delay_s(displaced.value) > 0
-        assert (await scheduler_stats(scheduler)).num_refused["displaced"] == refused_before.get("displaced", 0) + 1
+        assert (await scheduler_stats(cluster)).num_refused["displaced"] == refused_before.get("displaced", 0) + 1
 
         # The queue drains: health comes back, nothing leaked.
         await stop(seat)
         assert await asyncio.wait_for(better, 60) == "length"
-        stats = await wait_all_blocks_free(scheduler)
+        stats = await wait_all_blocks_free(cluster)
         assert not stats.saturated and stats.num_queued_requests == 0
-        await until(lambda: _status_is(router, GENERATION, SERVING), what="Generation SERVING again")
+        await until(lambda: _status_is(cluster, GENERATION, SERVING), what="Generation SERVING again")
 
 
 @pytest.mark.slow
 async def test_deadline_that_passes_in_the_queue(bounded):
     cluster, _, log_dir = bounded
-    router, scheduler = cluster.router_address, cluster.scheduler_address
-    async with LLMServeClient(router) as client, grpc.aio.insecure_channel(scheduler) as channel:
+    async with cluster.client() as client, cluster.channel("scheduler") as channel:
         seat = await occupy_the_seat(client)
-        before = await scheduler_stats(scheduler)
+        before = await scheduler_stats(cluster)
 
         # Through the router: the client's deadline passes while the request waits.
         call = client._stub.Generate(build_generate_request(token_ids=PROMPT, max_tokens=4), timeout=1.0)
@@ -159,12 +158,12 @@ async def test_deadline_that_passes_in_the_queue(bounded):
         assert ended.finish_reason == 4 and ended.error_code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
         session.cancel()
 
-        stats = await until(lambda: _expired(scheduler, before.num_expired), what="the expiry counted")
+        stats = await until(lambda: _expired(cluster, before.num_expired), what="the expiry counted")
         assert stats.num_expired == before.num_expired + 1
         assert stats.prompt_tokens_total == before.prompt_tokens_total  # Neither was ever scheduled.
         assert (stats.num_running, stats.num_queued_requests) == (1, 0)
         await stop(seat)
-        await wait_all_blocks_free(scheduler)
+        await wait_all_blocks_free(cluster)
     router_log = (log_dir / "router.log").read_text()
     assert "Traceback" not in router_log, router_log[-3000:]
 
@@ -173,11 +172,11 @@ async def test_deadline_that_passes_in_the_queue(bounded):
 async def test_bench_overload_brief_run(bounded, model_dir, capsys):
     """`llmserve bench overload`'s phases against this cluster, offered 8x what it serves."""
     cluster = bounded[0]
-    before = (await scheduler_stats(cluster.scheduler_address)).num_refused.get("queued_requests", 0)
+    before = (await scheduler_stats(cluster)).num_refused.get("queued_requests", 0)
     args = SimpleNamespace(seed=0, input_len=[8, 16], output_len=8, unloaded_requests=2, request_rate=None,
                            concurrency=None, calibrate_s=3.0, overload=8.0, duration=4.0)
-    vocab_size = (await _model_info(cluster.router_address)).vocab_size
-    report = await run_phases(args, cluster.router_address, cluster.scheduler_address, vocab_size, seats=1)
+    vocab_size = (await _model_info(cluster)).vocab_size
+    report = await run_phases(args, cluster, vocab_size, seats=1)
     assert report["violations"] == 0, report["violation_examples"]
     assert report["completed"] >= 1 and report["refused"] >= 1
     assert report["completed"] + report["refused"] == report["requests"]
@@ -191,17 +190,17 @@ async def test_bench_overload_brief_run(bounded, model_dir, capsys):
     assert "TTFT overloaded" in capsys.readouterr().out
 
 
-async def _model_info(router: str):
-    async with LLMServeClient(router) as client:
+async def _model_info(cluster):
+    async with cluster.client() as client:
         return await client.model_info()
 
 
-async def _queued(scheduler: str, count: int) -> bool:
-    return (await scheduler_stats(scheduler)).num_queued_requests == count
+async def _queued(cluster, count: int) -> bool:
+    return (await scheduler_stats(cluster)).num_queued_requests == count
 
 
-async def _status_is(address: str, service: str, status: int) -> bool:
-    return await health(address, service) == status
+async def _status_is(cluster, service: str, status: int) -> bool:
+    return await health(cluster, service) == status
 
 
 async def _saturated_metrics(port: int) -> dict[str, float] | None:
@@ -209,8 +208,8 @@ async def _saturated_metrics(port: int) -> dict[str, float] | None:
     return samples if samples.get("llmserve_saturated") == 1 else None
 
 
-async def _expired(scheduler: str, before: int):
-    stats = await scheduler_stats(scheduler)
+async def _expired(cluster, before: int):
+    stats = await scheduler_stats(cluster)
     return stats if stats.num_expired > before else None
 
 

@@ -15,15 +15,15 @@ from .reference import hf_tokenizer
 
 @pytest.mark.slow
 async def test_health_on_every_service(cluster):
-    for address in (cluster.router_address, cluster.scheduler_address, f"localhost:{cluster.spec.worker_port}"):
-        async with grpc.aio.insecure_channel(address) as channel:
+    for service in ("router", "scheduler", "worker"):
+        async with cluster.channel(service) as channel:
             reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-            assert reply.status == health_pb2.HealthCheckResponse.SERVING, address
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
 
 
 @pytest.mark.slow
 async def test_reflection_lists_the_generation_service(cluster):
-    async with grpc.aio.insecure_channel(cluster.router_address) as channel:
+    async with cluster.channel() as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         call = stub.ServerReflectionInfo()
         await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
@@ -35,7 +35,7 @@ async def test_reflection_lists_the_generation_service(cluster):
 
 @pytest.mark.slow
 async def test_model_info_and_tokenize(cluster, model_dir):
-    async with grpc.aio.insecure_channel(cluster.router_address) as channel:
+    async with cluster.channel() as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5)
         assert info.model == "SmolLM2-135M-Instruct"
@@ -58,7 +58,8 @@ def test_cli_generate_streams_from_a_running_cluster(cluster):
 
     out = subprocess.run(
         [sys.executable, "-m", "llmserve.cli", "generate", "--chat", "--max-tokens", "16",
-         "--target", cluster.router_address, "What is the capital of France?"],
+         "--target", cluster.router_address, "--tls-ca", str(cluster.credentials.ca),
+         "--api-key-file", str(cluster.credentials.api_key_file), "What is the capital of France?"],
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr

@@ -11,7 +11,6 @@ import time
 import grpc
 import pytest
 
-from llmserve.client import LLMServeClient
 from llmserve.v1 import generation_pb2 as pb
 from llmserve.v1 import generation_pb2_grpc
 
@@ -81,17 +80,17 @@ async def expect_error(stub, request, timeout: float = 30) -> grpc.aio.AioRpcErr
 
 
 def router_channel(cluster) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(cluster.router_address)
+    return cluster.channel()
 
 
 @pytest.mark.slow
 async def test_bad_inputs_fail_cleanly_while_a_good_request_runs(cluster):
-    async with LLMServeClient(cluster.router_address) as client:
+    async with cluster.client() as client:
         solo = await generate_ids(client, "The three primary colors are", max_tokens=48, temperature=0.0,
                                          ignore_eos=True)
         good = asyncio.create_task(generate_ids(client, "The three primary colors are", max_tokens=48,
                                                        temperature=0.0, ignore_eos=True))
-        async with grpc.aio.insecure_channel(cluster.router_address) as channel:
+        async with cluster.channel() as channel:
             stub = generation_pb2_grpc.GenerationStub(channel)
             for label, request, code, message in BAD_REQUESTS:
                 err = await expect_error(stub, request)
@@ -149,7 +148,7 @@ async def test_huge_prompts_are_refused_before_tokenizing(cluster):
     x 82 bytes): both answered at once, untokenized, while a good request runs on."""
     big_text = "All work and no play makes Jack a dull boy. " * (3_000_000 // 44)
     chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=big_text)])
-    async with LLMServeClient(cluster.router_address) as client:
+    async with cluster.client() as client:
         solo = await generate_ids(client, GOOD_PROMPT, max_tokens=16, temperature=0.0, ignore_eos=True)
         good = asyncio.create_task(generate_ids(client, GOOD_PROMPT, max_tokens=16, temperature=0.0,
                                                 ignore_eos=True))

@@ -132,7 +132,7 @@ class Chaos:
 async def test_chaos_leaves_no_leak_and_the_same_greedy_answer(model_dir, tmp_path):
     cluster = start_cluster(model_dir, tmp_path, worker_args=["--kv-cache-memory", "64MiB"])
     try:
-        async with grpc.aio.insecure_channel(cluster.router_address) as channel:
+        async with cluster.channel() as channel:
             stub = generation_pb2_grpc.GenerationStub(channel)
             before = await greedy_ids(stub, PROBE)
             chaos = Chaos(stub, seed=17)
@@ -158,13 +158,13 @@ async def test_chaos_leaves_no_leak_and_the_same_greedy_answer(model_dir, tmp_pa
                 cluster.processes["worker"].wait()
                 await asyncio.sleep(1.0)
                 cluster.spawn("worker")
-                await wait_health(cluster.router_address, health_pb2.HealthCheckResponse.SERVING, 180)
+                await wait_health(cluster, "router", health_pb2.HealthCheckResponse.SERVING, 180)
                 stop_at = time.monotonic() + CHAOS_SECONDS * 2 / 3
                 restarted.set()
 
             await asyncio.gather(kill_and_restart_worker(), *(client_loop() for _ in range(CLIENTS)))
-            await wait_all_blocks_free(cluster.scheduler_address, timeout_s=60)
-            audit = await block_audit(cluster.scheduler_address)
+            await wait_all_blocks_free(cluster, timeout_s=60)
+            audit = await block_audit(cluster)
             after = await greedy_ids(stub, PROBE)
         print("chaos outcomes:", dict(sorted(chaos.outcomes.items())))
         assert not chaos.unexpected, chaos.unexpected[:10]

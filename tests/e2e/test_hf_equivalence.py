@@ -65,7 +65,7 @@ def assert_same_greedy(ours: list[int], ref: list[int], ref_logprobs, label: str
 @pytest.mark.slow
 async def test_greedy_matches_hf_through_grpc(cluster, model_dir):
     cases = [(p, True) for p in CHAT_PROMPTS] + [(p, False) for p in RAW_PROMPTS]
-    async with LLMServeClient(cluster.router_address) as client:
+    async with cluster.client() as client:
         requests = []
         for prompt, chat in cases:
             kwargs = dict(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
@@ -87,7 +87,7 @@ async def test_greedy_matches_hf_through_grpc(cluster, model_dir):
 
 @pytest.mark.slow
 async def test_chat_answer_names_paris(cluster):
-    async with LLMServeClient(cluster.router_address) as client:
+    async with cluster.client() as client:
         text = await client.complete(messages=[{"role": "user", "content": "What is the capital of France?"}],
                                      max_tokens=24, temperature=0.0)
     assert "Paris" in text

@@ -7,8 +7,6 @@ import asyncio
 
 import pytest
 
-from llmserve.client import LLMServeClient
-
 from .conftest import start_cluster
 from .stats import wait_all_blocks_free
 
@@ -37,8 +35,7 @@ async def _collect(client, **kwargs):
 
 @pytest.mark.slow
 async def test_runs_of_four_steps_change_no_result(cluster, multi_step_cluster):
-    async with LLMServeClient(cluster.router_address) as single, \
-            LLMServeClient(multi_step_cluster.router_address) as multi:
+    async with cluster.client() as single, multi_step_cluster.client() as multi:
         sizes = [len(d.token_ids) async for d in multi.generate(PROMPTS[0], max_tokens=10, temperature=0.0,
                                                                  ignore_eos=True)]
         assert sizes == [1, 4, 4, 1]  # the prompt's token, two runs, one step left to max_tokens
@@ -60,7 +57,7 @@ async def test_runs_of_four_steps_change_no_result(cluster, multi_step_cluster):
                                           for p in PROMPTS))
         for prompt, text in zip(PROMPTS, together):
             assert text == await single.complete(prompt, max_tokens=24, temperature=0.0, ignore_eos=True)
-    await wait_all_blocks_free(multi_step_cluster.scheduler_address)
+    await wait_all_blocks_free(multi_step_cluster)
 
 
 @pytest.mark.slow
@@ -70,7 +67,7 @@ async def test_an_arrival_cuts_a_run_short(model_dir, tmp_path):
     c = start_cluster(model_dir, tmp_path, scheduler_args=["--num-scheduler-steps", "32"],
                       worker_args=["--kv-cache-memory", "128MiB"])
     try:
-        async with LLMServeClient(c.router_address) as client:
+        async with c.client() as client:
             long_tokens: list[int] = []
             run_started = asyncio.Event()
 

@@ -8,8 +8,6 @@ import time
 
 import pytest
 
-from llmserve.client import LLMServeClient
-
 from .conftest import start_cluster
 from .stats import scheduler_stats, wait_all_blocks_free
 
@@ -40,7 +38,7 @@ async def stream_with_times(client, prompt: str, max_tokens: int, first_tokens: 
 
 @pytest.mark.slow
 async def test_new_request_joins_a_running_batch(cluster):
-    async with LLMServeClient(cluster.router_address) as client:
+    async with cluster.client() as client:
         started = [asyncio.Event() for _ in range(3)]
         early = [asyncio.create_task(stream_with_times(client, p, 64, ev))
                  for p, ev in zip(RAW_PROMPTS[:3], started)]
@@ -54,8 +52,8 @@ async def test_new_request_joins_a_running_batch(cluster):
         assert late_first < finished_at
 
 
-async def run_all(address: str, max_tokens: int) -> list[list[int]]:
-    async with LLMServeClient(address) as client:
+async def run_all(cluster, max_tokens: int) -> list[list[int]]:
+    async with cluster.client() as client:
         async def one(prompt):
             ids = []
             async for delta in client.generate(prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True):
@@ -68,12 +66,12 @@ async def run_all(address: str, max_tokens: int) -> list[list[int]]:
 @pytest.mark.slow
 async def test_tiny_kv_cache_preempts_and_still_matches(cluster, model_dir, tmp_path):
     max_tokens = 40
-    reference = await run_all(cluster.router_address, max_tokens)
+    reference = await run_all(cluster, max_tokens)
     # Each request needs ceil((~12 prompt + 40) / 16) = 4 blocks: 8 blocks hold two at once.
     small = start_cluster(model_dir, tmp_path, worker_args=["--num-kv-blocks", "8"])
     try:
-        outputs = await run_all(small.router_address, max_tokens)
-        stats = await wait_all_blocks_free(small.scheduler_address)
+        outputs = await run_all(small, max_tokens)
+        stats = await wait_all_blocks_free(small)
     finally:
         small.stop()
     assert stats.num_total_blocks == 8
@@ -83,8 +81,8 @@ async def test_tiny_kv_cache_preempts_and_still_matches(cluster, model_dir, tmp_
 
 @pytest.mark.slow
 async def test_cancelled_streams_free_every_block(cluster):
-    before = await scheduler_stats(cluster.scheduler_address)
-    async with LLMServeClient(cluster.router_address) as client:
+    before = await scheduler_stats(cluster)
+    async with cluster.client() as client:
         async def cancel_after(prompt: str, n_tokens: int) -> int:
             got = 0
             async for delta in client.generate(prompt, max_tokens=200, temperature=0.0, ignore_eos=True):
@@ -101,5 +99,5 @@ async def test_cancelled_streams_free_every_block(cluster):
         with pytest.raises(asyncio.CancelledError):
             await task
     assert all(c >= 3 for c in counts)
-    after = await wait_all_blocks_free(cluster.scheduler_address)
+    after = await wait_all_blocks_free(cluster)
     assert after.num_aborted - before.num_aborted >= 5

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from llmserve.client import LLMServeClient
-
 from .conftest import start_cluster
 from .reference import hf_tokenizer
 
@@ -26,7 +24,7 @@ async def test_multibyte_deltas_concatenate_to_full_decode(cluster, model_dir):
     tok = hf_tokenizer(str(model_dir))
     prompts = ["请用中文介绍一下长城。", "Reply only with emoji: 🎉🚀👩‍👩‍👧", "日本の首都は東京です。次に"]
     saw_multibyte = False
-    async with LLMServeClient(cluster.router_address) as client:
+    async with cluster.client() as client:
         for i, prompt in enumerate(prompts):
             for temperature in (0.0, 1.3):
                 deltas, ids, finish, usage = await stream(
@@ -42,7 +40,7 @@ async def test_multibyte_deltas_concatenate_to_full_decode(cluster, model_dir):
 
 @pytest.mark.slow
 async def test_stop_string_is_cut_and_reported(cluster):
-    async with LLMServeClient(cluster.router_address) as client:
+    async with cluster.client() as client:
         base = await client.complete("The three primary colors are", max_tokens=32, temperature=0.0,
                                      ignore_eos=True)
         words = base.split()
@@ -58,7 +56,7 @@ async def test_stop_string_is_cut_and_reported(cluster):
 
 @pytest.mark.slow
 async def test_seeded_sampling_is_reproducible_and_logprobs_returned(cluster):
-    async with LLMServeClient(cluster.router_address) as client:
+    async with cluster.client() as client:
         kwargs = dict(prompt="Once upon a time", max_tokens=16, temperature=0.9, top_p=0.95, top_k=50,
                       seed=1234, ignore_eos=True, logprobs=3)
         runs = []
@@ -80,7 +78,7 @@ async def test_seeded_sampling_is_reproducible_and_logprobs_returned(cluster):
 
 @pytest.mark.slow
 async def test_n_samples_stream_with_their_index(cluster):
-    async with LLMServeClient(cluster.router_address) as client:
+    async with cluster.client() as client:
         per_index: dict[int, list[int]] = {}
         usage = None
         async for delta in client.generate("Tell me a story", max_tokens=8, temperature=1.0, seed=7, n=3,
@@ -96,7 +94,7 @@ async def test_n_samples_stream_with_their_index(cluster):
 @pytest.mark.slow
 async def test_second_request_reuses_the_cached_prefix(cluster):
     prefix = [(i * 37) % 5000 + 100 for i in range(200)]
-    async with LLMServeClient(cluster.router_address) as client:
+    async with cluster.client() as client:
         _, ids_a, _, usage_a = await stream(client, token_ids=prefix + [11, 12], max_tokens=4, temperature=0.0,
                                             ignore_eos=True)
         _, ids_b, _, usage_b = await stream(client, token_ids=prefix + [13, 14, 15], max_tokens=4,
@@ -113,8 +111,7 @@ async def test_stream_interval_groups_tokens_and_changes_no_result(cluster, mode
     grouped = start_cluster(model_dir, tmp_path, scheduler_args=["--stream-interval", "4"],
                             worker_args=["--kv-cache-memory", "128MiB"])
     try:
-        async with LLMServeClient(cluster.router_address) as every, \
-                LLMServeClient(grouped.router_address) as by_four:
+        async with cluster.client() as every, grouped.client() as by_four:
             sizes = [len(d.token_ids) async for d in by_four.generate(
                 "The three primary colors are", max_tokens=10, temperature=0.0, ignore_eos=True)]
             assert sizes == [1, 4, 4, 1]

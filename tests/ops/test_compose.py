@@ -28,7 +28,9 @@ def _command(service: dict) -> list[str]:
 
 
 def _llmserve_services(compose: dict) -> dict[str, dict]:
-    return {name: s for name, s in compose["services"].items() if _command(s)[:1] == ["llmserve"]}
+    """The long-running services (not the one-shot `llmserve certs`)."""
+    return {name: s for name, s in compose["services"].items()
+            if _command(s)[:1] == ["llmserve"] and _command(s)[1] in LLMSERVE_ROLES}
 
 
 def test_against_compose_spec_schema(compose):
@@ -52,7 +54,7 @@ def test_against_compose_spec_schema(compose):
 
 def test_structure(compose):
     services = compose["services"]
-    assert set(services) >= {"router", "scheduler", "worker-0", "worker-1", "worker-0-gpu", "worker-1-gpu",
+    assert set(services) >= {"certs", "router", "scheduler", "worker-0", "worker-1", "worker-0-gpu", "worker-1-gpu",
                              "otel-collector", "jaeger"}
     for name, s in services.items():
         assert isinstance(s.get("image"), str) and s["image"], f"{name}: no image"
@@ -151,3 +153,60 @@ def test_every_command_parses_with_llmserve(compose):
 
 def _flag(cmd: list[str], flag: str) -> str | None:
     return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+
+CERTS = "/opt/llmserve/certs"
+
+
+def test_every_hop_is_tls_with_the_certs_services_files(compose):
+    """The one-shot `certs` service writes the credentials into a volume; every service
+    mounts it read-only, serves and dials with its own role's certificate (verified
+    against the CA), and has no way to turn TLS off."""
+    from llmserve.cli import build_parser
+
+    services = compose["services"]
+    certs = services["certs"]
+    args = build_parser().parse_args(_command(certs)[1:])
+    assert args.command == "certs" and str(args.out) == CERTS
+    assert certs["restart"] == "no" and f"llmserve-certs:{CERTS}" in certs["volumes"]
+    # The lightest image with the `llmserve` command (cryptography comes with the base layer).
+    assert certs["image"] == "llmserve-scheduler:latest" and certs["build"]["target"] == "scheduler"
+    # The CA's key lives in a volume of its own, which only `certs` mounts.
+    assert str(args.ca_key).startswith("/opt/llmserve/ca/") and "llmserve-ca:/opt/llmserve/ca" in certs["volumes"]
+    assert set(compose["volumes"]) == {"llmserve-certs", "llmserve-ca"}
+    # Every name a service is dialed by is in the certificates (localhost comes anyway).
+    dialed = {"router"} | {_flag(_command(s), "--scheduler").split(":")[0] for s in _llmserve_services(compose).values()
+                           if _flag(_command(s), "--scheduler")}
+    dialed |= {_flag(_command(s), "--advertise-host") for s in _llmserve_services(compose).values()
+               if _flag(_command(s), "--advertise-host")}
+    assert dialed <= set(args.hosts.split(",")), dialed
+    for name, s in _llmserve_services(compose).items():
+        role = "worker" if name.startswith("worker") else name
+        env = s["environment"]
+        assert env["LLMSERVE_TLS_CERT"] == f"{CERTS}/{role}.crt", name
+        assert env["LLMSERVE_TLS_KEY"] == f"{CERTS}/{role}.key", name
+        assert env["LLMSERVE_TLS_CA"] == f"{CERTS}/ca.crt", name
+        assert s["volumes"] == [f"llmserve-certs:{CERTS}:ro"], name
+        assert s["depends_on"]["certs"] == {"condition": "service_completed_successfully"}, name
+        assert "--insecure" not in _command(s) and "LLMSERVE_INSECURE" not in env, name
+        # The health check runs inside the container with its environment: it trusts the
+        # CA and (scheduler, worker) presents the service's own certificate.
+        health = _parse_with_env(s["healthcheck"]["test"][2:], env)
+        assert (health.tls_ca, health.tls_cert, health.tls_key, health.insecure) == (
+            f"{CERTS}/ca.crt", f"{CERTS}/{role}.crt", f"{CERTS}/{role}.key", False), name
+    router = services["router"]["environment"]
+    assert router["LLMSERVE_API_KEY_FILE"] == f"{CERTS}/api-key"
+    assert router["LLMSERVE_API_KEY"] == "${LLMSERVE_API_KEY:-}"  # An extra key of the user's, if set.
+    assert "LLMSERVE_API_KEY" not in (ROOT / ".env").read_text()  # No key committed.
+
+
+def _parse_with_env(argv: list[str], env: dict):
+    from llmserve.cli import build_parser
+
+    saved = dict(os.environ)
+    try:
+        os.environ.update({k: str(v) for k, v in env.items()})
+        return build_parser().parse_args(argv)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -24,11 +26,12 @@ from llmserve.telemetry import metrics as metric_specs
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+UP_CREDENTIALS = re.compile(r"TLS CA certificate: (?P<ca>\S+); API key file: (?P<key>\S+) ")
 
 
-async def health(address: str) -> int | None:
+async def health(cluster: LocalCluster, service: str) -> int | None:
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with cluster.channel(service) as channel:
             reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
             return reply.status
     except grpc.aio.AioRpcError:
@@ -64,8 +67,6 @@ async def test_trace_metrics_and_health(model_dir, tmp_path):
                        router_args=["--metrics-port", str(ports["router"])],
                        scheduler_args=["--metrics-port", str(ports["scheduler"])],
                        worker_args=["--metrics-port", str(ports["worker"]), "--kv-cache-memory", "64MiB"])
-    addresses = {"worker": f"localhost:{spec.worker_port}", "scheduler": f"localhost:{spec.scheduler_port}",
-                 "router": f"localhost:{spec.router_port}"}
     os.environ["LLMSERVE_SPAN_FILE"] = str(span_file)
     cluster = LocalCluster(spec)
     try:
@@ -79,7 +80,7 @@ async def test_trace_metrics_and_health(model_dir, tmp_path):
         while len(first_serving) < 3:
             assert loop.time() < deadline, f"not all SERVING: {first_serving}"
             for position, name in enumerate(("worker", "scheduler", "router")):
-                status = await health(addresses[name])
+                status = await health(cluster, name)
                 if status == SERVING:
                     first_serving.setdefault(name, (poll, position))
                 else:
@@ -89,7 +90,7 @@ async def test_trace_metrics_and_health(model_dir, tmp_path):
             poll += 1
             await asyncio.sleep(0.1)
         assert first_serving["worker"] < first_serving["scheduler"] < first_serving["router"], first_serving
-        async with grpc.aio.insecure_channel(addresses["scheduler"]) as ch:
+        async with cluster.channel("scheduler") as ch:
             from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 
             stats = await scheduler_pb2_grpc.SchedulerStub(ch).GetStats(scheduler_pb2.GetStatsRequest())
@@ -97,7 +98,7 @@ async def test_trace_metrics_and_health(model_dir, tmp_path):
 
         # --- one traced Generate --------------------------------------------------
         before = scrape(ports["router"])
-        async with LLMServeClient(addresses["router"]) as client:
+        async with cluster.client() as client:
             streamed = 0
             request_id = ""
             async for delta in client.generate("The capital of France is", max_tokens=12, temperature=0.0,
@@ -165,7 +166,7 @@ async def test_trace_metrics_and_health(model_dir, tmp_path):
         while len(order) < 2:
             assert loop.time() < deadline, order
             for name in ("scheduler", "router"):
-                if name not in order and await health(addresses[name]) == NOT_SERVING:
+                if name not in order and await health(cluster, name) == NOT_SERVING:
                     order.append(name)
             await asyncio.sleep(0.05)
         assert order == ["scheduler", "router"]
@@ -188,13 +189,22 @@ async def test_sigterm_drains_streams_and_exits_cleanly(tmp_path):
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 300
-        while await health(address) != SERVING:
+        # `up` is secure by default: it logs where its throwaway CA and API key file are.
+        while (found := UP_CREDENTIALS.search((tmp_path / "up.log").read_text())) is None:
             assert up.poll() is None and loop.time() < deadline, (tmp_path / "up.log").read_text()[-3000:]
             await asyncio.sleep(0.25)
+        ca, key_file = Path(found["ca"]), Path(found["key"])
+        assert ca.parent == key_file.parent and ca.parent.stat().st_mode & 0o777 == 0o700
+        api_key = key_file.read_text().strip()
+        async with LLMServeClient(address, tls_ca=ca) as keyless:
+            assert await keyless.health() == "SERVING"  # Probes need no key...
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await keyless.complete("Hi", max_tokens=2)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED  # ...requests do.
         children = [int(p) for p in subprocess.run(["pgrep", "-P", str(up.pid)], capture_output=True,
                                                     text=True).stdout.split()]
         assert len(children) == 3
-        async with LLMServeClient(address) as client:
+        async with LLMServeClient(address, tls_ca=ca, api_key=api_key) as client:
             started = asyncio.Event()
             counts = [0] * 8
 
@@ -212,7 +222,7 @@ async def test_sigterm_drains_streams_and_exits_cleanly(tmp_path):
             await asyncio.wait_for(started.wait(), 120)
             t0 = time.monotonic()
             up.send_signal(signal.SIGTERM)
-            while await health(address) == SERVING:
+            while await _serving(client):
                 await asyncio.sleep(0.05)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await client.complete("Hi", max_tokens=2)
@@ -226,11 +236,19 @@ async def test_sigterm_drains_streams_and_exits_cleanly(tmp_path):
             assert f"{name} exited with code 0" in text, text[-3000:]
         for pid in children:
             assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), f"child {pid} is still running"
+        assert not ca.parent.exists()  # The throwaway credentials went with the cluster.
     finally:
         if up.poll() is None:
             up.kill()
             up.wait()
         log.close()
+
+
+async def _serving(client: LLMServeClient) -> bool:
+    try:
+        return await client.health() == "SERVING"
+    except grpc.aio.AioRpcError:
+        return False  # Not listening any more.
 
 
 def _is_zombie(pid: int) -> bool:

@@ -41,7 +41,7 @@ async def _greedy(client: LLMServeClient, prompt: list[int], max_tokens: int) ->
 async def test_tp2_cluster_matches_hf_then_rank_loss_fails_requests(served_tiny_model, tmp_path):
     cluster = _start(served_tiny_model, tmp_path, tp=2, pp=1)
     try:
-        async with LLMServeClient(cluster.router_address) as client:
+        async with cluster.client() as client:
             info = await client.model_info()
             assert info.tensor_parallel_size == 2
             got = await asyncio.gather(*(_greedy(client, p, MAX_TOKENS) for p in PROMPTS))
@@ -58,7 +58,7 @@ async def test_tp2_cluster_matches_hf_then_rank_loss_fails_requests(served_tiny_
                 assert err.value.code() == grpc.StatusCode.UNAVAILABLE
                 assert "worker" in err.value.details()
             assert time.monotonic() - start < 30
-            await wait_health(cluster.scheduler_address, health_pb2.HealthCheckResponse.NOT_SERVING, 10)
+            await wait_health(cluster, "scheduler", health_pb2.HealthCheckResponse.NOT_SERVING, 10)
     finally:
         cluster.stop()
 
@@ -67,7 +67,7 @@ async def test_tp2_cluster_matches_hf_then_rank_loss_fails_requests(served_tiny_
 async def test_pp2_cluster_matches_hf(served_tiny_model, tmp_path):
     cluster = _start(served_tiny_model, tmp_path, tp=1, pp=2)
     try:
-        async with LLMServeClient(cluster.router_address) as client:
+        async with cluster.client() as client:
             got = await asyncio.gather(*(_greedy(client, p, MAX_TOKENS) for p in PROMPTS))
             assert got == [hf_greedy(served_tiny_model, p, MAX_TOKENS) for p in PROMPTS]
     finally:

@@ -7,8 +7,6 @@ import asyncio
 import grpc
 import pytest
 import pytest_asyncio
-from grpc_health.v1 import _async as health_async
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.client import (
     GenerationDelta,
@@ -17,7 +15,10 @@ from llmserve.client import (
     ModelInfo,
     build_generate_request,
 )
+from llmserve.contract.api_keys import ApiKeyInterceptor, ApiKeys
+from llmserve.contract.grpc_server import ServiceServer
 from llmserve.contract.outputs import TokenLogprobs
+from llmserve.contract.security import SecurityOptions
 from llmserve.v1 import generation_pb2 as pb
 from llmserve.v1 import generation_pb2_grpc as pb_grpc
 
@@ -136,24 +137,31 @@ class FakeGeneration(pb_grpc.GenerationServicer):
 # NOTE: the project default puts async fixtures on the session loop; the server must
 # live on the loop of the test that talks to it.
 @pytest_asyncio.fixture(loop_scope="function")
-async def fake_server():
-    server = grpc.aio.server()
+async def fake_server(credentials):
+    """The fake behind what the router's public port has: TLS (the router's certificate)
+    and the API key interceptor. Yields the servicer and `connect(**client_kwargs)`."""
+    security = SecurityOptions(tls_cert=credentials.cert("router"), tls_key=credentials.key("router"),
+                               tls_ca=credentials.ca)
+    server = ServiceServer(pb.DESCRIPTOR.services_by_name["Generation"].full_name, "127.0.0.1", 0, security,
+                           client_auth=False, interceptors=[ApiKeyInterceptor(ApiKeys([credentials.api_key]))])
     servicer = FakeGeneration()
-    pb_grpc.add_GenerationServicer_to_server(servicer, server)
-    health = health_async.HealthServicer()
-    await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    pb_grpc.add_GenerationServicer_to_server(servicer, server.server)
     await server.start()
+    await server.set_serving(True)
+
+    def connect(**kwargs) -> LLMServeClient:
+        kwargs = {"tls_ca": credentials.ca, "api_key": credentials.api_key, **kwargs}
+        return LLMServeClient(f"localhost:{server.port}", **kwargs)
+
     try:
-        yield servicer, f"127.0.0.1:{port}"
+        yield servicer, connect
     finally:
         await server.stop(None)
 
 
 async def test_generate_streams_and_complete_collects_sample_0(fake_server):
-    servicer, target = fake_server
-    async with LLMServeClient(target) as client:
+    servicer, connect = fake_server
+    async with connect() as client:
         deltas = [d async for d in client.generate("Hi", n=2, max_tokens=4, request_id="r")]
         assert [(d.index, d.text, d.finish_reason) for d in deltas] == [
             (0, "Hel", None), (0, "lo", None), (0, "!", None), (1, "Bye", None),
@@ -166,8 +174,8 @@ async def test_generate_streams_and_complete_collects_sample_0(fake_server):
 
 
 async def test_in_band_error_raises_from_complete(fake_server):
-    _, target = fake_server
-    async with LLMServeClient(target) as client:
+    _, connect = fake_server
+    async with connect() as client:
         deltas = [d async for d in client.generate("Hi", request_id="broken")]
         assert (deltas[-1].finish_reason, deltas[-1].error) == ("error", "worker died")
         with pytest.raises(GenerationError, match="worker died"):
@@ -175,8 +183,8 @@ async def test_in_band_error_raises_from_complete(fake_server):
 
 
 async def test_rpc_error_keeps_status_code(fake_server):
-    _, target = fake_server
-    async with LLMServeClient(target) as client:
+    _, connect = fake_server
+    async with connect() as client:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             async for _ in client.generate("Hi", request_id="missing"):
                 pass
@@ -185,8 +193,8 @@ async def test_rpc_error_keeps_status_code(fake_server):
 
 
 async def test_break_cancels_the_call_on_the_server(fake_server):
-    servicer, target = fake_server
-    async with LLMServeClient(target) as client:
+    servicer, connect = fake_server
+    async with connect() as client:
         gen = client.generate("Hi", request_id="endless")
         got = 0
         async for delta in gen:
@@ -202,8 +210,8 @@ async def test_break_cancels_the_call_on_the_server(fake_server):
 
 
 async def test_break_without_aclose_cancels_too(fake_server):
-    servicer, target = fake_server
-    async with LLMServeClient(target) as client:
+    servicer, connect = fake_server
+    async with connect() as client:
         async for _ in client.generate("Hi", request_id="endless"):
             break
         # The generator is garbage now; asyncio's finalizer closes it.
@@ -211,8 +219,8 @@ async def test_break_without_aclose_cancels_too(fake_server):
 
 
 async def test_task_cancel_cancels_the_call(fake_server):
-    servicer, target = fake_server
-    async with LLMServeClient(target) as client:
+    servicer, connect = fake_server
+    async with connect() as client:
         started = asyncio.Event()
 
         async def consume():
@@ -228,8 +236,8 @@ async def test_task_cancel_cancels_the_call(fake_server):
 
 
 async def test_tokenize_model_info_health(fake_server):
-    _, target = fake_server
-    async with LLMServeClient(target, timeout=5) as client:
+    _, connect = fake_server
+    async with connect(timeout=5) as client:
         result = await client.tokenize("ab")
         assert (result.token_ids, result.count, result.prompt) == ([1, 97, 98], 3, "ab")
         result = await client.tokenize("ab", add_special_tokens=False)

@@ -7,6 +7,7 @@ import asyncio
 import grpc
 import pytest
 
+from llmserve.contract.security import SecurityOptions
 from llmserve.contract.grpc_server import ServiceServer
 from llmserve.router.request_decoding import DecodeErrorInterceptor
 from llmserve.v1 import generation_pb2 as pb
@@ -31,7 +32,7 @@ class StubServicer(generation_pb2_grpc.GenerationServicer):
 
 @pytest.fixture
 async def served():
-    server = ServiceServer("llmserve.v1.Generation", "127.0.0.1", 0, interceptors=[DecodeErrorInterceptor()])
+    server = ServiceServer("llmserve.v1.Generation", "127.0.0.1", 0, SecurityOptions(insecure=True), interceptors=[DecodeErrorInterceptor()])
     servicer = StubServicer()
     generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server.server)
     await server.start()

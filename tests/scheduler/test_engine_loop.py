@@ -197,8 +197,9 @@ async def test_a_halted_engine_fails_live_requests_turns_not_serving_and_refuses
     from llmserve.scheduler.config import SchedulerServiceConfig
     from llmserve.scheduler.service import RouterSession, SchedulerServicer
     from llmserve.contract.sampling import SamplingParams
+    from llmserve.contract.security import SecurityOptions
 
-    server = ServiceServer("llmserve.internal.v1.Scheduler", "127.0.0.1", 0)
+    server = ServiceServer("llmserve.internal.v1.Scheduler", "127.0.0.1", 0, SecurityOptions(insecure=True))
     servicer = SchedulerServicer(SchedulerServiceConfig(), server)
     servicer.core = make_scheduler()
     servicer.worker = ScriptedWorker()

@@ -94,18 +94,21 @@ def test_an_interrupt_over_the_execute_stream_cuts_a_long_run(tiny_llama_dir):
     """The worker reads its stream while a run goes on: the scheduler's interrupt lands
     between two steps, and the stream carries on with the next plan."""
     from llmserve.contract.grpc_server import ServiceServer
+    from llmserve.contract.security import SecurityOptions
     from llmserve.internal.v1 import worker_pb2_grpc
     from llmserve.scheduler.worker_link import WorkerLink
     from llmserve.worker import service
 
+    plaintext = SecurityOptions(insecure=True)  # In-process: the stream is the point, not TLS.
+
     async def run():
         config = service.WorkerConfig(model=str(tiny_llama_dir), served_model_name="tiny", runner=RunnerConfig(num_kv_blocks=NUM_BLOCKS,
-                                      max_num_batched_tokens=64, swap_space=0))
+                                      max_num_batched_tokens=64, swap_space=0), security=plaintext)
         servicer = await service.load_servicer(config)
-        server = ServiceServer("llmserve.internal.v1.Worker", "127.0.0.1", 0)
+        server = ServiceServer("llmserve.internal.v1.Worker", "127.0.0.1", 0, plaintext)
         worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
         await server.start()
-        link = WorkerLink(f"127.0.0.1:{server.port}", servicer.runner.info)
+        link = WorkerLink(f"127.0.0.1:{server.port}", servicer.runner.info, plaintext)
         try:
             g = WorkerSamplingParams(temperature=0.0)
             prefill = await link.execute(StepPlan(0, new_requests=[

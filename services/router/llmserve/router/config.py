@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmserve.contract.api_keys import ApiKeyOptions
 from llmserve.contract.grpc_server import ServerOptions, service_command
+from llmserve.contract.security import SecurityOptions
 from llmserve.settings import format_bytes, group, parse_bytes, setting
 
 
@@ -14,6 +16,8 @@ class RouterConfig:
     served_model_name: str | None = setting(None, help="the name clients pass as `model`",
                                             unset="the directory's name")
     server: ServerOptions = group(lambda: ServerOptions(port=50051))
+    security: SecurityOptions = group(SecurityOptions)
+    api: ApiKeyOptions = group(ApiKeyOptions)
     scheduler_address: str = setting("localhost:50052", flag="scheduler", help="the scheduler's address")
     connect_timeout_s: float = setting(600.0, flag="connect-timeout",
                                        help="seconds to wait for the scheduler to serve a model")
@@ -27,6 +31,10 @@ class RouterConfig:
                                                 "together), refused before it is tokenized",
                                            unset="max_model_len x the longest token's bytes: the most any prompt "
                                                  "that fits can take")
+
+    def problem(self) -> str | None:
+        """The public port takes no call without a key, unless --insecure."""
+        return None if self.security.insecure else self.api.problem()
 
 
 COMMAND = service_command("router", "the public gRPC API", RouterConfig, "llmserve.router.service:serve")

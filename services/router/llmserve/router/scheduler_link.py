@@ -15,7 +15,8 @@ import grpc
 from llmserve.contract import wire
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from llmserve.contract.grpc_server import MAX_MESSAGE_BYTES, SERVING, insecure_channel
+from llmserve.contract.grpc_server import MAX_MESSAGE_BYTES, SERVING, channel
+from llmserve.contract.security import SecurityOptions
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.contract.sampling import SamplingParams
@@ -33,9 +34,9 @@ def _unavailable(request_id: str, reason: str) -> RequestOutput:
 
 
 class SchedulerLink:
-    def __init__(self, address: str, max_message_bytes: int = MAX_MESSAGE_BYTES):
+    def __init__(self, address: str, security: SecurityOptions, max_message_bytes: int = MAX_MESSAGE_BYTES):
         self.address = address
-        self._channel = insecure_channel(address, max_message_bytes)
+        self._channel = channel(address, security, max_message_bytes)  # Mutual TLS: the router's certificate.
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._call = None
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}

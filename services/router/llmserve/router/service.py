@@ -18,6 +18,7 @@ import grpc
 from grpc_reflection.v1alpha import reflection
 
 from llmserve.contract import wire
+from llmserve.contract.api_keys import ApiKeyInterceptor, ApiKeys
 from llmserve.contract.grpc_server import ServiceServer, grpc_status
 from llmserve.contract.outputs import FinishReason
 from llmserve.contract.retry_info import retry_status
@@ -282,12 +283,15 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     longest_token_bytes = 0
     if config.max_prompt_bytes is None:
         longest_token_bytes = await asyncio.to_thread(tokenizer.longest_token_bytes)
-    # The public port: client requests up to --max-request-bytes; a body that does not
+    # The public port: TLS without client certificates (callers prove themselves with a
+    # key, checked first), client requests up to --max-request-bytes; a body that does not
     # decode gets INVALID_ARGUMENT (DecodeErrorInterceptor).
-    server = ServiceServer(SERVICE_NAME, config.server.host, config.server.port,
-                           max_message_bytes=config.server.max_message_bytes,
-                           max_receive_bytes=config.max_request_bytes, interceptors=[DecodeErrorInterceptor()])
-    link = SchedulerLink(config.scheduler_address, config.server.max_message_bytes)
+    interceptors = [] if config.security.insecure else [ApiKeyInterceptor(ApiKeys.from_options(config.api))]
+    server = ServiceServer(SERVICE_NAME, config.server.host, config.server.port, config.security,
+                           client_auth=False, max_message_bytes=config.server.max_message_bytes,
+                           max_receive_bytes=config.max_request_bytes,
+                           interceptors=interceptors + [DecodeErrorInterceptor()])
+    link = SchedulerLink(config.scheduler_address, config.security, config.server.max_message_bytes)
     # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
     servicer = GenerationServicer(tokenizer, link, metrics, longest_token_bytes)
     generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server.server)

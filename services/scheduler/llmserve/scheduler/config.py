@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from llmserve.scheduler.preemption import PreemptionMode
 from llmserve.contract.grpc_server import ServerOptions, service_command
+from llmserve.contract.security import SecurityOptions
 from llmserve.settings import group, positive_int, setting
 from llmserve.scheduler.admission import QUEUED_TOKENS_PER_STEP_BUDGET
 
@@ -54,6 +55,7 @@ class SchedulerConfig:
 class SchedulerServiceConfig:
     scheduling: SchedulerConfig = group(SchedulerConfig)
     server: ServerOptions = group(lambda: ServerOptions(port=50052))
+    security: SecurityOptions = group(SecurityOptions)
     stream_interval: int = setting(1, parse=positive_int,
                                    help="stream each sample's tokens N at a time (its first and last at once): fewer "
                                         "messages, less control-plane CPU beside the model; 1 = every token")

@@ -21,6 +21,7 @@ import grpc
 
 from llmserve.contract import wire
 from llmserve.contract.grpc_server import ServiceServer
+from llmserve.contract.peers import ROUTER, WORKER, PeerCheck
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.scheduler.config import SchedulerServiceConfig
@@ -78,10 +79,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         # Admission control: every open session hears when saturation changes.
         self._sessions: set[RouterSession] = set()
         self._saturated = False  # As last told to the sessions.
+        self.peers = PeerCheck(enforce=not config.security.insecure)
 
     # --- worker registration -------------------------------------------------
 
     async def RegisterWorker(self, request, context):
+        # Only a worker may register: anyone else would replace the live worker.
+        await self.peers.require(context, WORKER, "RegisterWorker")
         info = wire.worker_info_from_pb(request.info)
         tp, pp = max(1, request.tp_size), max(1, request.pp_size)
         group = None
@@ -96,7 +100,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         cache = KVCacheShape(num_blocks=info.num_kv_blocks, block_size=info.block_size,
                              max_model_len=info.max_model_len, num_cpu_blocks=info.num_cpu_blocks)
         self.core = Scheduler(self.config.scheduling, cache, eos_token_ids=info.eos_token_ids)
-        self.worker = group or WorkerLink(request.address, info, self.config.server.max_message_bytes)
+        self.worker = group or WorkerLink(request.address, info, self.config.security,
+                                          self.config.server.max_message_bytes)
         self.halted = None
         self._start_engine_loop()
         asyncio.create_task(self._prove_ready(self.worker), name="readiness-probe")
@@ -129,7 +134,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                         request.rank, tp, pp, request.address, missing)
             return None
         ranks, self._pending_ranks, self._pending_topology = self._pending_ranks, {}, None
-        links = [WorkerLink(*ranks[r], self.config.server.max_message_bytes) for r in range(world)]
+        links = [WorkerLink(*ranks[r], self.config.security, self.config.server.max_message_bytes)
+                 for r in range(world)]
         logger.info("worker group complete: tp=%d x pp=%d, driver rank %d", tp, pp, (pp - 1) * tp)
         return WorkerGroup(links, driver=(pp - 1) * tp, step_timeout_s=self.config.step_timeout_s)
 
@@ -184,6 +190,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     # --- router sessions -----------------------------------------------------
 
     async def Session(self, request_iterator, context):
+        # Requests arrive here validated by a router: nobody else may submit them.
+        await self.peers.require(context, ROUTER, "Session")
         session = RouterSession()
         self._sessions.add(session)
         session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(saturated=self._saturated))
@@ -466,7 +474,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
 async def serve(config: SchedulerServiceConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-scheduler")
-    server = ServiceServer("llmserve.internal.v1.Scheduler", config.server.host, config.server.port,
+    server = ServiceServer("llmserve.internal.v1.Scheduler", config.server.host, config.server.port, config.security,
                            max_message_bytes=config.server.max_message_bytes)
     servicer = SchedulerServicer(config, server)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server.server)

@@ -10,7 +10,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.contract import wire
-from llmserve.contract.grpc_server import MAX_MESSAGE_BYTES, insecure_channel
+from llmserve.contract.grpc_server import MAX_MESSAGE_BYTES, channel
+from llmserve.contract.security import SecurityOptions
 from llmserve.internal.v1 import worker_pb2_grpc
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.worker_info import WorkerInfo
@@ -21,10 +22,12 @@ class WorkerLost(RuntimeError):
 
 
 class WorkerLink:
-    def __init__(self, address: str, info: WorkerInfo, max_message_bytes: int = MAX_MESSAGE_BYTES):
+    def __init__(self, address: str, info: WorkerInfo, security: SecurityOptions,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES):
         self.address = address
         self.info = info
-        self._channel = insecure_channel(address, max_message_bytes)  # Step plans can be large.
+        # Mutual TLS: the scheduler's certificate; the worker must hold one for `address`.
+        self._channel = channel(address, security, max_message_bytes)  # Step plans can be large.
         self._call = worker_pb2_grpc.WorkerStub(self._channel).Execute()
         # The multi-step plan the worker is running (its step id), until it is interrupted
         # or answered; None otherwise. Only then may an interrupt be written: grpc.aio

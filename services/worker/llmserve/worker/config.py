@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmserve.contract.grpc_server import ServerOptions, service_command
+from llmserve.contract.security import SecurityOptions
 from llmserve.settings import format_bytes, group, parse_bytes, positive_int, setting
 
 # What the loader runs (float16 is not offered: CPU matmuls in it are unusably slow).
@@ -51,6 +52,7 @@ class WorkerConfig:
     runner: RunnerConfig = group(RunnerConfig)
     scheduler_address: str = setting("localhost:50052", flag="scheduler", help="scheduler address to register with")
     server: ServerOptions = group(lambda: ServerOptions(port=50053))
+    security: SecurityOptions = group(SecurityOptions)
     advertise_host: str = setting("localhost", help="host name the scheduler dials back")
     register_timeout_s: float = setting(120.0, flag="register-timeout",
                                         help="seconds to keep trying to register with the scheduler")

@@ -20,7 +20,8 @@ from llmserve.contract import wire
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.worker.config import WorkerConfig
-from llmserve.contract.grpc_server import SERVING, ServiceServer, insecure_channel
+from llmserve.contract.grpc_server import SERVING, ServiceServer, channel
+from llmserve.contract.peers import SCHEDULER, PeerCheck
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
 from llmserve.contract.plan import StepResult
 from llmserve.telemetry import WorkerMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
@@ -45,9 +46,10 @@ def new_compute_thread() -> concurrent.futures.ThreadPoolExecutor:
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, runner, metrics: WorkerMetrics | None = None, on_fatal=None,
+    def __init__(self, runner, peers: PeerCheck, metrics: WorkerMetrics | None = None, on_fatal=None,
                  compute_thread: concurrent.futures.ThreadPoolExecutor | None = None):
         self.runner = runner
+        self.peers = peers
         # Called when this rank's process group broke (a peer died, a collective timed
         # out): the group cannot step again, so the worker shuts down.
         self.on_fatal = on_fatal
@@ -63,6 +65,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return self._stream_lock.locked()
 
     async def Execute(self, request_iterator, context):
+        await self.peers.require(context, SCHEDULER, "Execute")  # Only the scheduler drives a worker.
         if self._stream_lock.locked():
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "another scheduler stream is active")
         async with self._stream_lock:
@@ -159,8 +162,8 @@ async def register_with_scheduler(config: WorkerConfig, address: str, runner) ->
         rank=parallel.rank, tp_size=parallel.tp.size, pp_size=parallel.pp.size,
     )
     deadline = time.monotonic() + config.register_timeout_s
-    async with insecure_channel(config.scheduler_address) as channel:
-        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    async with channel(config.scheduler_address, config.security) as to_scheduler:
+        stub = scheduler_pb2_grpc.SchedulerStub(to_scheduler)
         while True:
             try:
                 await stub.RegisterWorker(request, timeout=10, wait_for_ready=True)
@@ -195,7 +198,8 @@ async def load_servicer(config: WorkerConfig, metrics: WorkerMetrics | None = No
     """Loads the model on the compute thread that will run its steps."""
     compute_thread = new_compute_thread()
     runner = await asyncio.get_running_loop().run_in_executor(compute_thread, load_runner, config)
-    return WorkerServicer(runner, metrics, on_fatal=on_fatal, compute_thread=compute_thread)
+    peers = PeerCheck(enforce=not config.security.insecure)
+    return WorkerServicer(runner, peers, metrics, on_fatal=on_fatal, compute_thread=compute_thread)
 
 
 async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
@@ -210,7 +214,7 @@ async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
         info.model, time.perf_counter() - start, info.dtype, info.num_kv_blocks,
         info.block_size, info.max_model_len,
     )
-    server = ServiceServer("llmserve.internal.v1.Worker", config.server.host, config.server.port,
+    server = ServiceServer("llmserve.internal.v1.Worker", config.server.host, config.server.port, config.security,
                            max_message_bytes=config.server.max_message_bytes)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     await server.start()
@@ -243,8 +247,8 @@ async def _drain(server: ServiceServer, servicer: WorkerServicer, timeout_s: flo
 
 async def _stay_registered(config: WorkerConfig, address: str, runner, servicer: WorkerServicer) -> None:
     """Registers again when a restarted scheduler comes back without a worker."""
-    async with insecure_channel(config.scheduler_address) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
+    async with channel(config.scheduler_address, config.security) as to_scheduler:
+        health = health_pb2_grpc.HealthStub(to_scheduler)
         while True:
             await asyncio.sleep(REREGISTER_POLL_S)
             if servicer.driven:
