@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc

@@ -97,15 +97,18 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                                     stop_matcher=StopStringMatcher(sampling.stop)) for i in range(n)]
             unfinished = set(range(n))  # Samples the client has not seen end.
             engine_live = set(range(n))
+            # NOTE: a client cancelling while the add is written may leave it sent: count it
+            # as added from here, so the finally aborts it (an abort of an unknown id is a no-op).
+            added = True
             try:
                 queue = await self.link.add(request_id, prompt_ids, sampling, n=n, priority=request.priority,
                                             trace_context=telemetry.trace_context(),
                                             deadline_ms=_deadline_budget_ms(context))
             except SchedulerUnavailable as err:
+                added = False  # Refused before anything was written.
                 telemetry.finish("error", str(err))
                 telemetry = None
                 await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-            added = True
             while unfinished:
                 out = await queue.get()
                 if out.finished:
