@@ -75,7 +75,10 @@ def test_scheduler_flags_reach_the_launched_scheduler_unchanged(front):
             != getattr(SchedulerServiceConfig().scheduling, name), name
     assert inner.stream_interval == outer.scheduler.stream_interval == 4
     # The same budget sizes the worker's profiling forward.
-    assert parse(["worker", *outer.worker_argv()]).runner.max_num_batched_tokens == 300
+    worker = parse(["worker", *outer.worker_argv()]).runner
+    assert worker.max_num_batched_tokens == 300
+    # ... and the step limit bounds the decode batches the worker captures as CUDA graphs.
+    assert worker.max_num_seqs == 7
     for flag in ("--stream-interval", "--num-scheduler-steps"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["scheduler", flag, "0"])

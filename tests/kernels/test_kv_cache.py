@@ -1,11 +1,11 @@
-"""reshape_and_cache (Triton) vs torch; copy_blocks / swap_blocks (torch)."""
+"""reshape_and_cache (Triton) vs torch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from llmserve.kernels.triton.kv_cache import copy_blocks, reshape_and_cache, reshape_and_cache_reference, swap_blocks
+from llmserve.kernels.triton.kv_cache import reshape_and_cache, reshape_and_cache_reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -36,23 +36,3 @@ def test_reshape_and_cache_rejects_bad_arguments():
         reshape_and_cache(k, k, cache, torch.arange(3.0))
     with pytest.raises(ValueError, match="dtype mismatch"):
         reshape_and_cache(k.half(), k.half(), cache, torch.arange(3))
-
-
-def test_copy_blocks_copies_every_layer():
-    caches = [torch.randn(2, 8, 16, 2, 4) for _ in range(3)]
-    before = [c.clone() for c in caches]
-    copy_blocks(caches, torch.tensor([[1, 5], [5, 2], [7, 0]]))  # 5 is read before it is written
-    for c, b in zip(caches, before):
-        assert torch.equal(c[:, 5], b[:, 1]) and torch.equal(c[:, 2], b[:, 5]) and torch.equal(c[:, 0], b[:, 7])
-        untouched = [1, 3, 4, 6, 7]
-        assert torch.equal(c[:, untouched], b[:, untouched])
-
-
-def test_swap_blocks_between_caches():
-    src, dst = torch.randn(2, 6, 16, 2, 4), torch.zeros(2, 3, 16, 2, 4)
-    swap_blocks(src, dst, torch.tensor([[4, 0], [1, 2]]))
-    assert torch.equal(dst[:, 0], src[:, 4]) and torch.equal(dst[:, 2], src[:, 1]) and not dst[:, 1].any()
-    with pytest.raises(ValueError, match="mapping must have 2 dims"):
-        swap_blocks(src, dst, torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match="differ beyond the block count"):
-        swap_blocks(src, torch.zeros(2, 3, 8, 2, 4), torch.tensor([[0, 0]]))

@@ -48,7 +48,7 @@ def greedy(model, parallel, prompts: list[list[int]], steps: int) -> tuple[list[
     from llmserve.worker.attention import TorchPagedAttention
     from llmserve.worker.kv_cache import allocate_kv_caches
     from llmserve.worker.models.decoder import head_dim_of, local_kv_heads
-    from llmserve.worker.pipeline import forward_step, share_sampled
+    from llmserve.worker.pipeline import forward_step
 
     cfg = model.config
     need = [-(-(len(p) + steps) // BLOCK) for p in prompts]
@@ -75,8 +75,8 @@ def greedy(model, parallel, prompts: list[list[int]], steps: int) -> tuple[list[
         with torch.inference_mode():
             logits = forward_step(model, parallel, torch.tensor(ids), torch.tensor(pos), kv, meta,
                                   torch.tensor(sample))
-        picked = logits.argmax(-1).tolist() if parallel.is_driver else None
-        picked = share_sampled(parallel, picked, len(seqs))
+        picked = logits.argmax(-1) if parallel.is_driver else torch.empty(len(seqs), dtype=torch.long)
+        picked = parallel.broadcast_tensor_from_driver(picked).tolist()
         for i, t in enumerate(picked):
             seqs[i].append(t)
             out_tokens[i].append(t)

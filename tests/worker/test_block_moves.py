@@ -52,3 +52,13 @@ def test_kv_blocks_from_profiled_budget(tiny_llama_dir, caplog, monkeypatch):
     assert ModelRunner(tiny_llama_dir, RunnerConfig(kv_cache_memory=200 * block_bytes, swap_space=0)).num_kv_blocks == 200
     assert "# KV blocks:" in caplog.text and "max concurrency for 256-token requests" in caplog.text
     assert "300-token dummy forward" in caplog.text
+
+
+def test_block_mover_runs_consecutive_blocks_as_one_copy_and_reads_sources_first():
+    assert kvc.contiguous_runs([(3, 7), (4, 8), (5, 9), (9, 1), (10, 3)]) == [(3, 7, 3), (9, 1, 1), (10, 3, 1)]
+    caches = [torch.randn(2, 8, 4, 2, 4) for _ in range(3)]
+    before = [c.clone() for c in caches]
+    kvc.BlockMover(caches, []).run([], [], [(1, 5), (5, 2), (7, 0)])  # 5 is read before it is written
+    for c, b in zip(caches, before):
+        assert torch.equal(c[:, 5], b[:, 1]) and torch.equal(c[:, 2], b[:, 5]) and torch.equal(c[:, 0], b[:, 7])
+        assert torch.equal(c[:, [1, 3, 4, 6, 7]], b[:, [1, 3, 4, 6, 7]])

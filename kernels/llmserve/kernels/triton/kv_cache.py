@@ -1,4 +1,4 @@
-"""KV cache writes (Triton) and block copy / swap (torch).
+"""KV cache writes (Triton). (Block copies and swaps are the worker's BlockMover.)
 
 reshape_and_cache: token t's k/v [KVH, D] go to slot slot_mapping[t] of the cache
 [2, num_blocks, block_size, KVH, D] (block slot // block_size, row slot % block_size);
@@ -67,31 +67,3 @@ def reshape_and_cache_reference(k, v, kv_cache, slot_mapping) -> None:
     flat = kv_cache.view(2, nb * bs, KVH, D)
     flat[0].index_copy_(0, slots, k[keep])
     flat[1].index_copy_(0, slots, v[keep])
-
-
-def _check_mapping(name: str, mapping: torch.Tensor) -> torch.Tensor:
-    check_tensor(name, mapping, ndim=2, dtypes=INDEX_DTYPES, last_dim_contiguous=False)
-    check_shape(name, mapping, (None, 2))
-    return mapping.long()
-
-
-def copy_blocks(kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
-    """Copy-on-write: in every layer's cache [2, num_blocks, ...], block src_to_dst[i, 0]
-    is copied to block src_to_dst[i, 1]. All sources are read before any write."""
-    m = _check_mapping("src_to_dst", src_to_dst)
-    for i, cache in enumerate(kv_caches):
-        check_tensor(f"kv_caches[{i}]", cache, ndim=5, dtypes=FLOAT_DTYPES)
-        mm = m.to(cache.device)
-        cache.index_copy_(1, mm[:, 1], cache.index_select(1, mm[:, 0]))
-
-
-def swap_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> None:
-    """One layer's blocks between devices (e.g. GPU cache <-> pinned CPU cache): block
-    mapping[i, 0] of src -> block mapping[i, 1] of dst; both [2, num_blocks, ...]."""
-    m = _check_mapping("mapping", mapping)
-    check_tensor("src", src, ndim=5, dtypes=FLOAT_DTYPES)
-    check_tensor("dst", dst, ndim=5, dtypes=(src.dtype,))
-    if src.shape[0] != dst.shape[0] or src.shape[2:] != dst.shape[2:]:
-        raise ValueError(f"src {tuple(src.shape)} and dst {tuple(dst.shape)} differ beyond the block count")
-    moved = src.index_select(1, m[:, 0].to(src.device)).to(dst.device, non_blocking=True)
-    dst.index_copy_(1, m[:, 1].to(dst.device), moved)

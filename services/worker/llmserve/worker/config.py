@@ -13,8 +13,10 @@ from llmserve.contract.grpc_server import ServerOptions, service_command
 from llmserve.contract.security import SecurityOptions
 from llmserve.settings import format_bytes, group, parse_bytes, positive_int, setting
 
-# What the loader runs (float16 is not offered: CPU matmuls in it are unusably slow).
-DTYPES = ("float32", "bfloat16")
+from llmserve.worker.device import DEVICES, DTYPE_NAMES
+
+# auto: the model's own dtype on CUDA, float32 on the CPU; float16 runs on CUDA only.
+DTYPES = ("auto", *DTYPE_NAMES)
 
 
 def parse_swap_space(text: str) -> int:
@@ -27,7 +29,10 @@ def parse_swap_space(text: str) -> int:
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    dtype: str = setting("float32", choices=DTYPES, help="weights, activations and KV cache dtype")
+    device: str = setting("auto", choices=DEVICES, help="where the model and its KV cache live "
+                                                        "(auto: CUDA when this process sees a GPU)")
+    dtype: str = setting("auto", choices=DTYPES, help="weights, activations and KV cache dtype (auto: the "
+                                                      "model's own on CUDA, float32 on the CPU)")
     max_model_len: int | None = setting(None, help="cap on prompt + completion tokens", unset="the model's own")
     attention_backend: str = setting("auto", choices=("auto", "torch", "triton"),
                                      help="paged attention kernels (auto: triton on CUDA, torch on CPU)")
@@ -39,6 +44,9 @@ class RunnerConfig:
                               help="host memory for swapped-out KV blocks: GiB, or a size such as 512MiB")
     gpu_memory_utilization: float = setting(0.9, help="on GPU: share of device memory for weights, activations "
                                                       "and the KV cache")
+    enforce_eager: bool = setting(False, help="on CUDA: run decode steps eagerly, without CUDA graphs")
+    max_num_seqs: int = setting(256, parse=positive_int,
+                                help="largest decode batch captured as a CUDA graph (the scheduler's step limit)")
     max_num_batched_tokens: int = setting(512, parse=positive_int,
                                           help="tokens of the profiling forward that sizes the KV cache "
                                                "(the scheduler's step budget)")

@@ -86,6 +86,8 @@ class ParallelState:
     tp: GroupHandle = SINGLE
     pp: GroupHandle = SINGLE
     world: GroupHandle = SINGLE
+    # Where this rank's collectives run: NCCL moves device tensors only, gloo host ones.
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def rank(self) -> int:
@@ -130,14 +132,20 @@ class ParallelState:
         """The driver's list of ints on every rank (every rank passes a list of the same length)."""
         if self.world.size == 1:
             return values
-        t = torch.tensor(values, dtype=torch.long) if self.is_driver else torch.empty(len(values), dtype=torch.long)
-        dist.broadcast(t, src=self.driver_rank, group=self.world.group)
-        return t.tolist()
+        t = torch.tensor(values if self.is_driver else [0] * len(values), dtype=torch.long, device=self.device)
+        return self.broadcast_tensor_from_driver(t).tolist()
+
+    def broadcast_tensor_from_driver(self, t: torch.Tensor) -> torch.Tensor:
+        """The driver's `t` on every rank, in place (others pass a tensor of the same shape
+        and dtype on this rank's device: with NCCL the bytes never touch the host)."""
+        if self.world.size > 1:
+            dist.broadcast(t, src=self.driver_rank, group=self.world.group)
+        return t
 
     def min_over_world(self, value: int) -> int:
         if self.world.size == 1:
             return value
-        t = torch.tensor([value], dtype=torch.long)
+        t = torch.tensor([value], dtype=torch.long, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.world.group)
         return int(t.item())
 
@@ -236,6 +244,13 @@ def backend_for(device: torch.device | str) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
+# NOTE: set before NCCL starts. Without record_stream the caching allocator frees a
+# collective's buffers as soon as the issuing stream is done with them (NCCL's own
+# streams are synchronized by the process group), saving memory; cuMem-based NCCL
+# buffers have broken CUDA graph capture of collectives on some drivers.
+NCCL_ENV_HINTS = {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "NCCL_CUMEM_ENABLE": "0"}
+
+
 def init_parallel(cfg: DistInit, payload: dict | None = None, agree_on: tuple[str, ...] = (),
                   device: torch.device | str = "cpu") -> ParallelState:
     """Join the world, check the ranks agree on `agree_on` keys of their payloads, and
@@ -256,16 +271,25 @@ def init_parallel(cfg: DistInit, payload: dict | None = None, agree_on: tuple[st
     payloads = rendezvous(dist.PrefixStore("llmserve", store), cfg.rank, cfg.world_size,
                           payload or {}, cfg.timeout_s)
     check_agreement(payloads, agree_on)
-    dist.init_process_group(backend_for(device), store=dist.PrefixStore("pg", store), rank=cfg.rank,
-                            world_size=cfg.world_size, timeout=timeout)
-    state = _build_state(cfg.tp_size, cfg.pp_size, cfg.rank, timeout)
+    device = torch.device(device)
+    backend = backend_for(device)
+    if backend == "nccl":
+        for key, value in NCCL_ENV_HINTS.items():
+            os.environ.setdefault(key, value)
+    # NOTE: `timeout` bounds every collective too. Under NCCL the watchdog aborts the
+    # communicator and ends this process when a peer stops answering for that long, so a
+    # dead peer shows as a lost worker (UNAVAILABLE at the scheduler), never as a hang.
+    dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=cfg.rank,
+                            world_size=cfg.world_size, timeout=timeout,
+                            device_id=device if device.type == "cuda" else None)
+    state = _build_state(cfg.tp_size, cfg.pp_size, cfg.rank, timeout, device)
     logger.info("rank %d/%d joined in %.2f s: tp rank %d/%d, pp rank %d/%d (%s)", cfg.rank, cfg.world_size,
-                time.perf_counter() - t0, state.tp.rank, cfg.tp_size, state.pp.rank, cfg.pp_size,
-                backend_for(device))
+                time.perf_counter() - t0, state.tp.rank, cfg.tp_size, state.pp.rank, cfg.pp_size, backend)
     return state
 
 
-def _build_state(tp_size: int, pp_size: int, rank: int, timeout: timedelta) -> ParallelState:
+def _build_state(tp_size: int, pp_size: int, rank: int, timeout: timedelta,
+                 device: torch.device = torch.device("cpu")) -> ParallelState:
     tp_groups, pp_groups = grid_groups(tp_size, pp_size)
     tp = pp = None
     # NOTE: new_group is collective: every rank creates every group, in the same order.
@@ -279,7 +303,7 @@ def _build_state(tp_size: int, pp_size: int, rank: int, timeout: timedelta) -> P
             pp = GroupHandle(pp_size, ranks.index(rank), tuple(ranks), g)
     world_size = tp_size * pp_size
     world = GroupHandle(world_size, rank, tuple(range(world_size)), dist.group.WORLD)
-    return ParallelState(tp=tp, pp=pp, world=world)
+    return ParallelState(tp=tp, pp=pp, world=world, device=device)
 
 
 def shutdown_parallel(state: ParallelState) -> None:

@@ -35,9 +35,11 @@ class StepInputs:
 
 class InputBatch:
     def __init__(self, block_size: int, num_blocks: int, max_model_len: int,
-                 attention_backend: type[AttentionBackend] = TorchPagedAttention):
+                 attention_backend: type[AttentionBackend] = TorchPagedAttention,
+                 device: torch.device | str = "cpu"):
         self.block_size, self.num_blocks, self.max_model_len = block_size, num_blocks, max_model_len
         self.attention_backend = attention_backend  # builds the per-step metadata its layers need
+        self.device = torch.device(device)  # where the step's tensors go (the model's device)
         self.states: dict[int, RequestState] = {}
 
     # ---- plan -> state -------------------------------------------------------------
@@ -128,12 +130,10 @@ class InputBatch:
             if c + n == len(st.token_ids):
                 sample_idx.append(len(ids) - 1)
                 sample_states.append(st)
-        slot_mapping = torch.tensor(slots, dtype=torch.long)
+        # NOTE: the four index lists go to the device as one host tensor, one copy.
+        T, S = len(ids), len(sample_idx)
+        packed = torch.tensor(ids + pos + slots + sample_idx, dtype=torch.long).to(self.device, non_blocking=True)
+        input_ids, positions, slot_mapping, sample_indices = packed.split([T, T, T, S])
         meta = self.attention_backend.build_metadata(query_lens, seq_lens, tables, slot_mapping, bs)
-        return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.long),
-            positions=torch.tensor(pos, dtype=torch.long),
-            meta=meta,
-            sample_indices=torch.tensor(sample_idx, dtype=torch.long),
-            sample_states=sample_states,
-        )
+        return StepInputs(input_ids=input_ids, positions=positions, meta=meta, sample_indices=sample_indices,
+                          sample_states=sample_states)

@@ -39,27 +39,86 @@ def num_blocks_for_budget(budget_bytes: int, block_bytes: int) -> int:
 
 def allocate_kv_caches(
     num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-    zeroed: bool = True,
+    zeroed: bool = True, device: torch.device | str = "cpu", pin_memory: bool = False,
 ) -> list[torch.Tensor]:
-    """One [2, num_blocks, block_size, num_kv_heads, head_dim] tensor per layer (zeroed, or
-    left uninitialized: a swap pool is only read where it was written, and untouched pages
-    cost no memory)."""
+    """One [2, num_blocks, block_size, num_kv_heads, head_dim] tensor per layer on `device`
+    (zeroed, or left uninitialized: a swap pool is only read where it was written, and
+    untouched host pages cost no memory). `pin_memory`: page-locked host memory, which a
+    GPU copies to and from asynchronously (the swap pool of a CUDA worker)."""
     shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+    if pin_memory:
+        return [torch.empty(shape, dtype=dtype, pin_memory=True) for _ in range(num_layers)]
     make = torch.zeros if zeroed else torch.empty
-    return [make(shape, dtype=dtype) for _ in range(num_layers)]
+    return [make(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
 
 def move_blocks(src_caches: list[torch.Tensor], dst_caches: list[torch.Tensor], moves: list[tuple[int, int]]) -> None:
-    """Copy whole blocks (K and V, every layer): dst[:, dst_id] = src[:, src_id] for each move.
+    """Copy whole blocks (K and V, every layer): dst[:, dst_id] = src[:, src_id] for each move,
+    every source read before any destination is written.
 
     src_caches / dst_caches: one [2, num_blocks, block_size, kv_heads, head_dim] tensor per
-    layer (GPU and CPU pools for swaps; the same list for copy-on-write copies)."""
+    layer (the device cache and the swap pool for swaps; the same list for copy-on-write
+    copies). One gather and one scatter per layer, on the caches' own devices."""
     if not moves:
         return
-    src_ids = torch.tensor([s for s, _ in moves], dtype=torch.long)
-    dst_ids = torch.tensor([d for _, d in moves], dtype=torch.long)
-    for src, dst in zip(src_caches, dst_caches):
-        dst[:, dst_ids.to(dst.device)] = src[:, src_ids.to(src.device)].to(dst.device)
+    src_ids = torch.tensor([s for s, _ in moves], dtype=torch.long).to(src_caches[0].device, non_blocking=True)
+    dst_ids = torch.tensor([d for _, d in moves], dtype=torch.long).to(dst_caches[0].device, non_blocking=True)
+    for src, dst in zip(src_caches, dst_caches, strict=True):
+        dst.index_copy_(1, dst_ids, src.index_select(1, src_ids).to(dst.device))
+
+
+def contiguous_runs(moves: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(src_start, dst_start, length) runs of consecutive moves: (3,7),(4,8),(5,9) is one run
+    of 3, so a swap of a long sequence's blocks is a few large copies, not many small ones."""
+    runs: list[list[int]] = []
+    for src, dst in moves:
+        if runs and src == runs[-1][0] + runs[-1][2] and dst == runs[-1][1] + runs[-1][2]:
+            runs[-1][2] += 1
+        else:
+            runs.append([src, dst, 1])
+    return [tuple(r) for r in runs]
+
+
+class BlockMover:
+    """A step plan's block moves, before its forward: swap-outs (device cache -> host pool),
+    swap-ins (host pool -> device cache), then copy-on-write copies (device -> device).
+
+    On the CPU every move is a gather and a scatter (`move_blocks`). On CUDA the swaps are
+    asynchronous copies between the device cache and the pinned host pool, issued on a side
+    stream so the host never waits for them: the side stream first waits for the compute
+    stream (the blocks' last writes), and the compute stream then waits for the side stream
+    (the next forward may overwrite a block just swapped out, or read one just swapped in).
+    Swaps stay ordered among themselves on that one stream, so a pool block swapped out is
+    complete before a later swap-in reads it."""
+
+    def __init__(self, device_caches: list[torch.Tensor], host_caches: list[torch.Tensor]):
+        self.device_caches, self.host_caches = device_caches, host_caches
+        device = device_caches[0].device if device_caches else torch.device("cpu")
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def run(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]],
+            copies: list[tuple[int, int]]) -> None:
+        if self.stream is None:
+            move_blocks(self.device_caches, self.host_caches, swap_out)
+            move_blocks(self.host_caches, self.device_caches, swap_in)
+        elif swap_out or swap_in:
+            compute = torch.cuda.current_stream(self.stream.device)
+            self.stream.wait_stream(compute)
+            with torch.cuda.stream(self.stream):
+                self._copy_runs(self.device_caches, self.host_caches, swap_out)
+                self._copy_runs(self.host_caches, self.device_caches, swap_in)
+            compute.wait_stream(self.stream)
+        move_blocks(self.device_caches, self.device_caches, copies)
+
+    @staticmethod
+    def _copy_runs(src_caches: list[torch.Tensor], dst_caches: list[torch.Tensor],
+                   moves: list[tuple[int, int]]) -> None:
+        # NOTE: per layer and per K/V, a run of blocks is one contiguous range on both sides:
+        # cache[kv, start:start + n] is [n, block_size, kv_heads, head_dim], contiguous.
+        for src_start, dst_start, n in contiguous_runs(moves):
+            for src, dst in zip(src_caches, dst_caches, strict=True):
+                for kv in range(2):
+                    dst[kv, dst_start:dst_start + n].copy_(src[kv, src_start:src_start + n], non_blocking=True)
 
 
 def check_moves(moves: list[tuple[int, int]], num_src: int, num_dst: int, what: str) -> None:

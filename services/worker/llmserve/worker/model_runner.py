@@ -14,11 +14,13 @@ from llmserve.contract.worker_info import WorkerInfo
 from llmserve.worker import kv_cache as kvc
 from llmserve.worker.attention import backend_class, install_backend
 from llmserve.worker.config import RunnerConfig
+from llmserve.worker.cuda_graphs import DecodeGraphs, capture_sizes
+from llmserve.worker.device import dtype_name, resolve_device, resolve_dtype
 from llmserve.worker.input_batch import InputBatch
 from llmserve.worker.distributed import DistInit, init_parallel
 from llmserve.worker.models.decoder import head_dim_of, local_kv_heads
-from llmserve.worker.pipeline import forward_step, share_sampled
-from llmserve.worker.models.loader import load_config, load_model, parse_dtype
+from llmserve.worker.pipeline import forward_step
+from llmserve.worker.models.loader import load_config, load_model
 from llmserve.worker.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -47,31 +49,63 @@ class ModelRunner:
         several KV caches and batches against one copy of the weights)."""
         self.model_dir = Path(model_dir)
         self.settings = settings
-        self.dtype = parse_dtype(settings.dtype)
+        dist = dist or DistInit()
         block_size = self.block_size = settings.block_size
         self.config = load_config(self.model_dir)
+        # This rank's device first (a CUDA rank makes cuda:{local_rank} current), then the dtype
+        # there (auto: the checkpoint's own on CUDA, float32 on the CPU).
+        self.device = resolve_device(settings.device, dist.rank)
+        self.dtype = resolve_dtype(settings.dtype, self.device, self.config)
         # TP x PP group: join (the ranks must serve the same model the same way), then
         # build this rank's shard only. A world of 1 initializes nothing.
         self.parallel = init_parallel(
-            dist or DistInit(),
-            payload={"model_path": str(self.model_dir.resolve()), "dtype": str(self.dtype), "block_size": block_size},
-            agree_on=("model_path", "dtype", "block_size"))
-        if model is not None and self.parallel.world.size > 1:
-            raise ValueError("a parallel group's rank loads its own shard; it cannot share weights")
+            dist,
+            payload={"model_path": str(self.model_dir.resolve()), "dtype": str(self.dtype), "block_size": block_size,
+                     "device": self.device.type},
+            agree_on=("model_path", "dtype", "block_size", "device"), device=self.device)
+        if model is not None:
+            if self.parallel.world.size > 1:
+                raise ValueError("a parallel group's rank loads its own shard; it cannot share weights")
+            p = next(model.parameters())
+            if (p.device, p.dtype) != (self.device, self.dtype):
+                raise ValueError(f"shared weights are {p.dtype} on {p.device}; this runner wants "
+                                 f"{self.dtype} on {self.device}")
         self.model = model if model is not None else load_model(self.model_dir, self.dtype, self.config,
-                                                                  parallel=self.parallel)
+                                                                  parallel=self.parallel, device=self.device)
         self.max_model_len = self._max_model_len(settings.max_model_len)
         # "auto": Triton where the KV cache lives on CUDA, torch elsewhere.
-        self.attention_backend = backend_class(settings.attention_backend, torch.empty(0).device)
+        self.attention_backend = backend_class(settings.attention_backend, self.device)
         install_backend(self.model, self.attention_backend)
+        self.sampler = Sampler(sampler_seed, self.device)
         self._allocate_kv_caches(settings)
-        self.batch = InputBatch(block_size, self.num_kv_blocks, self.max_model_len, self.attention_backend)
-        self.sampler = Sampler(sampler_seed)
+        self.batch = InputBatch(block_size, self.num_kv_blocks, self.max_model_len, self.attention_backend,
+                                self.device)
+        self.mover = kvc.BlockMover(self.kv_caches, self.cpu_kv_caches)
+        self.graphs = self._decode_graphs(self.kv_caches) if self._uses_graphs() else None
+        if self.graphs is not None:
+            self.graphs.capture()
         self._interrupted_step_id = -1  # Set by interrupt() from the service's thread.
         self._info = self._worker_info(model_name or self.model_dir.name)
-        logger.info("# KV blocks: %d (%d CPU swap blocks), max concurrency for %d-token requests: %.2fx",
-                    self.num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
-                    self.num_kv_blocks * block_size / self.max_model_len)
+        logger.info("# KV blocks: %d (%d CPU swap blocks), max concurrency for %d-token requests: %.2fx "
+                    "(%s, %s, %s)", self.num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
+                    self.num_kv_blocks * block_size / self.max_model_len, self.device, dtype_name(self.dtype),
+                    "CUDA graphs" if self.graphs is not None else "eager")
+
+    def _uses_graphs(self) -> bool:
+        """CUDA graphs for decode steps: on CUDA, unless --enforce-eager, with the Triton
+        attention backend and a single pipeline stage (see cuda_graphs.py)."""
+        if self.device.type != "cuda" or self.settings.enforce_eager:
+            return False
+        if self.attention_backend.__name__ != "TritonPagedAttention" or self.parallel.pp.size > 1:
+            logger.warning("CUDA graphs off: they need the triton attention backend and one pipeline stage "
+                           "(backend %s, %d stages)", self.attention_backend.__name__, self.parallel.pp.size)
+            return False
+        return True
+
+    def _decode_graphs(self, kv_caches: list[torch.Tensor]) -> DecodeGraphs:
+        sizes = capture_sizes(min(self.settings.max_num_seqs, self.settings.max_num_batched_tokens))
+        return DecodeGraphs(self.model, kv_caches, sizes, -(-self.max_model_len // self.block_size),
+                            self.block_size, self.device)
 
     def _max_model_len(self, cap: int | None) -> int:
         cfg = self.config
@@ -83,8 +117,9 @@ class ModelRunner:
         return max_model_len
 
     def _allocate_kv_caches(self, settings: RunnerConfig) -> None:
-        """The KV cache (sized by `num_kv_blocks`, or what the memory budget leaves after a
-        profiling forward) and the host swap pool."""
+        """The KV cache on this rank's device (sized by `num_kv_blocks`, or what the memory
+        budget leaves after a profiling forward) and the host swap pool (pinned on CUDA, so
+        swaps are asynchronous copies)."""
         # NOTE: this rank caches its own layers and its own KV heads only.
         cfg, bs = self.config, self.block_size
         num_layers, kvh, hd = self.model.num_local_layers, local_kv_heads(cfg, self.parallel.tp.size), head_dim_of(cfg)
@@ -95,11 +130,12 @@ class ModelRunner:
                 block_bytes, settings.kv_cache_memory, settings.max_num_batched_tokens, settings.gpu_memory_utilization)
         # Every rank sized its cache from the same budget; all allocate the smallest count.
         self.num_kv_blocks = self.parallel.min_over_world(num_kv_blocks)
-        self.kv_caches = kvc.allocate_kv_caches(num_layers, self.num_kv_blocks, bs, kvh, hd, self.dtype)
-        # NOTE: swap space lives in host memory (pinned would speed up GPU copies).
+        self.kv_caches = kvc.allocate_kv_caches(num_layers, self.num_kv_blocks, bs, kvh, hd, self.dtype,
+                                                device=self.device)
         self.num_cpu_blocks = self.parallel.min_over_world(settings.swap_space // block_bytes)
         self.cpu_kv_caches = kvc.allocate_kv_caches(
-            num_layers, self.num_cpu_blocks, bs, kvh, hd, self.dtype, zeroed=False) if self.num_cpu_blocks else []
+            num_layers, self.num_cpu_blocks, bs, kvh, hd, self.dtype, zeroed=False,
+            pin_memory=self.device.type == "cuda") if self.num_cpu_blocks else []
 
     def _worker_info(self, model_name: str) -> WorkerInfo:
         cfg = self.config
@@ -108,7 +144,7 @@ class ModelRunner:
             model_path=str(self.model_dir),
             num_kv_blocks=self.num_kv_blocks,
             block_size=self.block_size,
-            dtype="bfloat16" if self.dtype == torch.bfloat16 else "float32",
+            dtype=dtype_name(self.dtype),
             max_model_len=self.max_model_len,
             vocab_size=cfg.vocab_size,
             eos_token_ids=eos_token_ids(self.model_dir, cfg),
@@ -120,14 +156,29 @@ class ModelRunner:
     def _blocks_from_profile(self, block_bytes: int, kv_cache_memory_bytes: int | None,
                              max_num_batched_tokens: int, gpu_memory_utilization: float) -> int:
         """KV blocks that fit the memory left once a dummy forward of max_num_batched_tokens
-        tokens has shown the peak activation memory (vLLM's profiling run)."""
-        device = next(self.model.parameters()).device
+        tokens has shown the peak activation memory (vLLM's profiling run).
+
+        On CUDA: budget = total x gpu_memory_utilization - (weights + activation peak
+        + the decode graphs' memory pool + memory outside torch's allocator: the CUDA
+        context, NCCL, other processes). The graphs are captured once here against a
+        scratch cache to measure their pool, then dropped (the real ones need the real
+        cache's addresses)."""
+        device = self.device
         with kvc.PeakMemory(device) as peak:
             self._dummy_forward(max_num_batched_tokens)
         if device.type == "cuda":
-            total = torch.cuda.mem_get_info(device)[1]
+            graph_bytes = self._graph_memory() if self._uses_graphs() else 0
+            torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info(device)
+            outside_torch = total - free - torch.cuda.memory_reserved(device)
             # NOTE: max_memory_allocated counts the weights and the activation peak.
-            budget = int(total * gpu_memory_utilization) - torch.cuda.max_memory_allocated(device)
+            used = torch.cuda.max_memory_allocated(device) + graph_bytes + outside_torch
+            budget = int(total * gpu_memory_utilization) - used
+            logger.info("profiling on %s: %.2f GiB total, weights + %d-token activation peak %.2f GiB, "
+                        "decode graphs %.1f MiB, outside torch %.2f GiB; KV cache budget at %.0f%%: %.2f GiB",
+                        device, total / 2**30, max_num_batched_tokens,
+                        torch.cuda.max_memory_allocated(device) / 2**30, graph_bytes / 2**20, outside_torch / 2**30,
+                        gpu_memory_utilization * 100, budget / 2**30)
         elif kv_cache_memory_bytes is not None:
             budget = kv_cache_memory_bytes  # Explicit: the KV cache's own size.
         else:  # A share of the RAM available now, less what activations will take.
@@ -136,26 +187,38 @@ class ModelRunner:
                     max_num_batched_tokens, peak.peak_bytes / 2**20, budget / 2**20)
         return kvc.num_blocks_for_budget(budget, block_bytes)
 
+    def _scratch_caches(self, num_blocks: int) -> list[torch.Tensor]:
+        return kvc.allocate_kv_caches(self.model.num_local_layers, num_blocks, self.block_size,
+                                      local_kv_heads(self.config, self.parallel.tp.size), head_dim_of(self.config),
+                                      self.dtype, device=self.device)
+
+    def _graph_memory(self) -> int:
+        """Bytes the decode graphs' memory pool takes, measured by capturing them once over
+        a one-sequence scratch cache."""
+        graphs = self._decode_graphs(self._scratch_caches(-(-self.max_model_len // self.block_size)))
+        graphs.capture()
+        return graphs.memory_bytes
+
     def _dummy_forward(self, num_tokens: int) -> None:
         """One prefill step of `num_tokens` tokens (split into max_model_len sequences)
         on a scratch cache just large enough, sampling every sequence."""
-        bs, cfg = self.block_size, self.config
+        bs = self.block_size
         lens = [min(self.max_model_len, num_tokens - start) for start in range(0, num_tokens, self.max_model_len)]
         num_blocks = sum(-(-n // bs) for n in lens)
-        caches = kvc.allocate_kv_caches(self.model.num_local_layers, num_blocks, bs,
-                                        local_kv_heads(cfg, self.parallel.tp.size), head_dim_of(cfg), self.dtype)
-        batch = InputBatch(bs, num_blocks, self.max_model_len, self.attention_backend)
+        caches = self._scratch_caches(num_blocks)
+        batch = InputBatch(bs, num_blocks, self.max_model_len, self.attention_backend, self.device)
         plan, next_block = StepPlan(step_id=-1), 0
         for i, n in enumerate(lens):
             blocks = list(range(next_block, next_block + -(-n // bs)))
             next_block += len(blocks)
-            plan.new_requests.append(NewRequestData(f"profile-{i}", [0] * n, n, WorkerSamplingParams(0.0),
-                                                    blocks, 0, n))
+            plan.new_requests.append(NewRequestData(i, [0] * n, n, WorkerSamplingParams(0.0), blocks, 0, n))
         with torch.inference_mode():
             inp = batch.build_inputs(batch.apply_plan(plan))
             # NOTE: every rank profiles in lockstep (the same collectives as a real step).
-            forward_step(self.model, self.parallel, inp.input_ids, inp.positions, caches, inp.meta,
-                         inp.sample_indices)
+            logits = forward_step(self.model, self.parallel, inp.input_ids, inp.positions, caches, inp.meta,
+                                  inp.sample_indices)
+            if logits is not None and self.parallel.is_driver:
+                self.sampler(logits, [s.sampling for s in inp.sample_states], [0] * len(inp.sample_states))
 
     @property
     def info(self) -> WorkerInfo:
@@ -175,7 +238,7 @@ class ModelRunner:
         sampled tokens are the next one's inputs) until done or interrupted. Raises
         ValueError on an inconsistent plan (states unchanged)."""
         steps_run = 0
-        with torch.inference_mode():
+        with torch.inference_mode():  # NOTE: a multi-step plan's steps each replay their graph
             rows = self.batch.apply_plan(plan)
             self._move_blocks(plan)
             sampled: list[SampledToken] = []
@@ -195,32 +258,39 @@ class ModelRunner:
 
     def _move_blocks(self, plan: StepPlan) -> None:
         """The plan's swaps and copy-on-write copies, before the forward: out, in, copies."""
-        gpu, cpu = self.kv_caches, self.cpu_kv_caches
         kvc.check_moves(plan.swap_out, self.num_kv_blocks, self.num_cpu_blocks, "swap-out")
         kvc.check_moves(plan.swap_in, self.num_cpu_blocks, self.num_kv_blocks, "swap-in")
         kvc.check_moves(plan.copies, self.num_kv_blocks, self.num_kv_blocks, "copy")
-        kvc.move_blocks(gpu, cpu, plan.swap_out)
-        kvc.move_blocks(cpu, gpu, plan.swap_in)
-        kvc.move_blocks(gpu, gpu, plan.copies)
+        self.mover.run(plan.swap_out, plan.swap_in, plan.copies)
+
+    def _forward(self, inp) -> torch.Tensor | None:
+        """Logits [S, vocab] of the step's sampled rows (last stage; None elsewhere): a
+        decode step through its CUDA graph where one is captured, else eagerly."""
+        size = self.graphs.size_for(inp.meta, inp.input_ids.shape[0]) if self.graphs is not None else None
+        if size is None:
+            return forward_step(self.model, self.parallel, inp.input_ids, inp.positions, self.kv_caches,
+                                inp.meta, inp.sample_indices)
+        hidden = self.graphs.replay(size, inp.input_ids, inp.positions, inp.meta)  # [B, hidden]
+        return self.model.compute_logits(hidden[inp.sample_indices]) if inp.sample_indices.numel() else None
 
     def _run(self, rows) -> list[SampledToken]:
         inp = self.batch.build_inputs(rows)
-        # [S, vocab] on the last PP stage; None elsewhere (hidden states went to the next stage)
-        logits = forward_step(self.model, self.parallel, inp.input_ids, inp.positions, self.kv_caches,
-                              inp.meta, inp.sample_indices)
+        logits = self._forward(inp)  # [S, vocab] on the last PP stage; None elsewhere
         for st, n in rows:
             st.num_computed_tokens += n
         if not inp.sample_states:
             return []
         states = inp.sample_states
-        tokens, logprobs = None, [None] * len(states)
+        logprobs: list = [None] * len(states)
         if self.parallel.is_driver:  # sampling happens on the last stage's TP rank 0 only
-            tokens, logprobs = self.sampler(
-                logits, [s.sampling for s in states], [s.num_output_tokens for s in states]
-            )
-        tokens = share_sampled(self.parallel, tokens, len(states))  # every rank appends the same ids
+            out = self.sampler(logits, [s.sampling for s in states], [s.num_output_tokens for s in states])
+            tokens, logprobs = out.token_ids, out.logprobs
+        else:
+            tokens = torch.empty(len(states), dtype=torch.long, device=self.device)
+        # Every rank appends the same ids: broadcast on the device, then the step's one read back.
+        token_ids = self.parallel.broadcast_tensor_from_driver(tokens).tolist()
         out = []
-        for st, tok, lp in zip(states, tokens, logprobs):
+        for st, tok, lp in zip(states, token_ids, logprobs):
             st.token_ids.append(tok)
             out.append(SampledToken(st.seq_id, tok, lp))
         return out

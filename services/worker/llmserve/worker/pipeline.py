@@ -5,8 +5,9 @@ plan, so every rank knows T, the step's token count, and S, its sampled rows).
     middle stage: recv ─▶ layers ─▶ send ─▶
     last stage:   recv ─▶ layers ─▶ norm ─▶ LM head (all-gather over TP) ─▶ logits [S, V]
 
-Sampling happens on the driver (last stage, TP rank 0) only; `share_sampled` then gives
-every rank the sampled ids so each rank's request states stay identical.
+Sampling happens on the driver (last stage, TP rank 0) only; the driver then broadcasts
+the sampled ids (a device tensor: NCCL on GPUs) so each rank's request states stay
+identical.
 """
 
 from __future__ import annotations
@@ -32,10 +33,3 @@ def forward_step(model: nn.Module, parallel: ParallelState, input_ids: torch.Ten
     if sample_indices.numel() == 0:
         return None
     return model.compute_logits(out[sample_indices])  # [S, vocab]
-
-
-def share_sampled(parallel: ParallelState, tokens: list[int] | None, num_sampled: int) -> list[int]:
-    """The driver's sampled ids on every rank (`tokens` is ignored off the driver)."""
-    if parallel.world.size == 1:
-        return list(tokens or [])
-    return parallel.broadcast_from_driver(list(tokens) if parallel.is_driver else [0] * num_sampled)

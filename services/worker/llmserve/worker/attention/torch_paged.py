@@ -17,19 +17,21 @@ class TorchPagedAttention(AttentionBackend):
 
     @staticmethod
     def build_metadata(query_lens, seq_lens, block_tables, slot_mapping, block_size) -> AttentionMetadata:
+        """Tensors land on slot_mapping's device."""
+        dev = slot_mapping.device
         qsl, num_decodes = row_layout(query_lens)
         dec_table = dec_mask = None
         if num_decodes:
-            dec_table, dec_mask = _decode_tensors(block_tables[:num_decodes], seq_lens[:num_decodes], block_size)
+            dec_table, dec_mask = _decode_tensors(block_tables[:num_decodes], seq_lens[:num_decodes], block_size, dev)
         prefills = [
-            _prefill_seq(qsl[i], qsl[i + 1], seq_lens[i], block_tables[i], block_size)
+            _prefill_seq(qsl[i], qsl[i + 1], seq_lens[i], block_tables[i], block_size, dev)
             for i in range(num_decodes, len(query_lens))
         ]
         return AttentionMetadata(
             slot_mapping=slot_mapping, query_start_loc=qsl, seq_lens=list(seq_lens),
             block_tables=block_tables, block_size=block_size, num_decodes=num_decodes,
             decode_block_table=dec_table, decode_mask=dec_mask, prefills=prefills,
-            decode_seq_lens=torch.tensor(seq_lens[:num_decodes], dtype=torch.long) if num_decodes else None,
+            decode_seq_lens=torch.tensor(seq_lens[:num_decodes], dtype=torch.long, device=dev) if num_decodes else None,
         )
 
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -89,21 +91,23 @@ def _write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_map
     flat[1].index_copy_(0, slot_mapping, v)
 
 
-def _decode_tensors(tables: list[list[int]], seq_lens: list[int], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _decode_tensors(tables: list[list[int]], seq_lens: list[int], block_size: int,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     max_blocks = max(-(-n // block_size) for n in seq_lens)
     padded = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in tables]
-    table = torch.tensor(padded, dtype=torch.long)  # [B, max_blocks]
-    key_pos = torch.arange(max_blocks * block_size)
-    mask = key_pos[None, :] < torch.tensor(seq_lens)[:, None]  # [B, L]
+    table = torch.tensor(padded, dtype=torch.long, device=device)  # [B, max_blocks]
+    key_pos = torch.arange(max_blocks * block_size, device=device)
+    mask = key_pos[None, :] < torch.tensor(seq_lens, device=device)[:, None]  # [B, L]
     return table, mask[:, None, None, :]
 
 
-def _prefill_seq(start: int, end: int, seq_len: int, table: list[int], block_size: int) -> PrefillSeq:
+def _prefill_seq(start: int, end: int, seq_len: int, table: list[int], block_size: int,
+                 device: torch.device) -> PrefillSeq:
     q_len = end - start
     ctx = seq_len - q_len
     mask = None
     if ctx:
         # query i (position ctx+i) sees keys at positions <= ctx+i
-        mask = torch.arange(seq_len)[None, :] <= (ctx + torch.arange(q_len))[:, None]
+        mask = torch.arange(seq_len, device=device)[None, :] <= (ctx + torch.arange(q_len, device=device))[:, None]
     n_blocks = -(-seq_len // block_size)
-    return PrefillSeq(start, end, ctx, seq_len, torch.tensor(table[:n_blocks], dtype=torch.long), mask)
+    return PrefillSeq(start, end, ctx, seq_len, torch.tensor(table[:n_blocks], dtype=torch.long, device=device), mask)

@@ -48,8 +48,10 @@ class ParallelLMHead(VocabParallelEmbedding):
       - on CPU (float32, bfloat16): W packed for its GEMM library (see packed_weight.py).
         The head is a [rows <= batch] x [hidden, vocab] product bound by streaming W,
         which the library streams faster in its own layout than `hidden @ w_t` does.
-      - otherwise: w_t, a contiguous [hidden, vocab] copy (NOTE: on CPU, F.linear
+      - elsewhere on CPU: w_t, a contiguous [hidden, vocab] copy (NOTE: on CPU, F.linear
         against W itself is slower for a head this wide).
+      - on CUDA: W itself through F.linear (cuBLAS takes the transposed operand at full
+        speed; a copy would cost another vocab x hidden of device memory).
 
     Tied embeddings: pass `tied_to=embed_tokens`; the weight is then the embedding's own
     Parameter. Call `process_weights_after_loading()` after loading to refresh the copy.
@@ -70,7 +72,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         return self.w_packed is not None or self.w_t.numel() > 0
 
     def process_weights_after_loading(self) -> None:
-        if self._has_product_copy:
+        if self._has_product_copy or self.weight.device.type != "cpu":
             return
         w = self.weight.detach()
         self.w_packed = PackedWeight.pack(w)
@@ -83,11 +85,11 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, hidden] -> logits [S, vocab] on every TP rank (shards all-gathered,
         # padding cut off), so sampling on TP rank 0 sees the whole vocabulary.
-        if not self._has_product_copy:
-            self.process_weights_after_loading()
-        if self.w_packed is not None:
-            logits = self.w_packed.matmul(hidden)
+        if self.weight.device.type != "cpu":
+            logits = F.linear(hidden, self.weight)  # [S, shard_size]
         else:
-            logits = hidden @ self.w_t  # [S, shard_size]
+            if not self._has_product_copy:
+                self.process_weights_after_loading()
+            logits = self.w_packed.matmul(hidden) if self.w_packed is not None else hidden @ self.w_t
         logits = self.tp.all_gather(logits, dim=-1)  # [S, tp * shard_size]
         return logits[:, : self.vocab_size]

@@ -6,12 +6,13 @@ import torch
 from torch import nn
 
 from llmserve.kernels import cpu as cpu_kernels
-from llmserve.worker.layers.fused_op import FusedCpuOp
+from llmserve.worker.layers.kernel_op import KernelOp
 
 
-class RMSNorm(FusedCpuOp):
+class RMSNorm(KernelOp):
     """Without residual: norm(x). With residual: s = x + residual; returns (norm(s), s).
-    On CPU the fused kernel does it in one pass (and may overwrite x and residual)."""
+    On CPU (C++) and CUDA (Triton) one fused pass does it (and may overwrite x and
+    residual)."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
@@ -39,6 +40,14 @@ class RMSNorm(FusedCpuOp):
             return cpu_kernels.rms_norm(x, self.weight, self.eps)
         return cpu_kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
+    def forward_cuda(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        from llmserve.kernels.triton import rms_norm
+
+        out = rms_norm(x, self.weight, self.eps, residual)  # residual <- x + residual, in place
+        return out if residual is None else (out, residual)
+
     def forward_native(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -51,10 +60,11 @@ class RMSNorm(FusedCpuOp):
 
 class OffsetRMSNorm(RMSNorm):
     """Gemma's RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), all in float32, cast back at
-    the end (the checkpoint stores w around 0, not around 1). The fused CPU kernel
-    computes w * x, so this norm always takes the torch path."""
+    the end (the checkpoint stores w around 0, not around 1). The fused kernels compute
+    w * x, so this norm always takes the torch path."""
 
     uses_fused_cpu_kernel = False
+    uses_cuda_kernel = False
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__(hidden_size, eps)

@@ -10,20 +10,23 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from llmserve.worker.device import DTYPE_ALIASES, DTYPE_NAMES
 from llmserve.worker.models.registry import model_class
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 # Checkpoint entries that are not weights of ours (recomputed buffers).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A dtype by name (float32, bfloat16, float16 and their short forms) or as is."""
     if isinstance(dtype, torch.dtype):
-        if dtype in DTYPES.values():
+        if dtype in DTYPE_NAMES.values():
             return dtype
-    elif dtype in DTYPES:
-        return DTYPES[dtype]
-    raise ValueError(f"unsupported dtype {dtype!r}; use 'float32' or 'bfloat16'")
+    else:
+        name = DTYPE_ALIASES.get(dtype, dtype)
+        if name in DTYPE_NAMES:
+            return DTYPE_NAMES[name]
+    raise ValueError(f"unsupported dtype {dtype!r}; use {', '.join(DTYPE_NAMES)}")
 
 
 def load_config(model_dir: Path) -> Any:
@@ -33,19 +36,24 @@ def load_config(model_dir: Path) -> Any:
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
+def _building(dtype: torch.dtype, device: torch.device):
+    """Parameters and buffers created inside are born on `device` in `dtype` (a GPU
+    model never exists on the host first)."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        yield
+        with torch.device(device):
+            yield
     finally:
         torch.set_default_dtype(old)
 
 
 def iter_safetensors(model_dir: Path, keep: Callable[[str], bool] | None = None
                      ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every checkpoint tensor; names `keep` rejects are never read
-    (a pipeline stage reads only its own layers)."""
+    """(name, tensor) for every checkpoint tensor, read one at a time into host memory
+    (the weight loaders copy each into its device parameter, so the host holds one
+    tensor at a time); names `keep` rejects are never read (a pipeline stage reads only
+    its own layers)."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
@@ -107,13 +115,13 @@ def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) 
 
 
 def load_model(model_dir: Path, dtype: str | torch.dtype = "float32", config: Any = None,
-               parallel: Any = None) -> nn.Module:
+               parallel: Any = None, device: torch.device | str = "cpu") -> nn.Module:
     """Build the registered class for config.json's architecture (this rank's shard when
-    `parallel`, a ParallelState, says so) and load its weights."""
+    `parallel`, a ParallelState, says so) on `device` and load its weights."""
     config = config if config is not None else load_config(model_dir)
     torch_dtype = parse_dtype(dtype)
     cls = model_class(config)
-    with _default_dtype(torch_dtype):
+    with _building(torch_dtype, torch.device(device)):
         model = cls(config) if parallel is None else cls(config, parallel)
     keep = getattr(model, "local_weight_name", None)
     load_weights(model, iter_safetensors(model_dir, None if keep is None else (lambda n: keep(n) is not None)))

@@ -1,0 +1,77 @@
+"""Where a worker rank computes, and in which dtype.
+
+`--device auto` is CUDA when this process sees a GPU, else the CPU. A rank of a parallel
+group takes `cuda:{local_rank}`: LOCAL_RANK when a launcher (torchrun, Kubernetes) sets
+it, else its global rank modulo the GPUs this host shows.
+
+`--dtype auto` is the model's own `torch_dtype` on CUDA (float16 or bfloat16, as trained),
+float32 on the CPU (where float16 matmuls are unusably slow).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def local_rank(rank: int) -> int:
+    """This rank's GPU index on its host."""
+    env = os.environ.get("LOCAL_RANK")
+    if env is not None:
+        return int(env)
+    return rank % max(1, torch.cuda.device_count())
+
+
+def resolve_device(name: str, rank: int = 0) -> torch.device:
+    """The torch device for `--device NAME` on global rank `rank`; makes it current on CUDA."""
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r} (choices: {', '.join(DEVICES)})")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("--device cuda: this process sees no CUDA device (torch.cuda.is_available() is False; "
+                         f"torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+    index = local_rank(rank)
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"rank {rank} wants cuda:{index} but this host shows {torch.cuda.device_count()} GPU(s)")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def model_dtype(config: Any) -> torch.dtype:
+    """The checkpoint's own dtype (config.json's `torch_dtype` / `dtype`), float32 if unsaid."""
+    value = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
+    if isinstance(value, torch.dtype):
+        return value if value in DTYPE_NAMES.values() else torch.float32
+    return DTYPE_NAMES.get(str(value).removeprefix("torch."), torch.float32)
+
+
+def resolve_dtype(name: str | torch.dtype, device: torch.device, config: Any = None) -> torch.dtype:
+    """The dtype weights, activations and the KV cache take on `device`."""
+    if isinstance(name, torch.dtype):
+        dtype = name
+        if dtype not in DTYPE_NAMES.values():
+            raise ValueError(f"unsupported dtype {dtype}; use {', '.join(DTYPE_NAMES)}")
+    elif name == "auto":
+        dtype = model_dtype(config) if device.type == "cuda" else torch.float32
+    else:
+        key = DTYPE_ALIASES.get(name, name)
+        if key not in DTYPE_NAMES:
+            raise ValueError(f"unsupported dtype {name!r}; use auto, {', '.join(DTYPE_NAMES)}")
+        dtype = DTYPE_NAMES[key]
+    if dtype == torch.float16 and device.type != "cuda":
+        raise ValueError("float16 runs on CUDA only (CPU matmuls in float16 are unusably slow): "
+                         "use --dtype bfloat16 or float32 on the CPU")
+    return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return next(name for name, d in DTYPE_NAMES.items() if d == dtype)
