@@ -188,6 +188,8 @@ def worker_info_to_pb(info: WorkerInfo) -> worker_pb2.WorkerInfo:
         tensor_parallel_size=info.tensor_parallel_size,
         bos_token_id=info.bos_token_id,
         num_cpu_blocks=info.num_cpu_blocks,
+        device=info.device,
+        cuda_graphs=info.cuda_graphs,
     )
 
 
@@ -204,6 +206,8 @@ def worker_info_from_pb(msg: worker_pb2.WorkerInfo) -> WorkerInfo:
         tensor_parallel_size=msg.tensor_parallel_size,
         bos_token_id=msg.bos_token_id,
         num_cpu_blocks=msg.num_cpu_blocks,
+        device=msg.device or "cpu",
+        cuda_graphs=msg.cuda_graphs,
     )
 
 

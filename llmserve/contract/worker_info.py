@@ -18,3 +18,5 @@ class WorkerInfo:
     tensor_parallel_size: int = 1
     bos_token_id: int = -1
     num_cpu_blocks: int = 0  # Swap space, in blocks.
+    device: str = "cpu"  # "cpu", or "cuda (<GPU name>)"
+    cuda_graphs: bool = False  # Decode steps replay CUDA graphs.

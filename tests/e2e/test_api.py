@@ -41,6 +41,8 @@ async def test_model_info_and_tokenize(cluster, model_dir):
         assert info.vocab_size == 49152 and 2 in info.eos_token_ids
         assert info.block_size == 16 and info.num_kv_blocks > 0 and info.dtype == "float32"
         assert info.tensor_parallel_size == 1 and info.max_model_len == 8192
+        # --device auto on a host without a GPU: the CPU, eager (graphs are a CUDA thing).
+        assert info.device == "cpu" and not info.cuda_graphs
         tok = hf_tokenizer(str(model_dir))
         reply = await stub.Tokenize(pb.TokenizeRequest(text="Hello world"), timeout=5)
         assert list(reply.token_ids) == tok("Hello world")["input_ids"] and reply.count == len(reply.token_ids)

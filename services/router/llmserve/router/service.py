@@ -275,6 +275,8 @@ def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer) -> g
         num_kv_blocks=num_kv_blocks,
         tensor_parallel_size=worker.tensor_parallel_size,
         bos_token_id=worker.bos_token_id,
+        device=worker.device,
+        cuda_graphs=worker.cuda_graphs,
     )
 
 

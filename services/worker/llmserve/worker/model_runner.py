@@ -151,6 +151,8 @@ class ModelRunner:
             bos_token_id=cfg.bos_token_id if getattr(cfg, "bos_token_id", None) is not None else -1,
             num_cpu_blocks=self.num_cpu_blocks,
             tensor_parallel_size=self.parallel.tp.size,
+            device=f"cuda ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else "cpu",
+            cuda_graphs=self.graphs is not None,
         )
 
     def _blocks_from_profile(self, block_bytes: int, kv_cache_memory_bytes: int | None,
@@ -167,18 +169,17 @@ class ModelRunner:
         with kvc.PeakMemory(device) as peak:
             self._dummy_forward(max_num_batched_tokens)
         if device.type == "cuda":
+            # NOTE: read before the graphs' capture: the weights plus the forward's peak.
+            forward_peak = torch.cuda.max_memory_allocated(device)
             graph_bytes = self._graph_memory() if self._uses_graphs() else 0
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(device)
             outside_torch = total - free - torch.cuda.memory_reserved(device)
-            # NOTE: max_memory_allocated counts the weights and the activation peak.
-            used = torch.cuda.max_memory_allocated(device) + graph_bytes + outside_torch
-            budget = int(total * gpu_memory_utilization) - used
-            logger.info("profiling on %s: %.2f GiB total, weights + %d-token activation peak %.2f GiB, "
+            budget = int(total * gpu_memory_utilization) - (forward_peak + graph_bytes + outside_torch)
+            logger.info("profiling on %s: %.2f GiB total, weights + %d-token forward peak %.2f GiB, "
                         "decode graphs %.1f MiB, outside torch %.2f GiB; KV cache budget at %.0f%%: %.2f GiB",
-                        device, total / 2**30, max_num_batched_tokens,
-                        torch.cuda.max_memory_allocated(device) / 2**30, graph_bytes / 2**20, outside_torch / 2**30,
-                        gpu_memory_utilization * 100, budget / 2**30)
+                        device, total / 2**30, max_num_batched_tokens, forward_peak / 2**30, graph_bytes / 2**20,
+                        outside_torch / 2**30, gpu_memory_utilization * 100, budget / 2**30)
         elif kv_cache_memory_bytes is not None:
             budget = kv_cache_memory_bytes  # Explicit: the KV cache's own size.
         else:  # A share of the RAM available now, less what activations will take.
