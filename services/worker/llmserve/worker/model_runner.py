@@ -3,6 +3,7 @@ one StepPlan at a time."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -239,7 +240,9 @@ class ModelRunner:
         sampled tokens are the next one's inputs) until done or interrupted. Raises
         ValueError on an inconsistent plan (states unchanged)."""
         steps_run = 0
-        with torch.inference_mode():  # NOTE: a multi-step plan's steps each replay their graph
+        # NOTE: Triton launches on the current device's stream: make this rank's current.
+        on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        with torch.inference_mode(), on_device:  # a multi-step plan's steps each replay their graph
             rows = self.batch.apply_plan(plan)
             self._move_blocks(plan)
             sampled: list[SampledToken] = []
