@@ -77,7 +77,7 @@ class DecodeGraphs:
     def _forward(self, size: int) -> torch.Tensor:
         return self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, self._metadata(size))
 
-    def capture(self) -> None:
+    def capture(self, log: bool = True) -> None:
         """Largest size first, all sizes in one memory pool (a smaller graph reuses the
         larger one's activation memory). Each size runs eagerly once first: Triton compiles
         and cuBLAS picks its algorithms outside the capture."""
@@ -96,7 +96,7 @@ class DecodeGraphs:
                 self.graphs[size] = graph
         torch.cuda.synchronize(device)
         self.memory_bytes = torch.cuda.memory_reserved(device) - before
-        logger.info("captured CUDA graphs of the decode step for %d batch sizes (%s) in %.1f s, %.1f MiB",
+        (logger.info if log else logger.debug)("captured CUDA graphs of the decode step for %d batch sizes (%s) in %.1f s, %.1f MiB",
                     len(self.sizes), _ladder(self.sizes), time.perf_counter() - t0, self.memory_bytes / 2**20)
 
     def size_for(self, meta, num_tokens: int) -> int | None:

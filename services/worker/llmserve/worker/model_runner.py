@@ -198,7 +198,7 @@ class ModelRunner:
         """Bytes the decode graphs' memory pool takes, measured by capturing them once over
         a one-sequence scratch cache."""
         graphs = self._decode_graphs(self._scratch_caches(-(-self.max_model_len // self.block_size)))
-        graphs.capture()
+        graphs.capture(log=False)
         return graphs.memory_bytes
 
     def _dummy_forward(self, num_tokens: int) -> None:
