@@ -98,3 +98,14 @@ def test_readme_settings_table_is_current():
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert settings_table() in readme, "README's settings table is stale: paste settings_table()"
+
+
+def test_device_settings_reach_the_launched_worker():
+    args = build_parser().parse_args(["up", "--device", "cuda", "--dtype", "float16", "--enforce-eager",
+                                      "--gpu-memory-utilization", "0.8"])
+    runner = parse(["worker", *resolve(UpConfig, args).engine.worker_argv()]).runner
+    assert (runner.device, runner.dtype, runner.enforce_eager, runner.gpu_memory_utilization) == \
+        ("cuda", "float16", True, 0.8)
+    assert parse(["worker"]).runner.device == "auto" and parse(["worker"]).runner.dtype == "auto"
+    with pytest.raises(SystemExit):
+        parse(["worker", "--device", "tpu"])
