@@ -221,6 +221,13 @@ class ModelRunner:
                                   inp.sample_indices)
             if logits is not None and self.parallel.is_driver:
                 self.sampler(logits, [s.sampling for s in inp.sample_states], [0] * len(inp.sample_states))
+            if self.device.type == "cuda" and self.parallel.is_driver:
+                # The sampler's own peak at a full decode batch of random rows: [rows, vocab]
+                # float32 logits, probabilities and noise. (On the CPU the budget is a share
+                # of RAM, far above it.)
+                rows = self.settings.max_num_seqs
+                fake = torch.randn(rows, self.config.vocab_size, device=self.device)
+                self.sampler(fake, [WorkerSamplingParams(1.0, top_p=0.9, top_k=50)] * rows, [0] * rows)
 
     @property
     def info(self) -> WorkerInfo:
