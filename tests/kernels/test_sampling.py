@@ -35,6 +35,18 @@ def test_reference_matches_sampler_semantics():
     assert torch.allclose(got, want, atol=1e-7)
 
 
+def test_tied_logits_at_the_top_p_cut_all_stay_in_kernel_reference_and_sampler(device):
+    # Softmax of [2, 1, 1, 0] ~ [0.48, 0.18, 0.18, 0.06]: p = 0.6 keeps the 2 and a first 1;
+    # its twin ties it and stays too, whichever the sort put first.
+    logits = torch.tensor([[2.0, 1.0, 1.0, 0.0], [0.0, 1.0, 2.0, 1.0]])
+    top_k, top_p = torch.tensor([0, 0]), torch.tensor([0.6, 0.6])
+    ref = top_k_top_p_filter_reference(logits, top_k, top_p)
+    out = top_k_top_p_filter(logits.to(device), top_k.to(device), top_p.to(device)).cpu()
+    probs = _filtered_probs(logits, [WorkerSamplingParams(temperature=1.0, top_p=0.6)] * 2)
+    assert (~ref.isinf()).tolist() == (~out.isinf()).tolist() == (probs > 0).tolist() == \
+        [[True, True, True, False], [False, True, True, True]]
+
+
 def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="top_k shape"):
         top_k_top_p_filter(torch.zeros(2, 8), torch.zeros(3, dtype=torch.long), torch.ones(2))

@@ -125,3 +125,16 @@ def test_padded_graph_decode_steps_equal_eager_steps(tiny_llama_dir, monkeypatch
     assert replays == [(4, 3), (4, 3), (8, 5), (2, 2), (2, 2), (2, 2)]
     for a, b in zip(graph_kv, eager_kv):
         assert torch.equal(a, b)  # padding rows wrote nothing; real rows wrote the same
+
+
+@cpu_only
+def test_block_sizes_the_triton_backend_cannot_run_are_refused_at_start(tiny_llama_dir):
+    from llmserve.worker.config import RunnerConfig
+    from llmserve.worker.model_runner import ModelRunner
+
+    for bad in (8, 24):
+        with pytest.raises(ValueError, match=f"--block-size {bad}: the triton attention backend needs a power of two"):
+            ModelRunner(tiny_llama_dir, RunnerConfig(num_kv_blocks=8, block_size=bad, attention_backend="triton",
+                                                     swap_space=0))
+    # The torch backend takes any size.
+    assert ModelRunner(tiny_llama_dir, RunnerConfig(num_kv_blocks=8, block_size=8, swap_space=0)).block_size == 8

@@ -2,8 +2,9 @@
 
 Semantics (the worker sampler's): top-k keeps logits >= the k-th largest (k <= 0 or
 k >= V: off); then top-p, on the softmax of what top-k kept, keeps a token while the mass
-of the tokens ranked above it is < p (the top token always stays; p >= 1: off). Dropped
-logits become -inf. Parameters are tensors, so no host sync per row.
+of the tokens ranked above it is < p (the top token always stays; p >= 1: off), and
+keeps every token tied with the last one kept (the cut never depends on how equal logits
+were ordered). Dropped logits become -inf. Parameters are tensors, so no host sync per row.
 
 Kernel: sort-free. Each program owns a row and finds both thresholds by bisection over
 the order-preserving int32 image of the fp32 logits (<= 32 steps each, exact):
@@ -133,10 +134,11 @@ def top_k_top_p_filter_reference(logits: torch.Tensor, top_k: torch.Tensor, top_
     k = torch.where((top_k <= 0) | (top_k > V), V, top_k).long()
     sorted_x = x.sort(dim=-1, descending=True).values
     x = x.masked_fill(x < sorted_x.gather(1, k[:, None] - 1), float("-inf"))
-    sorted_x, order = x.sort(dim=-1, descending=True)
+    sorted_x = x.sort(dim=-1, descending=True).values
     probs = sorted_x.softmax(dim=-1)
     p = top_p.float()[:, None]
     drop_sorted = (probs.cumsum(dim=-1) - probs >= p) & (p < 1.0)
     drop_sorted[:, 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
-    return x.masked_fill(drop, float("-inf")).to(logits.dtype)
+    # Tokens tied with the last one kept stay too (the kernel thresholds by value).
+    last_kept = sorted_x.masked_fill(drop_sorted, float("inf")).min(dim=-1, keepdim=True).values
+    return x.masked_fill(x < last_kept, float("-inf")).to(logits.dtype)

@@ -9,9 +9,10 @@ captured size, its inputs are copied into the graph's static buffers, the graph 
 
 Padding rows write no KV (slot -1: the cache-write kernel skips them) and attend over one
 key of block 0 (seq_len 1): finite garbage that nothing reads. Every row's computation is
-independent of the others', so the real rows' results are exactly those of an eager step
-of the same kernels (the decode kernel runs unsplit in graphs: a split count that varies
-with context length would need a graph per count).
+independent of the others', so the real rows' results are those of an eager step of the
+same kernels, up to the GEMM library's choice of kernel for the padded row count (the
+decode attention kernel runs unsplit in graphs: a split count that varies with context
+length would need a graph per count).
 
 Only the model's forward to the final norm is captured; the LM head and sampling run
 eagerly on the real rows. The graph needs the Triton attention backend (its metadata is
@@ -91,7 +92,9 @@ class DecodeGraphs:
                 self._forward(size)
                 torch.cuda.synchronize(device)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                # NOTE: thread-local: a CUDA call another thread makes meanwhile (NCCL's
+                # watchdog polling its events, a gRPC thread) cannot invalidate the capture.
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                     self.outputs[size] = self._forward(size)
                 self.graphs[size] = graph
         torch.cuda.synchronize(device)

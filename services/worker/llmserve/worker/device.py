@@ -48,7 +48,9 @@ def resolve_device(name: str, rank: int = 0) -> torch.device:
 
 def model_dtype(config: Any) -> torch.dtype:
     """The checkpoint's own dtype (config.json's `torch_dtype` / `dtype`), float32 if unsaid."""
-    value = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
+    # NOTE: transformers 5 names it `dtype` (reading `torch_dtype` warns); older configs `torch_dtype`.
+    value = getattr(config, "dtype", None) if hasattr(config, "dtype") else None
+    value = value or getattr(config, "torch_dtype", None)
     if isinstance(value, torch.dtype):
         return value if value in DTYPE_NAMES.values() else torch.float32
     return DTYPE_NAMES.get(str(value).removeprefix("torch."), torch.float32)

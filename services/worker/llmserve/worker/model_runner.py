@@ -12,6 +12,7 @@ import torch
 
 from llmserve.contract.plan import NewRequestData, SampledToken, StepPlan, StepResult, WorkerSamplingParams
 from llmserve.contract.worker_info import WorkerInfo
+from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker import kv_cache as kvc
 from llmserve.worker.attention import backend_class, install_backend
 from llmserve.worker.config import RunnerConfig
@@ -76,7 +77,10 @@ class ModelRunner:
         self.max_model_len = self._max_model_len(settings.max_model_len)
         # "auto": Triton where the KV cache lives on CUDA, torch elsewhere.
         self.attention_backend = backend_class(settings.attention_backend, self.device)
+        self.attention_backend.check_block_size(block_size)
         install_backend(self.model, self.attention_backend)
+        if self.device.type == "cpu":
+            cpu_kernels.load()  # Build the CPU kernels at model load, not during the first request.
         self.sampler = Sampler(sampler_seed, self.device)
         self._allocate_kv_caches(settings)
         self.batch = InputBatch(block_size, self.num_kv_blocks, self.max_model_len, self.attention_backend,
@@ -169,7 +173,9 @@ class ModelRunner:
         device = self.device
         with kvc.PeakMemory(device) as peak:
             self._dummy_forward(max_num_batched_tokens)
-        if device.type == "cuda":
+        if kv_cache_memory_bytes is not None:
+            budget = kv_cache_memory_bytes  # Explicit: the KV cache's own size, on any device.
+        elif device.type == "cuda":
             # NOTE: read before the graphs' capture: the weights plus the forward's peak.
             forward_peak = torch.cuda.max_memory_allocated(device)
             graph_bytes = self._graph_memory() if self._uses_graphs() else 0
@@ -181,8 +187,6 @@ class ModelRunner:
                         "decode graphs %.1f MiB, outside torch %.2f GiB; KV cache budget at %.0f%%: %.2f GiB",
                         device, total / 2**30, max_num_batched_tokens, forward_peak / 2**30, graph_bytes / 2**20,
                         outside_torch / 2**30, gpu_memory_utilization * 100, budget / 2**30)
-        elif kv_cache_memory_bytes is not None:
-            budget = kv_cache_memory_bytes  # Explicit: the KV cache's own size.
         else:  # A share of the RAM available now, less what activations will take.
             budget = kvc.default_kv_cache_bytes() - peak.peak_bytes
         logger.info("profiling: %d-token dummy forward peaked at %.1f MiB; KV cache budget %.1f MiB",

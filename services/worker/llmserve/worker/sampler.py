@@ -95,14 +95,16 @@ def _filtered_probs(logits: torch.Tensor, params: list[WorkerSamplingParams]) ->
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if any(p < 1.0 for p in top_ps):
         p_col = torch.tensor(top_ps, dtype=torch.float32, device=dev)[:, None]  # [R, 1]
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        sorted_logits = logits.sort(dim=-1, descending=True).values
         sorted_probs = sorted_logits.softmax(dim=-1)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         # drop a token when the tokens ranked above it already reach top_p (the top one stays)
         drop_sorted = (mass_before >= p_col) & (p_col < 1.0)
         drop_sorted[:, 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        # Then keep every token tied with the last one kept: the cut does not depend on how
+        # the sort ordered equal logits (the Triton filter's rule too).
+        last_kept = sorted_logits.masked_fill(drop_sorted, float("inf")).min(dim=-1, keepdim=True).values  # [R, 1]
+        logits = logits.masked_fill(logits < last_kept, float("-inf"))
     return logits.softmax(dim=-1)
 
 

@@ -73,6 +73,12 @@ class AttentionBackend(abc.ABC):
         self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
         self.scale = scale if scale is not None else head_dim**-0.5
 
+    @classmethod
+    def check_block_size(cls, block_size: int) -> None:
+        """Raises ValueError when this backend's kernels cannot run blocks of this size."""
+        if block_size < 1:
+            raise ValueError(f"block size must be >= 1, got {block_size}")
+
     @staticmethod
     @abc.abstractmethod
     def build_metadata(

@@ -11,10 +11,6 @@ from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadat
 
 
 class TorchPagedAttention(AttentionBackend):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        cpu_kernels.load()  # Build the CPU kernels at model load, not during the first request.
-
     @staticmethod
     def build_metadata(query_lens, seq_lens, block_tables, slot_mapping, block_size) -> AttentionMetadata:
         """Tensors land on slot_mapping's device."""

@@ -41,6 +41,13 @@ def decode_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int) -> 
 
 
 class TritonPagedAttention(AttentionBackend):
+    @classmethod
+    def check_block_size(cls, block_size: int) -> None:
+        # The prefill kernel's tl.dot tiles a block's keys: a power of two, at least 16.
+        if block_size < 16 or block_size & (block_size - 1):
+            raise ValueError(f"--block-size {block_size}: the triton attention backend needs a power of two "
+                             ">= 16 (16, 32, ...)")
+
     @staticmethod
     def build_metadata(query_lens, seq_lens, block_tables, slot_mapping, block_size) -> TritonAttentionMetadata:
         """Tensors land on slot_mapping's device. Rows must be ordered decodes first."""

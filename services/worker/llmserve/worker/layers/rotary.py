@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from llmserve.kernels import cpu as cpu_kernels
-from llmserve.worker.layers.kernel_op import cuda_kernel_applies, fused_cpu_applies
+from llmserve.worker.layers.kernel_op import fused_cpu_applies
 
 
 def rope_parameters(config: Any) -> dict:
