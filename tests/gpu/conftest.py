@@ -47,11 +47,6 @@ def on_device(dtype: torch.dtype) -> None:
         pytest.skip("float16 runs on CUDA only (the worker refuses it on the CPU)")
 
 
-@pytest.fixture
-def device() -> torch.device:
-    return DEVICE
-
-
 @pytest.fixture(scope="session")
 def gpu_models(tmp_path_factory) -> dict[str, Path]:
     """kind -> a tiny random-weight checkpoint (float32 safetensors) of that architecture."""

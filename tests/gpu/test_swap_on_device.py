@@ -88,5 +88,5 @@ def test_seeded_top_k_top_p_samples_replay_alone(tiny_llama_dir):
     assert len({tuple(got[("g", i)]) for i in range(n)}) == n  # the samples differ
     assert tight.scheduler.stats().num_cow_copies > 0
     for i in range(n):
-        alone = _samples(_engine(tiny_llama_dir, num_kv_blocks=60), {"x": (prompt, replace(sampling, seed=seed + i), 1)})
-        assert alone[("x", 0)] == got[("g", i)], i
+        alone = _engine(tiny_llama_dir, num_kv_blocks=60)
+        assert _samples(alone, {"x": (prompt, replace(sampling, seed=seed + i), 1)})[("x", 0)] == got[("g", i)], i
