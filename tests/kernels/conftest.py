@@ -2,11 +2,14 @@
 must be set before the kernels are decorated (at import), and while they launch. It is
 set here, the kernels imported, and the variable restored at once, so other test folders
 (and the processes they spawn) never see it; an autouse fixture sets it again around each
-test of this folder. With CUDA, kernels compile for the GPU and tests run there."""
+test of this folder. With CUDA, kernels compile for the GPU and tests run there: every test
+of this folder is then marked `gpu` (`pytest -m gpu` runs them all), and the kernels'
+dtype parametrizations add bfloat16 (helpers.DTYPES)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +31,20 @@ finally:
 
 if INTERPRET and type(_pa._decode_kernel).__name__ != "InterpretedFunction":
     raise RuntimeError("llmserve.kernels was imported before tests/kernels/conftest.py set TRITON_INTERPRET=1")
+
+
+_HERE = Path(__file__).parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m gpu` deselects what is not marked yet
+def pytest_collection_modifyitems(config, items):
+    """With CUDA, this folder's tests are the GPU kernel checks: mark them `gpu`. (A
+    conftest's hook sees every collected item: only this folder's are marked.)"""
+    if INTERPRET:
+        return
+    for item in items:
+        if _HERE in item.path.parents:
+            item.add_marker(pytest.mark.gpu)
 
 
 @pytest.fixture(autouse=True)

@@ -60,3 +60,6 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+# The dtypes every kernel is checked in: bfloat16 too on CUDA. (Triton's CPU interpreter
+# has no bfloat16 dot products: its paged-attention output in bfloat16 is garbage.)
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if torch.cuda.is_available() else [])

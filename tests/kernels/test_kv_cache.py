@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from llmserve.kernels.triton.kv_cache import reshape_and_cache, reshape_and_cache_reference
+from tests.kernels.helpers import DTYPES
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size,kvh,head_dim", [(16, 3, 64), (32, 2, 128)])
 def test_reshape_and_cache_matches_reference(block_size, kvh, head_dim, dtype, device):
     g = torch.Generator().manual_seed(block_size)

@@ -10,9 +10,7 @@ from llmserve.kernels.triton.norm import rms_norm, rms_norm_reference
 from llmserve.kernels.triton.rotary import rotary_embedding, rotary_embedding_reference
 from llmserve.worker.layers.norm import RMSNorm
 from llmserve.worker.layers.rotary import RotaryEmbedding, apply_rotary
-from tests.kernels.helpers import TOL, rel_err
-
-DTYPES = [torch.float32, torch.float16]
+from tests.kernels.helpers import DTYPES, TOL, rel_err
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

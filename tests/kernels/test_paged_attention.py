@@ -10,11 +10,10 @@ from llmserve.kernels.triton.paged_attention import (
     paged_attention_decode, paged_attention_decode_reference, paged_attention_varlen,
     paged_attention_varlen_reference,
 )
-from tests.kernels.helpers import TOL, make_case, rel_err
+from tests.kernels.helpers import DTYPES, TOL, make_case, rel_err
 
 # (kv heads, query heads per kv head): GQA ratios 1, 3, 4
 HEADS = [(2, 1), (1, 3), (2, 4)]
-DTYPES = [torch.float32, torch.float16]
 
 
 def dense_reference(case) -> torch.Tensor:

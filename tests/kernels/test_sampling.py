@@ -8,9 +8,10 @@ import torch
 from llmserve.kernels.triton.sampling import top_k_top_p_filter, top_k_top_p_filter_reference
 from llmserve.contract.plan import WorkerSamplingParams
 from llmserve.worker.sampler import _filtered_probs
+from tests.kernels.helpers import DTYPES
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_kernel_matches_reference(dtype, device):
     g = torch.Generator().manual_seed(0)
     V = 300

@@ -30,14 +30,15 @@ def _mixed_step(seed=0):
     return (query_lens, seq_lens, tables, torch.tensor(slots), bs), (H, D, KVH), (q, k, v), kv
 
 
-def test_backend_matches_torch_backend():
-    build_args, heads, (q, k, v), kv = _mixed_step()
+def test_backend_matches_torch_backend(device):
+    """The torch backend on the CPU is the oracle; the Triton one runs on `device`."""
+    (query_lens, seq_lens, tables, slots, bs), heads, (q, k, v), kv = _mixed_step()
     outs, caches = [], []
-    for cls in (TorchPagedAttention, TritonPagedAttention):
-        cache = kv.clone()
-        meta = cls.build_metadata(*build_args)
-        outs.append(cls(*heads).forward(q, k, v, cache, meta))
-        caches.append(cache)
+    for cls, dev in ((TorchPagedAttention, torch.device("cpu")), (TritonPagedAttention, device)):
+        cache = kv.clone().to(dev)
+        meta = cls.build_metadata(query_lens, seq_lens, tables, slots.to(dev), bs)
+        outs.append(cls(*heads).forward(q.to(dev), k.to(dev), v.to(dev), cache, meta).cpu())
+        caches.append(cache.cpu())
     assert torch.equal(caches[0], caches[1])
     assert rel_err(outs[1], outs[0]) <= 1e-5
 
