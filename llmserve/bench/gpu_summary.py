@@ -67,7 +67,8 @@ def _judged(passed: bool, on_cuda: bool) -> str:
 
 def _missing(check: str, step: str, steps: dict) -> Row:
     rc = steps.get(step, (None, 0))[0]
-    why = "did not run" if rc is None else f"exited {rc}"
+    # 124: `timeout` stopped it; 137: killed after its grace period (or for memory).
+    why = {None: "did not run", 124: "timed out", 137: "killed (time or memory)"}.get(rc, f"exited {rc}")
     return Row(check, "FAIL", f"{why}: see logs/{step}.log")
 
 
