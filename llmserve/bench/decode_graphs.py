@@ -6,8 +6,9 @@ to the largest batch asked for), the other runs every step eagerly. At each batc
 both get `batch` sequences of `context` prompt tokens, past their prefill, and the timed
 steps are pure decode steps, whole engine steps (schedule, inputs, forward, sampling,
 update): what a client's tokens/s sees. The two modes take turns in chunks, so a drift
-of the machine lands on both. On the CPU there are no graphs: both columns run eagerly
-(the mode runs, its ratio is ~1).
+of the machine lands on both. A cell's figure is its median step: steady state, not a
+one-off stall. On the CPU there are no graphs: both columns run eagerly (the mode runs,
+its ratio is ~1).
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ from llmserve.bench.profile_step import decode_kv_blocks, prefilled_engine
 from llmserve.bench.report import machine_info, write_json
 
 MODES = ("graphs", "eager")
+# Untimed steps first, per mode and batch size: one per context length modulo 16, so
+# that every variant Triton compiles for an integer argument (it specializes on
+# divisibility by 16) is compiled before the clock starts, not inside one mode's cells.
+WARMUP_STEPS = 17
 # Tokens each sequence may generate beyond the timed steps: its prefill's token, the
-# warm-up step's, and a margin, so that no sequence finishes while being timed.
-SPARE_TOKENS = 4
+# warm-up steps', and a margin, so that no sequence finishes while being timed.
+SPARE_TOKENS = 1 + WARMUP_STEPS + 2
 
 
 def graph_and_eager_runners(model_dir, base, max_batch: int, context: int, max_new_tokens: int) -> dict:
@@ -40,12 +45,13 @@ def graph_and_eager_runners(model_dir, base, max_batch: int, context: int, max_n
 
 
 def time_modes(runners: dict, batch: int, context: int, steps: int, chunks: int = 4) -> dict[str, float]:
-    """Mean seconds of one decode step at `batch` in each mode, over `steps` steps taken in
-    `chunks` turns per mode (after one warm-up step each)."""
+    """Median seconds of one decode step at `batch` in each mode, over `steps` steps taken
+    in `chunks` turns per mode (after WARMUP_STEPS each)."""
     engines = {mode: prefilled_engine(runner, batch, context, steps + SPARE_TOKENS) for mode, runner in runners.items()}
     times: dict[str, list[float]] = {mode: [] for mode in engines}
     for engine in engines.values():
-        engine.step()  # Warm-up: the first step at a new batch size pays for kernel choices.
+        for _ in range(WARMUP_STEPS):  # The first steps at a new batch size pay for kernel choices.
+            engine.step()
     for chunk in range(chunks):
         for mode, engine in engines.items():
             device = engine.runner.device
@@ -55,7 +61,7 @@ def time_modes(runners: dict, batch: int, context: int, steps: int, chunks: int 
                 times[mode].append(now(device) - start)
     for runner in runners.values():
         runner.reset_requests()  # The next batch size starts from a fresh scheduler.
-    return {mode: statistics.fmean(t) for mode, t in times.items()}
+    return {mode: statistics.median(t) for mode, t in times.items()}
 
 
 def compare_decode(model_dir, base, batches: list[int], context: int, steps: int) -> dict:
@@ -75,7 +81,7 @@ def compare_decode(model_dir, base, batches: list[int], context: int, steps: int
 def print_table(result: dict) -> None:
     graphs = "CUDA graphs" if result["uses_graphs"] else "graphs (none here)"
     print(f"decode tok/s, context ~{result['context']}, {result['dtype']} on {result['device']}, "
-          f"mean of {result['steps']} steps per cell:", flush=True)
+          f"median of {result['steps']} steps per cell:", flush=True)
     print(f"{'batch':>5}  {graphs:>18}  {'eager':>10}  {'graphs/eager':>12}", flush=True)
     for batch, row in result["batches"].items():
         print(f"{batch:>5}  {row['graphs_tok_per_s']:>18.1f}  {row['eager_tok_per_s']:>10.1f}  "

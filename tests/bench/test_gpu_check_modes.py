@@ -66,6 +66,29 @@ def test_decode_comparison_runs_both_modes_over_one_copy_of_the_weights(tiny_ran
         assert row["graphs_over_eager"] == pytest.approx(row["eager_step_ms"] / row["graphs_step_ms"])
 
 
+def test_the_compile_pass_leaves_a_fresh_engine_on_the_same_runner(tiny_random_model):
+    from llmserve.bench.step_records import RecordingEngine
+    from llmserve.bench.throughput import compile_pass, run_in_process
+    from llmserve.bench.workloads import random_workload
+    from llmserve.engine import InProcessEngine
+    from llmserve.scheduler.config import SchedulerConfig
+
+    scheduling = SchedulerConfig()
+    engine = RecordingEngine(InProcessEngine.from_model_dir(tiny_random_model["dir"], device="cpu",
+                                                            num_kv_blocks=64).runner, scheduling)
+    requests = random_workload(3, (20, 40), (3, 5), 512, seed=2)
+    fresh = compile_pass(engine, requests, scheduling)
+    assert fresh is not engine and fresh.runner.runner is engine.runner.runner and not fresh.steps
+    assert fresh.runner.batch.states == {}  # The pass's requests are gone from the runner.
+    result = run_in_process(fresh, requests)
+    # Its prompts all ran before, but this scheduler has never seen them: the one hit is
+    # run_in_process's own 16-token warm-up prompt, request 0's first block (its 16
+    # queried tokens count too).
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+    assert result["prefix_cache_hit_rate"] == pytest.approx(16 / (prompt_tokens + 16))
+    assert result["output_tokens"] == sum(r.output_len for r in requests)
+
+
 def test_kv_sizing_on_the_cpu_takes_its_explicit_budget(tiny_random_model):
     budget = 8 * 2**20
     result = check_kv_sizing(tiny_random_model["dir"], RunnerConfig(device="cpu", kv_cache_memory=budget,
