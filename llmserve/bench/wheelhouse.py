@@ -1,11 +1,16 @@
-"""The wheel list a GPU machine without a registry gets (scripts/gpu-wheels.txt), and the
-check that what its interpreter imports is what the list says.
+"""The wheel list a GPU machine without a registry gets (scripts/gpu-wheels.txt), and
+the checks that it is whole and that what the interpreter there imports is what it says.
 
+    python -m llmserve.bench.wheelhouse check-wheels DIR --python-version 3.12 --image scripts/gpu-image.txt
     python -m llmserve.bench.wheelhouse verify scripts/gpu-wheels.txt
 
-verify: every listed distribution is the first one on sys.path at its listed version,
-and every requirement of each (its markers evaluated for this interpreter) is installed
-at a version that satisfies it. Exits 1, naming each problem, otherwise.
+check-wheels (where the wheelhouse is made): every Requires-Dist of every wheel in DIR,
+read from the wheel itself with its markers evaluated for that Python, names a wheel in
+DIR whose version it accepts, or a distribution the image has.
+verify (on the GPU machine, after installing): every listed distribution is the first
+one on sys.path at its listed version, and every requirement of each (markers evaluated
+for this interpreter) is installed at a version that satisfies it.
+Both exit 1, naming each problem, otherwise.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import zipfile
+from email.parser import Parser
 from importlib import metadata
 from pathlib import Path
 
@@ -93,16 +100,53 @@ def problems(pins: dict[str, str]) -> list[str]:
     return found
 
 
+def wheel_metadata(path: Path) -> tuple[str, str, list[Requirement]]:
+    """(canonical name, version, Requires-Dist) from a wheel's own METADATA."""
+    with zipfile.ZipFile(path) as whl:
+        name = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = Parser().parsestr(whl.read(name).decode())
+    return canonical(meta["Name"]), meta["Version"], [Requirement(r) for r in meta.get_all("Requires-Dist") or ()]
+
+
+def wheel_problems(folder: Path, python_version: str, image: set[str]) -> list[str]:
+    """Requirements of the wheels in `folder` (for Python `python_version`, no extras but
+    those one wheel asks of another) that neither another wheel there nor the image meets."""
+    wheels = {name: (version, reqs) for name, version, reqs in map(wheel_metadata, sorted(folder.glob("*.whl")))}
+    env = {"python_version": python_version, "python_full_version": f"{python_version}.0"}
+    wanted_extras = {canonical(r.name): r.extras for _, reqs in wheels.values() for r in reqs if r.extras}
+    found = []
+    for name, (version, reqs) in wheels.items():
+        extras = {"", *wanted_extras.get(name, ())}
+        for req in reqs:
+            if req.marker is not None and not any(req.marker.evaluate({**env, "extra": e}) for e in extras):
+                continue
+            dep = canonical(req.name)
+            if dep in wheels:
+                if not req.specifier.contains(wheels[dep][0], prereleases=True):
+                    found.append(f"{name} {version} requires {req}: the wheelhouse has {wheels[dep][0]}")
+            elif dep not in image:
+                found.append(f"{name} {version} requires {req}: neither in the wheelhouse nor in the image")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["verify"])
-    parser.add_argument("wheel_list", type=Path)
+    sub = parser.add_subparsers(dest="action", required=True)
+    verify = sub.add_parser("verify", help="on the GPU machine: installed versions and their requirements")
+    verify.add_argument("wheel_list", type=Path)
+    check = sub.add_parser("check-wheels", help="where the wheelhouse is made: the wheels' own requirements")
+    check.add_argument("folder", type=Path)
+    check.add_argument("--python-version", required=True)
+    check.add_argument("--image", type=Path, required=True, help="the image's distributions, one a line")
     args = parser.parse_args(argv)
-    pins = read_wheel_list(args.wheel_list)
-    found = problems(pins)
+    if args.action == "verify":
+        count, found = len(read_wheel_list(args.wheel_list)), problems(read_wheel_list(args.wheel_list))
+    else:
+        count = len(list(args.folder.glob("*.whl")))
+        found = wheel_problems(args.folder, args.python_version, {canonical(n) for n in read_names(args.image)})
     for line in found:
         print(f"wheelhouse: {line}", flush=True)
-    print(f"wheelhouse: {len(pins)} distributions, {len(found)} problem(s)", flush=True)
+    print(f"wheelhouse: {count} distributions, {len(found)} problem(s)", flush=True)
     return 1 if found else 0
 
 

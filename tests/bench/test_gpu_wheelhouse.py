@@ -120,6 +120,29 @@ def test_verify_finds_a_wrong_version_and_passes_the_right_ones():
     assert len(found) == 1 and found[0].startswith("grpcio: want 1.0.0")
 
 
+def _fake_wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
+        whl.writestr(f"{name}-{version}.dist-info/METADATA", "Metadata-Version: 2.1\n"
+                     f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires))
+
+
+def test_check_wheels_reads_each_wheel_s_own_requirements_for_the_target_python(tmp_path):
+    from llmserve.bench.wheelhouse import wheel_problems
+
+    _fake_wheel(tmp_path, "alpha", "1.0", ["beta>=2", "numpy", "gamma", 'delta; python_version < "3.11"',
+                                           "epsilon[extra1]"])
+    _fake_wheel(tmp_path, "beta", "1.5", [])
+    _fake_wheel(tmp_path, "epsilon", "1.0", ['zeta; extra == "extra1"', 'eta; extra == "other"'])
+    assert wheel_problems(tmp_path, "3.12", {"numpy"}) == [
+        "alpha 1.0 requires beta>=2: the wheelhouse has 1.5",
+        "alpha 1.0 requires gamma: neither in the wheelhouse nor in the image",
+        # Asked for by alpha's epsilon[extra1]; eta (another extra) and delta (Python < 3.11) are not.
+        'epsilon 1.0 requires zeta; extra == "extra1": neither in the wheelhouse nor in the image',
+    ]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
 def test_gpu_check_without_cuda_fails_fast_with_one_line(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path)}
