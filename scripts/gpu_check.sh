@@ -119,7 +119,7 @@ run_step() {
 }
 
 # --- Install: the wheelhouse with --no-deps, then the project without build isolation
-# (no registry to fetch setuptools from: the image's own builds it). ------------------
+# (no registry to fetch a build backend from: the wheelhouse brings one). -------------
 # PIP_CONFIG_FILE=/dev/null and --isolated: no pip.conf or PIP_* variable may add an
 # index, links or constraints: exactly the listed wheels, from the wheelhouse.
 PROJECTS=(. ./kernels ./services/scheduler ./services/router ./services/worker)
@@ -150,13 +150,22 @@ install_into_target() {
       --find-links "$WHEELHOUSE" -r "$WHEEL_LIST" "${PROJECTS[@]}"
 }
 
-if [ "$INSTALL" = auto ]; then
-  INSTALL=$("$PY" -c '
-import os, sys, sysconfig
-in_venv = sys.prefix != sys.base_prefix
-print("venv" if in_venv and os.access(sysconfig.get_paths()["purelib"], os.W_OK) else "target")')
-fi
+# auto: the venv when the interpreter runs in one it may write to; the target folder
+# otherwise, or when that fails (a pip too old for editable pyproject installs, say).
+# NOTE: run_step calls it in this shell, so INSTALL names the mode that was used.
+install_auto() {
+  if "$PY" -c 'import os, sys, sysconfig
+sys.exit(not (sys.prefix != sys.base_prefix and os.access(sysconfig.get_paths()["purelib"], os.W_OK)))'; then
+    INSTALL=venv
+    install_into_venv && return 0
+    echo "gpu_check: installing into the venv failed; into $TARGET instead"
+  fi
+  INSTALL=target
+  install_into_target
+}
+
 case "$INSTALL" in
+  auto) run_step install 600 install_auto ;;
   venv) run_step install 600 install_into_venv ;;
   target) run_step install 600 install_into_target ;;
   none) printf 'install\t0\t0\n' >> "$RESULTS/steps.tsv" ;;
@@ -205,7 +214,8 @@ print("triton", triton.__version__); print("transformers", transformers.__versio
   fi
   cp "$MODEL/random-model.json" "$RESULTS/" 2>/dev/null
   COMMON=(--model "$MODEL" --device "$DEVICE" --dtype "$DTYPE")
-  run_step kv-sizing 300 "${BENCH[@]}" kv-sizing "${COMMON[@]}" "${KV[@]}" --output-dir "$RESULTS/kv-sizing"
+  # ${KV[@]+...}: an empty array under `set -u` on bash before 4.4.
+  run_step kv-sizing 300 "${BENCH[@]}" kv-sizing "${COMMON[@]}" ${KV[@]+"${KV[@]}"} --output-dir "$RESULTS/kv-sizing"
   run_step decode 300 "${BENCH[@]}" decode "${COMMON[@]}" "${DECODE[@]}" --output-dir "$RESULTS/decode"
   run_step throughput 420 "${BENCH[@]}" throughput "${COMMON[@]}" "${TPUT[@]}" --baseline hf \
     --output-dir "$RESULTS/throughput"
