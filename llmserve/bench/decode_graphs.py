@@ -65,7 +65,7 @@ def time_modes(runners: dict, batch: int, context: int, steps: int, chunks: int 
 
 
 def compare_decode(model_dir, base, batches: list[int], context: int, steps: int) -> dict:
-    """Per batch size: each mode's mean step seconds and tokens/s, and graphs / eager."""
+    """Per batch size: each mode's median step (ms) and tokens/s, and graphs / eager."""
     runners = graph_and_eager_runners(model_dir, base, max(batches), context, steps + SPARE_TOKENS)
     graphs = runners["graphs"]
     rows = {}
