@@ -11,6 +11,7 @@ import argparse
 from dataclasses import dataclass
 
 from llmserve.bench.overload import add_overload_arguments
+from llmserve.bench.random_model import PRESETS
 from llmserve.bench.workloads import add_workload_flags
 from llmserve.launcher import EngineSettings
 from llmserve.settings import Command, add_flags, group, resolve
@@ -80,12 +81,37 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     prof.add_argument("--batch", type=int, default=64)
     prof.add_argument("--context", type=int, default=256, help="prompt tokens per sequence")
 
+    decode = bench_sub.add_parser("decode", help="decode tok/s with CUDA graphs vs eager (--enforce-eager), "
+                                                 "per batch size, side by side")
+    add_flags(decode, BenchSettings)
+    decode.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8], help="decode batch sizes")
+    decode.add_argument("--context", type=int, default=256, help="prompt tokens per sequence")
+    decode.add_argument("--steps", type=int, default=64, help="timed decode steps per batch size and mode")
+    decode.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+
+    kv = bench_sub.add_parser("kv-sizing", help="the KV cache the worker sizes vs what fits after start-up")
+    add_flags(kv, BenchSettings)
+    kv.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+
+    make = bench_sub.add_parser("make-model", help="a random-weight Llama HF directory of a realistic shape "
+                                                   "(no download)")
+    make.add_argument("--out", required=True, help="directory to write config.json + model.safetensors to")
+    make.add_argument("--preset", default="llama-1b", choices=list(PRESETS))
+    make.add_argument("--dtype", default="bfloat16", choices=DTYPES[1:], help="the weights' dtype on disk")
+    make.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                      help="where the random values are drawn (a GPU draws 1.2 B in milliseconds)")
+    make.add_argument("--seed", type=int, default=0)
+
 
 def run_bench(args) -> int:
     if args.bench_command == "profile":
         from llmserve.bench.profile_step import bench_profile
 
         return bench_profile(args)
+    if args.bench_command == "make-model":
+        from llmserve.bench.random_model import bench_make_model
+
+        return bench_make_model(args)
     args.engine = resolve(BenchSettings, args).engine
     runner = args.engine.worker.runner
     args.model, args.dtype, args.kv_cache_memory = args.engine.worker.model, runner.dtype, runner.kv_cache_memory
@@ -93,6 +119,14 @@ def run_bench(args) -> int:
         from llmserve.bench.throughput import bench_throughput
 
         return bench_throughput(args)
+    if args.bench_command == "decode":
+        from llmserve.bench.decode_graphs import bench_decode
+
+        return bench_decode(args)
+    if args.bench_command == "kv-sizing":
+        from llmserve.bench.kv_sizing import bench_kv_sizing
+
+        return bench_kv_sizing(args)
     if args.bench_command == "overload":
         from llmserve.bench.overload import bench_overload
 
@@ -102,5 +136,6 @@ def run_bench(args) -> int:
     return bench_serve(args)
 
 
-COMMAND = Command("bench", "benchmarks (throughput offline, serve online, overload, profile a step)", None, run_bench,
+COMMAND = Command("bench", "benchmarks (throughput offline, serve online, overload, profile a step, decode graphs "
+                           "vs eager, KV sizing, a random model)", None, run_bench,
                   add_bench_arguments)

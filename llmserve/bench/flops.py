@@ -16,10 +16,11 @@ perfect implementation would need on this machine for the same schedule.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
+
+from llmserve.bench.clock import best_rate
 
 
 @dataclass(frozen=True)
@@ -65,29 +66,29 @@ class ModelBytes:
                 + self.kv_bytes_per_token * (kv_tokens_read + computed_tokens))
 
 
-def measure_memory_bandwidth(nbytes: int = 2**30, seconds: float = 1.0) -> float:
-    """Bytes/s of streaming reads from a buffer larger than the last-level cache (best of
-    several passes): the bandwidth decode steps are bound by."""
-    buf = torch.ones(nbytes // 4, dtype=torch.float32)
-    buf.sum()  # Warm-up (and fault the pages in).
-    best = 0.0
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        buf.sum()
-        best = max(best, nbytes / (time.perf_counter() - start))
-    return best
+def measure_memory_bandwidth(nbytes: int = 2**30, seconds: float = 1.0, device: torch.device | str = "cpu") -> float:
+    """Bytes/s the memory streams at, from a buffer far larger than any cache (best of
+    several passes): the bandwidth decode steps are bound by.
+
+    CPU: reads only (a sum over the buffer). CUDA: a device-to-device copy, counting the
+    bytes read plus the bytes written (the datasheet's HBM figure counts both ways)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        src = torch.empty(nbytes, dtype=torch.uint8, device=device)  # [nbytes]
+        dst = torch.empty_like(src)
+        return best_rate(lambda: dst.copy_(src), 2 * nbytes, device, seconds, reps=4)
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)  # [nbytes / 4]; written, so its pages are in
+    return best_rate(buf.sum, nbytes, device, seconds)
 
 
-def measure_matmul_peak(dtype: torch.dtype = torch.float32, size: int = 2048, seconds: float = 1.5) -> float:
-    """FLOP/s of a large square matmul on this machine, now (best of several runs)."""
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
-    torch.mm(a, b)  # Warm-up.
-    best = 0.0
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = max(best, 2 * size**3 / (time.perf_counter() - start))
-    return best
+def measure_matmul_peak(dtype: torch.dtype = torch.float32, size: int | None = None, seconds: float = 1.5,
+                        device: torch.device | str = "cpu") -> float:
+    """FLOP/s of a large square matmul on this device, now (best of several runs).
+
+    size: 2048 on the CPU; 8192 on CUDA, where a smaller product leaves tensor cores idle
+    between tiles and would understate the peak (so overstate MFU)."""
+    device = torch.device(device)
+    size = size or (8192 if device.type == "cuda" else 2048)
+    a = torch.randn(size, size, dtype=dtype, device=device)  # [size, size]
+    b = torch.randn(size, size, dtype=dtype, device=device)  # [size, size]
+    return best_rate(lambda: torch.mm(a, b), 2 * size**3, device, seconds, reps=10 if device.type == "cuda" else 1)

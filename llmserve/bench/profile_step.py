@@ -47,24 +47,35 @@ def _ms(seconds: float) -> str:
     return f"{1000 * seconds:8.2f} ms"
 
 
-def decoding_engine(model_dir, dtype: str, batch: int, context: int, model=None,
-                    max_new_tokens: int = 1000) -> InProcessEngine:
-    """An in-process engine with `batch` sequences of `context` prompt tokens, all past
-    their prefill: every further step is a pure decode step at that batch size, for
-    `max_new_tokens` steps. Its KV cache holds just those tokens. With `model` (another
-    engine's runner's model) the weights are shared, not loaded again."""
-    from llmserve.worker.config import RunnerConfig
-    from llmserve.worker.model_runner import ModelRunner
-
-    settings = RunnerConfig(dtype=dtype, num_kv_blocks=batch * -(-(context + max_new_tokens) // 16) + 1, swap_space=0)
-    runner = ModelRunner(model_dir, settings, model=model)
+def prefilled_engine(runner, batch: int, context: int, max_new_tokens: int, seed: int = 1) -> InProcessEngine:
+    """An in-process engine on `runner` with `batch` sequences of `context` random prompt
+    tokens (ids within the model's vocabulary), all past their prefill: every further
+    step is a pure decode step at that batch size, for `max_new_tokens` steps."""
     engine = InProcessEngine(runner, SchedulerConfig(max_num_batched_tokens=max(4096, batch * (context + 16))))
-    for i, r in enumerate(random_workload(batch, (context, context), (1000, 1000), 49152, seed=1)):
+    vocab = runner.config.vocab_size
+    for i, r in enumerate(random_workload(batch, (context, context), (1000, 1000), vocab, seed=seed)):
         engine.add_request(f"r{i}", r.prompt_token_ids, SamplingParams(max_tokens=max_new_tokens, temperature=0.0,
                                                                       ignore_eos=True))
     while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
         engine.step()
     return engine
+
+
+def decode_kv_blocks(batch: int, context: int, max_new_tokens: int, block_size: int = 16) -> int:
+    """KV blocks that hold `batch` sequences of context + max_new_tokens tokens (+1 spare)."""
+    return batch * -(-(context + max_new_tokens) // block_size) + 1
+
+
+def decoding_engine(model_dir, dtype: str, batch: int, context: int, model=None,
+                    max_new_tokens: int = 1000) -> InProcessEngine:
+    """An in-process engine with `batch` sequences of `context` prompt tokens, all past
+    their prefill (`prefilled_engine`). Its KV cache holds just those tokens. With `model`
+    (another engine's runner's model) the weights are shared, not loaded again."""
+    from llmserve.worker.config import RunnerConfig
+    from llmserve.worker.model_runner import ModelRunner
+
+    settings = RunnerConfig(dtype=dtype, num_kv_blocks=decode_kv_blocks(batch, context, max_new_tokens), swap_space=0)
+    return prefilled_engine(ModelRunner(model_dir, settings, model=model), batch, context, max_new_tokens)
 
 
 def time_decode_steps(model_dir, dtype: str, batches: list[int], context: int, steps: int = 40,

@@ -40,6 +40,9 @@ def machine_info() -> dict:
         "cpu_matrix_isa": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile"}),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "cuda_version": torch.version.cuda,
+        "gpu_memory_gib": (torch.cuda.get_device_properties(0).total_memory / 2**30
+                           if torch.cuda.is_available() else None),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -8,9 +8,9 @@ keeps no record of its steps.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
+from llmserve.bench.clock import now
 from llmserve.contract.outputs import RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.engine import InProcessEngine
@@ -63,9 +63,10 @@ class RecordingEngine(InProcessEngine):
     def step(self) -> list[RequestOutput]:
         tap = self.runner
         tap.last = None
-        start = time.perf_counter()
+        device = getattr(tap.runner, "device", None)  # A test's stand-in runner may have none: the CPU.
+        start = now(device)
         outputs = super().step()
-        seconds = time.perf_counter() - start
+        seconds = now(device) - start
         if tap.last is not None:
             self.steps += step_records(self.scheduler, *tap.last, seconds)
         return outputs

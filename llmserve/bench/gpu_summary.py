@@ -1,0 +1,219 @@
+"""The GPU self-check's one summary table, judged against the acceptance targets.
+
+    python -m llmserve.bench.gpu_summary RESULTS_DIR
+
+Reads what scripts/gpu_check.sh left in RESULTS_DIR: steps.tsv (each step's exit code
+and seconds), gpu-tests.xml (pytest's JUnit report), random-model.json and the bench
+reports under kv-sizing/, decode/ and throughput/. Prints the table, writes it to
+summary.md (and summary.json), exits 1 when any row FAILs.
+
+Performance targets apply on CUDA; a CPU dry run shows its figures as SKIP.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GRAPHS_OVER_EAGER = 1.5  # CUDA graphs decode tok/s over eager, at every batch size.
+ENGINE_OVER_HF = 3.0  # Engine output tok/s over HF static-batch generate, reference workload.
+KV_TOLERANCE = 0.05  # KV cache bytes within 5% of what fits after start-up.
+
+
+@dataclass(frozen=True)
+class Row:
+    check: str
+    result: str  # PASS, FAIL, SKIP (a target that applies on CUDA only) or INFO
+    figure: str
+
+
+def read_steps(results: Path) -> dict[str, tuple[int, float]]:
+    """steps.tsv: `name<TAB>exit code<TAB>seconds` per step run."""
+    steps = {}
+    path = results / "steps.tsv"
+    for line in path.read_text().splitlines() if path.is_file() else ():
+        name, rc, seconds = line.split("\t")
+        steps[name] = (int(rc), float(seconds))
+    return steps
+
+
+def latest_report(folder: Path) -> dict | None:
+    reports = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    return json.loads(reports[-1].read_text()) if reports else None
+
+
+def _count(n: float) -> str:
+    """1.236 B, 106.8 k: parameters at a glance."""
+    return next(f"{n / scale:,.3g} {unit}" for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k"), (1, ""))
+                if n >= scale or scale == 1)
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _rate(flop_per_s: float) -> str:
+    return f"{flop_per_s / 1e12:,.0f} TFLOP/s" if flop_per_s >= 1e12 else f"{flop_per_s / 1e9:,.0f} GFLOP/s"
+
+
+def _judged(passed: bool, on_cuda: bool) -> str:
+    if not on_cuda:
+        return "SKIP"
+    return "PASS" if passed else "FAIL"
+
+
+def _missing(check: str, step: str, steps: dict) -> Row:
+    rc = steps.get(step, (None, 0))[0]
+    # 124: `timeout` stopped it; 137: killed after its grace period (or for memory).
+    why = {None: "did not run", 124: "timed out", 137: "killed (time or memory)"}.get(rc, f"exited {rc}")
+    return Row(check, "FAIL", f"{why}: see logs/{step}.log")
+
+
+def step_row(check: str, step: str, steps: dict, figure: str = "") -> Row:
+    if step not in steps or steps[step][0] != 0:
+        return _missing(check, step, steps)
+    return Row(check, "PASS", figure or f"{steps[step][1]:.0f} s")
+
+
+def junit_counts(path: Path) -> dict[str, int] | None:
+    """tests, failures, errors, skipped, passed summed over the report's test suites, and
+    the first failing test ids."""
+    if not path.is_file():
+        return None
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    counts["failed_ids"] = [f"{case.get('classname')}::{case.get('name')}" for case in root.iter("testcase")
+                            if case.find("failure") is not None or case.find("error") is not None][:3]
+    return counts
+
+
+def tests_row(results: Path, steps: dict, on_cuda: bool) -> Row:
+    counts = junit_counts(results / "gpu-tests.xml")
+    check = "GPU tests (pytest -m gpu)"
+    if counts is None:
+        return _missing(check, "gpu-tests", steps)
+    figure = f"{counts['passed']} passed, {counts['failures'] + counts['errors']} failed, {counts['skipped']} skipped"
+    if counts["failed_ids"]:
+        figure += ": " + ", ".join(counts["failed_ids"])
+    bad = counts["failures"] + counts["errors"] > 0 or steps.get("gpu-tests", (0, 0))[0] not in (0, 1, 5)
+    # On a GPU, a run where every GPU test skipped proves nothing.
+    empty = on_cuda and counts["passed"] == 0
+    return Row(check, "FAIL" if bad or empty else "PASS", figure + (" (none ran on the GPU)" if empty else ""))
+
+
+def model_row(results: Path, steps: dict) -> Row:
+    path = results / "random-model.json"
+    if not path.is_file():
+        return _missing("random model made on the spot", "make-model", steps)
+    made = json.loads(path.read_text())
+    shape = made["shape"]
+    return Row(f"random {made['preset']} model made on the spot", "PASS",
+               f"{_count(made['parameters'])} parameters, {made['dtype']}, {_bytes(made['bytes'])} "
+               f"(hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, vocab {shape['vocab_size']})")
+
+
+def kv_row(results: Path, steps: dict) -> Row:
+    report = latest_report(results / "kv-sizing")
+    check = f"KV blocks within {100 * KV_TOLERANCE:.0f}% of what fits"
+    if report is None:
+        return _missing(check, "kv-sizing", steps)
+    ratio = report["kv_over_fits"]
+    figure = (f"{report['num_kv_blocks']} blocks x {report['block_bytes'] / 1024:.0f} KiB = "
+              f"{report['kv_bytes'] / 2**30:.2f} GiB vs {report['fits_bytes'] / 2**30:.2f} GiB that fit "
+              f"after start-up ({100 * ratio:.1f}%, {report['device']})")
+    return Row(check, "PASS" if abs(1 - ratio) <= KV_TOLERANCE else "FAIL", figure)
+
+
+def decode_rows(results: Path, steps: dict) -> list[Row]:
+    report = latest_report(results / "decode")
+    if report is None:
+        return [_missing("CUDA graphs vs eager decode", "decode", steps)]
+    on_cuda = report["device"].startswith("cuda")
+    rows = []
+    if on_cuda and not report["uses_graphs"]:
+        rows.append(Row("CUDA graphs captured", "FAIL", "the runner ran eagerly on CUDA: see logs/decode.log"))
+    for batch, row in report["batches"].items():
+        ratio = row["graphs_over_eager"]
+        rows.append(Row(f"CUDA graphs >= {GRAPHS_OVER_EAGER}x eager, batch {batch}",
+                        _judged(ratio >= GRAPHS_OVER_EAGER and report["uses_graphs"], on_cuda),
+                        f"{row['graphs_tok_per_s']:,.0f} vs {row['eager_tok_per_s']:,.0f} decode tok/s = "
+                        f"{ratio:.2f}x"))
+    return rows
+
+
+def throughput_rows(results: Path, steps: dict) -> list[Row]:
+    report = latest_report(results / "throughput")
+    if report is None:
+        return [_missing(f"engine >= {ENGINE_OVER_HF:g}x HF generate", "throughput", steps)]
+    on_cuda = report["device"].startswith("cuda")
+    engine, hf = report["results"]["engine"], report["results"].get("hf", {})
+    check = f"engine >= {ENGINE_OVER_HF:g}x HF generate ({report['workload']['name']} workload)"
+    if "output_tokens_per_s" not in hf:
+        return [Row(check, "FAIL", f"HF baseline failed: {hf.get('error', 'not run')}")]
+    ratio = hf.get("engine_over_this_median", hf["engine_over_this"])
+    rows = [Row(check, _judged(ratio >= ENGINE_OVER_HF, on_cuda),
+                f"{engine['output_tokens_per_s']:,.0f} vs {hf['output_tokens_per_s']:,.0f} output tok/s = "
+                f"{ratio:.2f}x (HF static batch {hf['batch_size']}, {report['dtype']}, "
+                f"{report['rounds']} round(s))")]
+    rows.append(Row("MFU and roofline (measured in the run)", "INFO",
+                    f"MFU {100 * engine['mfu']:.1f}% of a {_rate(report['matmul_peak_gflop_per_s'] * 1e9)} "
+                    f"{report['dtype']} matmul; memory {report['memory_bandwidth_gb_per_s']:,.0f} GB/s; roofline "
+                    f"floor {engine['roofline_floor_seconds']:.2f} s = {100 * engine['roofline_fraction']:.0f}% "
+                    f"of the engine's {engine['seconds']:.2f} s"))
+    return rows
+
+
+def summarize(results: Path) -> list[Row]:
+    steps = read_steps(results)
+    device = next((r["device"] for r in (latest_report(results / d) for d in ("kv-sizing", "decode", "throughput"))
+                   if r), "cpu")
+    return [
+        step_row("install (wheelhouse + project, no registry)", "install", steps),
+        step_row("installed versions and their requirements", "verify", steps),
+        tests_row(results, steps, device.startswith("cuda")),
+        model_row(results, steps),
+        kv_row(results, steps),
+        *decode_rows(results, steps),
+        *throughput_rows(results, steps),
+    ]
+
+
+def render(rows: list[Row], title: str) -> str:
+    width = max(len(r.check) for r in rows)
+    lines = [title, f"{'check':<{width}} | result | figure", f"{'-' * width}-+--------+-------"]
+    lines += [f"{r.check:<{width}} | {r.result:<6} | {r.figure}" for r in rows]
+    failed = sum(r.result == "FAIL" for r in rows)
+    lines.append(f"{'FAILED' if failed else 'PASSED'}: {failed} of {len(rows)} rows failed")
+    return "\n".join(lines)
+
+
+def title(results: Path) -> str:
+    report = next((r for r in (latest_report(results / d) for d in ("throughput", "decode", "kv-sizing")) if r), None)
+    if report is None:
+        return "GPU self-check"
+    m = report["machine"]
+    return (f"GPU self-check on {m.get('cuda') or 'CPU (dry run)'}: torch {m['torch']}, CUDA {m.get('cuda_version')}, "
+            f"Python {m['python']}, git {m['git_revision'] or '?'}, {m['date']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(__doc__)
+        return 2
+    results = Path(argv[0])
+    rows = summarize(results)
+    text = render(rows, title(results))
+    print(text, flush=True)
+    (results / "summary.md").write_text(text + "\n")
+    (results / "summary.json").write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    return 1 if any(r.result == "FAIL" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# GPU self-check: on a bare CUDA machine without a package registry, install llmserve
+# from the checkout and a wheelhouse (scripts/make_wheelhouse.sh, made beforehand where a
+# registry is reachable), then prove the GPU path in one run (< 10 min on one H100):
+#   - the GPU tests (pytest -m gpu),
+#   - a random-weight ~1B Llama (Llama 3.2 1B's shape) made on the spot, in bf16,
+#   - the KV cache the worker sizes vs what fits after start-up (target: within 5%),
+#   - decode tok/s with CUDA graphs vs --enforce-eager at batch 1, 2, 4, 8 (target: >= 1.5x),
+#   - the engine vs HF static-batch generate on the reference workload (target: >= 3x),
+#     with MFU against a bf16 matmul peak and the roofline floor, both measured in the run,
+# then print one summary table. Exits non-zero when any check fails.
+#
+#   bash scripts/gpu_check.sh [--wheelhouse DIR] [--quick] [--device cuda|cpu]
+#                             [--install auto|venv|target|none] [--python PY]
+#
+# --quick: fewer decode steps and one throughput round. --device cpu (or
+# LLMSERVE_GPU_CHECK_DEVICE=cpu): a dry run of the same flow on the CPU with a tiny model
+# (performance targets are then SKIP). Without CUDA and without --device cpu it stops at
+# once with "no CUDA device: ...".
+# --install: venv = into the interpreter's venv (pip --no-deps, the project editable);
+# target = into .gpu-check/site on PYTHONPATH (the venv is left untouched); auto = venv
+# when the interpreter runs in a writable venv, else target; none = already installed.
+# Interpreter: --python, else $PYTHON, else /opt/torch/.venv/bin/python3, else python3.
+# Logs and reports go to $OUT if set, else gpu-check-results/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+WHEELHOUSE=.wheelhouse
+QUICK=0
+DEVICE=${LLMSERVE_GPU_CHECK_DEVICE:-cuda}
+INSTALL=auto
+PY=${PYTHON:-}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --wheelhouse) WHEELHOUSE=$2; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    --device) DEVICE=$2; shift 2 ;;
+    --install) INSTALL=$2; shift 2 ;;
+    --python) PY=$2; shift 2 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$DEVICE" in cuda|cpu) ;; *) echo "gpu_check: --device is cuda or cpu, not $DEVICE" >&2; exit 2 ;; esac
+if [ -z "$PY" ]; then
+  if [ -x /opt/torch/.venv/bin/python3 ]; then PY=/opt/torch/.venv/bin/python3; else PY=python3; fi
+fi
+
+RESULTS=${OUT:-gpu-check-results}
+SCRATCH=.gpu-check
+TARGET=$SCRATCH/site
+WHEEL_LIST=scripts/gpu-wheels.txt
+BUILD_LIST=scripts/gpu-build-wheels.txt
+BUILD_BACKEND=$SCRATCH/build-backend
+T0=$(date +%s)
+
+# --- Preflight: fail fast, before installing anything. ---------------------------------
+if [ "$DEVICE" = cuda ]; then
+  if ! why=$("$PY" - 2>&1 <<'PREFLIGHT'
+import os, sys
+try:
+    import torch
+except Exception as err:
+    sys.exit(f"torch does not import with {sys.executable}: {err}")
+if not torch.cuda.is_available():
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    sys.exit(f"torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no GPU "
+             f"(CUDA_VISIBLE_DEVICES={visible!r}); --device cpu runs a CPU dry run")
+print(torch.cuda.get_device_name(0))
+PREFLIGHT
+  ); then
+    echo "no CUDA device: $(echo "$why" | tail -n 1)" >&2
+    exit 2
+  fi
+  echo "gpu_check: $why, $("$PY" --version 2>&1)"
+else
+  echo "gpu_check: CPU dry run, $("$PY" --version 2>&1)"
+fi
+if [ "$INSTALL" != none ]; then
+  want=$(cat "$WHEELHOUSE/PYTHON_VERSION" 2>/dev/null | cut -d' ' -f2)
+  have=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  if [ -z "$want" ]; then
+    echo "gpu_check: no wheelhouse at $WHEELHOUSE: run scripts/make_wheelhouse.sh where a registry is reachable" >&2
+    exit 2
+  elif [ "$want" != "$have" ]; then
+    echo "gpu_check: $WHEELHOUSE holds wheels for Python $want, $PY is $have" \
+      "(scripts/make_wheelhouse.sh --python-version $have)" >&2
+    exit 2
+  fi
+fi
+
+# Our own outputs only: a previous run's reports would be read as this run's.
+mkdir -p "$RESULTS/logs" "$SCRATCH"
+rm -rf "$RESULTS"/{kv-sizing,decode,throughput} "$RESULTS"/logs/*.log
+rm -f "$RESULTS"/{steps.tsv,gpu-tests.xml,random-model.json,summary.md,summary.json,environment.txt}
+
+# run_step NAME SECONDS CMD...: CMD's output to logs/NAME.log, its exit code and time to
+# steps.tsv, one status line here (and the log's tail when it fails).
+run_step() {
+  local name=$1 limit=$2 start rc secs
+  shift 2
+  start=$(date +%s)
+  echo "gpu_check: $name ..."
+  if declare -F "$1" > /dev/null; then  # A function of this script: timeout cannot run it.
+    "$@" > "$RESULTS/logs/$name.log" 2>&1
+  else
+    timeout --kill-after=30 "$limit" "$@" > "$RESULTS/logs/$name.log" 2>&1
+  fi
+  rc=$?
+  secs=$(( $(date +%s) - start ))
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$secs" >> "$RESULTS/steps.tsv"
+  if [ "$rc" -eq 0 ]; then
+    echo "gpu_check: $name ok (${secs} s)"
+  else
+    echo "gpu_check: $name exited $rc after ${secs} s; the end of logs/$name.log:"
+    tail -n 15 "$RESULTS/logs/$name.log" | sed 's/^/    /'
+  fi
+  return "$rc"
+}
+
+# --- Install: the wheelhouse with --no-deps, then the project without build isolation
+# (no registry to fetch a build backend from: the wheelhouse brings one). -------------
+# PIP_CONFIG_FILE=/dev/null and --isolated: no pip.conf or PIP_* variable may add an
+# index, links or constraints: exactly the listed wheels, from the wheelhouse.
+PROJECTS=(. ./kernels ./services/scheduler ./services/router ./services/worker)
+PIP=(env PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated --no-index --no-deps --disable-pip-version-check
+     --no-input)
+
+# The build backend goes to its own folder, on PYTHONPATH for the builds only: the
+# image's setuptools stays as it is.
+install_build_backend() {
+  rm -rf "$BUILD_BACKEND"
+  "${PIP[@]}" --target "$BUILD_BACKEND" --find-links "$WHEELHOUSE" -r "$BUILD_LIST"
+}
+
+install_into_venv() {
+  local editable=() p
+  for p in "${PROJECTS[@]}"; do editable+=(-e "$p"); done
+  install_build_backend &&
+    "${PIP[@]}" --find-links "$WHEELHOUSE" -r "$WHEEL_LIST" &&
+    env PYTHONPATH="$PWD/$BUILD_BACKEND" "${PIP[@]}" --no-build-isolation "${editable[@]}"
+}
+
+install_into_target() {
+  # One pip call: the namespace package `llmserve` spans five distributions, and pip
+  # --target skips a top-level directory that an earlier call already made.
+  rm -rf "$TARGET"
+  install_build_backend &&
+    env PYTHONPATH="$PWD/$BUILD_BACKEND" "${PIP[@]}" --no-build-isolation --target "$TARGET" \
+      --find-links "$WHEELHOUSE" -r "$WHEEL_LIST" "${PROJECTS[@]}"
+}
+
+# auto: the venv when the interpreter runs in one it may write to; the target folder
+# otherwise, or when that fails (a pip too old for editable pyproject installs, say).
+# NOTE: run_step calls it in this shell, so INSTALL names the mode that was used.
+install_auto() {
+  if "$PY" -c 'import os, sys, sysconfig
+sys.exit(not (sys.prefix != sys.base_prefix and os.access(sysconfig.get_paths()["purelib"], os.W_OK)))'; then
+    INSTALL=venv
+    install_into_venv && return 0
+    echo "gpu_check: installing into the venv failed; into $TARGET instead"
+  fi
+  INSTALL=target
+  install_into_target
+}
+
+case "$INSTALL" in
+  auto) run_step install 600 install_auto ;;
+  venv) run_step install 600 install_into_venv ;;
+  target) run_step install 600 install_into_target ;;
+  none) printf 'install\t0\t0\n' >> "$RESULTS/steps.tsv" ;;
+  *) echo "gpu_check: --install is auto, venv, target or none, not $INSTALL" >&2; exit 2 ;;
+esac
+INSTALLED=$?
+if [ "$INSTALL" = target ]; then
+  export PYTHONPATH="$PWD/$TARGET${PYTHONPATH:+:$PYTHONPATH}"
+  export PATH="$PWD/$TARGET/bin:$PATH"
+fi
+echo "install mode: $INSTALL" > "$RESULTS/environment.txt"
+
+# --- The checks. -----------------------------------------------------------------------
+if [ "$DEVICE" = cuda ]; then
+  PRESET=llama-1b DTYPE=bfloat16
+  DECODE=(--batch 1 2 4 8 --context 256 --steps "$([ "$QUICK" = 1 ] && echo 32 || echo 96)")
+  # The reference workload; the engine's KV cache at half the GPU (its peak need is
+  # under 1 GiB) leaves HF's generate the other half in the same process.
+  TPUT=(--workload reference --gpu-memory-utilization 0.5 --repeat "$([ "$QUICK" = 1 ] && echo 1 || echo 3)")
+  KV=()
+else
+  PRESET=tiny DTYPE=float32
+  DECODE=(--batch 1 2 --context 32 --steps 8)
+  TPUT=(--workload random --num-requests 8 --input-len 8 40 --output-len 4 16 --hf-batch-size 4)
+  KV=(--kv-cache-memory 64MiB)
+fi
+MODEL=$SCRATCH/model-$PRESET
+BENCH=("$PY" -m llmserve.cli --log-level INFO bench)
+
+if [ "$INSTALLED" -eq 0 ]; then
+  {
+    "$PY" -c 'import torch, triton, transformers, sys
+print("python", sys.version.split()[0]); print("torch", torch.__version__, "cuda", torch.version.cuda)
+print("triton", triton.__version__); print("transformers", transformers.__version__)' 2>&1
+    command -v nvidia-smi > /dev/null && nvidia-smi 2>&1
+  } >> "$RESULTS/environment.txt"
+  run_step verify 120 "$PY" -m llmserve.bench.wheelhouse verify "$WHEEL_LIST"
+  # Bounded, so that the whole check stays under 10 minutes on one H100.
+  run_step gpu-tests "$([ "$QUICK" = 1 ] && echo 150 || echo 240)" \
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/ --junitxml "$RESULTS/gpu-tests.xml"
+  if [ ! -f "$MODEL/random-model.json" ]; then  # Written last: a complete model from an earlier run is kept.
+    rm -rf "$MODEL"
+    run_step make-model 300 "${BENCH[@]}" make-model --out "$MODEL" --preset "$PRESET" --device "$DEVICE"
+  else
+    printf 'make-model\t0\t0\n' >> "$RESULTS/steps.tsv"
+  fi
+  cp "$MODEL/random-model.json" "$RESULTS/" 2>/dev/null
+  COMMON=(--model "$MODEL" --device "$DEVICE" --dtype "$DTYPE")
+  # ${KV[@]+...}: an empty array under `set -u` on bash before 4.4.
+  run_step kv-sizing 300 "${BENCH[@]}" kv-sizing "${COMMON[@]}" ${KV[@]+"${KV[@]}"} --output-dir "$RESULTS/kv-sizing"
+  run_step decode 300 "${BENCH[@]}" decode "${COMMON[@]}" "${DECODE[@]}" --output-dir "$RESULTS/decode"
+  run_step throughput 420 "${BENCH[@]}" throughput "${COMMON[@]}" "${TPUT[@]}" --baseline hf \
+    --output-dir "$RESULTS/throughput"
+fi
+
+echo "gpu_check: done in $(( $(date +%s) - T0 )) s; logs and reports in $RESULTS"
+echo
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m llmserve.bench.gpu_summary "$RESULTS"

@@ -1,0 +1,207 @@
+"""The GPU self-check's bench modes run through device-generic code: on the CPU here
+(tiny random model), on CUDA under `-m gpu`. And its summary judges the targets."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmserve.bench import gpu_summary
+from llmserve.bench.clock import best_rate, now
+from llmserve.bench.decode_graphs import compare_decode, graph_and_eager_runners
+from llmserve.bench.flops import ModelFlops, measure_matmul_peak, measure_memory_bandwidth
+from llmserve.bench.kv_sizing import check_kv_sizing
+from llmserve.bench.random_model import PRESETS, make_random_model, parameter_shapes
+from llmserve.worker.config import RunnerConfig
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def tiny_random_model(tmp_path_factory):
+    return make_random_model(tmp_path_factory.mktemp("random-tiny"), "tiny", seed=3)
+
+
+def test_the_1b_preset_has_llama_3_2_1b_s_parameter_count():
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**PRESETS["llama-1b"])
+    shapes = parameter_shapes(config)
+    assert "lm_head.weight" not in shapes  # Tied: stored once, as the embedding.
+    assert sum(math.prod(s) for s in shapes.values()) == 1_235_814_400
+    flops = ModelFlops.from_config(config)
+    assert flops.lm_head_params == 2048 * 128256
+    assert flops.linear_params == 16 * (2048 * 64 * (32 + 2 * 8) + 2048**2 + 3 * 2048 * 8192)
+
+
+def test_the_random_model_is_an_hf_checkpoint(tiny_random_model):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    made = tiny_random_model
+    with safe_open(f"{made['dir']}/model.safetensors", "pt") as f:
+        names = set(f.keys())
+        assert f.get_tensor("model.norm.weight").eq(1).all()  # Norm gains are ones, not random.
+        assert f.get_tensor("model.embed_tokens.weight").dtype == torch.bfloat16
+        assert abs(f.get_tensor("model.layers.0.mlp.up_proj.weight").float().std().item() - 0.02) < 0.003
+    assert "lm_head.weight" not in names and made["parameters"] == 106_816
+    hf = AutoModelForCausalLM.from_pretrained(made["dir"], dtype=torch.float32)
+    assert set(hf.state_dict()) - names == {"lm_head.weight"}  # Only the tied head is not stored.
+    assert json.loads((Path(made["dir"]) / "random-model.json").read_text()) == made
+
+
+def test_decode_comparison_runs_both_modes_over_one_copy_of_the_weights(tiny_random_model):
+    runners = graph_and_eager_runners(tiny_random_model["dir"], RunnerConfig(device="cpu"), 2, 16, 8)
+    assert runners["eager"].model is runners["graphs"].model
+    assert runners["graphs"].graphs is None  # No CUDA graphs on the CPU: both run eagerly.
+    result = compare_decode(tiny_random_model["dir"], RunnerConfig(device="cpu"), [1, 2], context=16, steps=4)
+    assert result["device"] == "cpu" and result["dtype"] == "float32" and not result["uses_graphs"]
+    assert sorted(result["batches"]) == [1, 2]
+    for batch, row in result["batches"].items():
+        assert row["graphs_tok_per_s"] == pytest.approx(batch * 1000 / row["graphs_step_ms"])
+        assert row["graphs_over_eager"] == pytest.approx(row["eager_step_ms"] / row["graphs_step_ms"])
+
+
+def test_the_compile_pass_leaves_a_fresh_engine_on_the_same_runner(tiny_random_model):
+    from llmserve.bench.step_records import RecordingEngine
+    from llmserve.bench.throughput import compile_pass, run_in_process
+    from llmserve.bench.workloads import random_workload
+    from llmserve.engine import InProcessEngine
+    from llmserve.scheduler.config import SchedulerConfig
+
+    scheduling = SchedulerConfig()
+    engine = RecordingEngine(InProcessEngine.from_model_dir(tiny_random_model["dir"], device="cpu",
+                                                            num_kv_blocks=64).runner, scheduling)
+    requests = random_workload(3, (20, 40), (3, 5), 512, seed=2)
+    fresh = compile_pass(engine, requests, scheduling)
+    assert fresh is not engine and fresh.runner.runner is engine.runner.runner and not fresh.steps
+    assert fresh.runner.batch.states == {}  # The pass's requests are gone from the runner.
+    result = run_in_process(fresh, requests)
+    # Its prompts all ran before, but this scheduler has never seen them: the one hit is
+    # run_in_process's own 16-token warm-up prompt, request 0's first block (its 16
+    # queried tokens count too).
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+    assert result["prefix_cache_hit_rate"] == pytest.approx(16 / (prompt_tokens + 16))
+    assert result["output_tokens"] == sum(r.output_len for r in requests)
+
+
+def test_kv_sizing_on_the_cpu_takes_its_explicit_budget(tiny_random_model):
+    budget = 8 * 2**20
+    result = check_kv_sizing(tiny_random_model["dir"], RunnerConfig(device="cpu", kv_cache_memory=budget,
+                                                                    swap_space=0, max_num_batched_tokens=64))
+    # tiny: 2 layers x K and V x 16 tokens x 2 KV heads x head_dim 16 x 4 bytes (float32).
+    assert result["block_bytes"] == 2 * 2 * 16 * 2 * 16 * 4
+    assert result["num_kv_blocks"] == budget // result["block_bytes"]
+    assert result["kv_bytes"] == result["kv_bytes_allocated"] and result["fits_bytes"] == budget
+    assert any(line.startswith("# KV blocks: 1024") for line in result["log_lines"])
+    assert result["smoke"] == {"prompt_tokens": 64, "output_tokens": 4, "activation_peak_bytes": None}
+
+
+def test_matmul_peak_and_bandwidth_on_the_cpu():
+    assert measure_matmul_peak(torch.float32, size=256, seconds=0.05, device="cpu") > 1e8
+    assert measure_memory_bandwidth(nbytes=2**24, seconds=0.05, device="cpu") > 1e8
+    calls = []
+    rate = best_rate(lambda: calls.append(now("cpu")), 10, "cpu", seconds=0.01, reps=3)
+    assert rate > 0 and (len(calls) - 1) % 3 == 0  # One warm-up call, then samples of 3.
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_matmul_peak_and_bandwidth_on_cuda():
+    peak = measure_matmul_peak(torch.bfloat16, seconds=0.5, device="cuda")
+    bandwidth = measure_memory_bandwidth(nbytes=2**28, seconds=0.5, device="cuda")
+    # Any GPU worth benchmarking on beats these by far; a timing without synchronisation
+    # (launch time only) would report absurd figures above the second bound.
+    assert 1e13 < peak < 1e16 and 1e11 < bandwidth < 1e14
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_decode_comparison_captures_graphs_on_cuda(tiny_random_model):
+    result = compare_decode(tiny_random_model["dir"], RunnerConfig(device="cuda", dtype="bfloat16"), [1, 4],
+                            context=16, steps=8)
+    assert result["uses_graphs"] and result["device"].startswith("cuda") and result["dtype"] == "bfloat16"
+    assert all(row["graphs_tok_per_s"] > 0 and row["eager_tok_per_s"] > 0 for row in result["batches"].values())
+
+
+# --- The summary's judgement, on reports shaped like the benches' own. ---------------------
+
+def _write_results(tmp_path, device: str, graphs_over_eager: float, engine_over_hf: float, kv_over_fits: float,
+                   failures: int = 0):
+    machine = {"cuda": "NVIDIA H100" if device != "cpu" else None, "cuda_version": "12.8", "torch": "2.11.0",
+               "python": "3.12.3", "git_revision": "abc1234", "date": "2026-11-25 12:00:00"}
+    (tmp_path / "steps.tsv").write_text("".join(f"{s}\t0\t5\n" for s in (
+        "install", "verify", "gpu-tests", "make-model", "kv-sizing", "decode", "throughput")))
+    (tmp_path / "gpu-tests.xml").write_text(
+        f'<testsuites><testsuite tests="10" failures="{failures}" errors="0" skipped="1">'
+        + "".join(f'<testcase classname="tests.t" name="f{i}"><failure/></testcase>' for i in range(failures))
+        + "</testsuite></testsuites>")
+    (tmp_path / "random-model.json").write_text(json.dumps({
+        "preset": "llama-1b", "dtype": "bfloat16", "parameters": 1_235_814_400, "bytes": 2_471_628_800,
+        "shape": {"hidden_size": 2048, "num_hidden_layers": 16, "vocab_size": 128256}}))
+    reports = {
+        "kv-sizing": {"device": device, "num_kv_blocks": 1000, "block_bytes": 2**19, "kv_bytes": 1000 * 2**19,
+                      "fits_bytes": 1000 * 2**19 / kv_over_fits, "kv_over_fits": kv_over_fits},
+        "decode": {"device": device, "uses_graphs": device != "cpu", "batches": {
+            str(b): {"graphs_tok_per_s": 100.0 * b * graphs_over_eager, "eager_tok_per_s": 100.0 * b,
+                     "graphs_over_eager": graphs_over_eager} for b in (1, 2, 4, 8)}},
+        "throughput": {"device": device, "dtype": "bfloat16", "rounds": 3, "workload": {"name": "reference"},
+                       "matmul_peak_gflop_per_s": 700e3, "memory_bandwidth_gb_per_s": 3000.0, "results": {
+                           "engine": {"output_tokens_per_s": 100.0 * engine_over_hf, "mfu": 0.05,
+                                      "roofline_fraction": 0.3, "roofline_floor_seconds": 0.3, "seconds": 1.0},
+                           "hf": {"output_tokens_per_s": 100.0, "engine_over_this": engine_over_hf,
+                                  "engine_over_this_median": engine_over_hf, "batch_size": 16}}},
+    }
+    for folder, report in reports.items():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"{folder}-20261125.json").write_text(json.dumps({**report, "machine": machine}))
+
+
+def _results(rows) -> dict[str, str]:
+    return {row.check: row.result for row in rows}
+
+
+def test_summary_passes_a_run_that_meets_every_target(tmp_path, capsys):
+    _write_results(tmp_path, "cuda:0", graphs_over_eager=2.0, engine_over_hf=4.0, kv_over_fits=0.98)
+    assert gpu_summary.main([str(tmp_path)]) == 0
+    results = _results(gpu_summary.summarize(tmp_path))
+    assert results["CUDA graphs >= 1.5x eager, batch 8"] == "PASS"
+    assert results["engine >= 3x HF generate (reference workload)"] == "PASS"
+    assert results["KV blocks within 5% of what fits"] == "PASS"
+    assert set(results.values()) == {"PASS", "INFO"} and len(results) == 11
+    out = capsys.readouterr().out
+    assert out.startswith("GPU self-check on NVIDIA H100") and "PASSED: 0 of 11 rows failed" in out
+    assert (tmp_path / "summary.md").read_text().strip() == out.strip()
+
+
+def test_summary_fails_each_missed_target(tmp_path):
+    _write_results(tmp_path, "cuda:0", graphs_over_eager=1.2, engine_over_hf=2.5, kv_over_fits=0.90, failures=2)
+    assert gpu_summary.main([str(tmp_path)]) == 1
+    rows = {row.check: row for row in gpu_summary.summarize(tmp_path)}
+    failed = {check for check, row in rows.items() if row.result == "FAIL"}
+    assert failed == {"GPU tests (pytest -m gpu)", "KV blocks within 5% of what fits",
+                      "engine >= 3x HF generate (reference workload)",
+                      *(f"CUDA graphs >= 1.5x eager, batch {b}" for b in (1, 2, 4, 8))}
+    assert rows["GPU tests (pytest -m gpu)"].figure == "7 passed, 2 failed, 1 skipped: tests.t::f0, tests.t::f1"
+
+
+def test_summary_of_a_cpu_dry_run_skips_the_performance_targets(tmp_path):
+    _write_results(tmp_path, "cpu", graphs_over_eager=1.0, engine_over_hf=1.4, kv_over_fits=1.0)
+    results = _results(gpu_summary.summarize(tmp_path))
+    assert results["CUDA graphs >= 1.5x eager, batch 1"] == "SKIP"
+    assert results["engine >= 3x HF generate (reference workload)"] == "SKIP"
+    assert results["KV blocks within 5% of what fits"] == "PASS"
+    assert gpu_summary.main([str(tmp_path)]) == 0
+
+
+def test_summary_fails_a_step_that_left_no_report(tmp_path):
+    _write_results(tmp_path, "cuda:0", graphs_over_eager=2.0, engine_over_hf=4.0, kv_over_fits=1.0)
+    (tmp_path / "decode" / "decode-20261125.json").unlink()
+    (tmp_path / "steps.tsv").write_text((tmp_path / "steps.tsv").read_text().replace("decode\t0", "decode\t124"))
+    rows = {row.check: row for row in gpu_summary.summarize(tmp_path)}
+    assert rows["CUDA graphs vs eager decode"].result == "FAIL"
+    assert rows["CUDA graphs vs eager decode"].figure == "timed out: see logs/decode.log"
