@@ -56,19 +56,22 @@ def model_dtype(config: Any) -> torch.dtype:
     return DTYPE_NAMES.get(str(value).removeprefix("torch."), torch.float32)
 
 
+def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
+    """A dtype by name (float32, bfloat16, float16 and their short forms) or as is."""
+    if isinstance(name, torch.dtype):
+        if name in DTYPE_NAMES.values():
+            return name
+    elif DTYPE_ALIASES.get(name, name) in DTYPE_NAMES:
+        return DTYPE_NAMES[DTYPE_ALIASES.get(name, name)]
+    raise ValueError(f"unsupported dtype {name!r}; use auto, {', '.join(DTYPE_NAMES)}")
+
+
 def resolve_dtype(name: str | torch.dtype, device: torch.device, config: Any = None) -> torch.dtype:
     """The dtype weights, activations and the KV cache take on `device`."""
-    if isinstance(name, torch.dtype):
-        dtype = name
-        if dtype not in DTYPE_NAMES.values():
-            raise ValueError(f"unsupported dtype {dtype}; use {', '.join(DTYPE_NAMES)}")
-    elif name == "auto":
+    if name == "auto":
         dtype = model_dtype(config) if device.type == "cuda" else torch.float32
     else:
-        key = DTYPE_ALIASES.get(name, name)
-        if key not in DTYPE_NAMES:
-            raise ValueError(f"unsupported dtype {name!r}; use auto, {', '.join(DTYPE_NAMES)}")
-        dtype = DTYPE_NAMES[key]
+        dtype = dtype_from_name(name)
     if dtype == torch.float16 and device.type != "cuda":
         raise ValueError("float16 runs on CUDA only (CPU matmuls in float16 are unusably slow): "
                          "use --dtype bfloat16 or float32 on the CPU")

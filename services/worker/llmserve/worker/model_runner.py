@@ -82,11 +82,12 @@ class ModelRunner:
         if self.device.type == "cpu":
             cpu_kernels.load()  # Build the CPU kernels at model load, not during the first request.
         self.sampler = Sampler(sampler_seed, self.device)
+        self.uses_graphs = self._uses_graphs()  # Decided once: profiling measures the same graphs.
         self._allocate_kv_caches(settings)
         self.batch = InputBatch(block_size, self.num_kv_blocks, self.max_model_len, self.attention_backend,
                                 self.device)
         self.mover = kvc.BlockMover(self.kv_caches, self.cpu_kv_caches)
-        self.graphs = self._decode_graphs(self.kv_caches) if self._uses_graphs() else None
+        self.graphs = self._decode_graphs(self.kv_caches) if self.uses_graphs else None
         if self.graphs is not None:
             self.graphs.capture()
         self._interrupted_step_id = -1  # Set by interrupt() from the service's thread.
@@ -178,7 +179,7 @@ class ModelRunner:
         elif device.type == "cuda":
             # NOTE: read before the graphs' capture: the weights plus the forward's peak.
             forward_peak = torch.cuda.max_memory_allocated(device)
-            graph_bytes = self._graph_memory() if self._uses_graphs() else 0
+            graph_bytes = self._graph_memory() if self.uses_graphs else 0
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(device)
             outside_torch = total - free - torch.cuda.memory_reserved(device)

@@ -10,23 +10,11 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from llmserve.worker.device import DTYPE_ALIASES, DTYPE_NAMES
+from llmserve.worker.device import dtype_from_name
 from llmserve.worker.models.registry import model_class
 
 # Checkpoint entries that are not weights of ours (recomputed buffers).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """A dtype by name (float32, bfloat16, float16 and their short forms) or as is."""
-    if isinstance(dtype, torch.dtype):
-        if dtype in DTYPE_NAMES.values():
-            return dtype
-    else:
-        name = DTYPE_ALIASES.get(dtype, dtype)
-        if name in DTYPE_NAMES:
-            return DTYPE_NAMES[name]
-    raise ValueError(f"unsupported dtype {dtype!r}; use {', '.join(DTYPE_NAMES)}")
 
 
 def load_config(model_dir: Path) -> Any:
@@ -119,7 +107,7 @@ def load_model(model_dir: Path, dtype: str | torch.dtype = "float32", config: An
     """Build the registered class for config.json's architecture (this rank's shard when
     `parallel`, a ParallelState, says so) on `device` and load its weights."""
     config = config if config is not None else load_config(model_dir)
-    torch_dtype = parse_dtype(dtype)
+    torch_dtype = dtype_from_name(dtype)
     cls = model_class(config)
     with _building(torch_dtype, torch.device(device)):
         model = cls(config) if parallel is None else cls(config, parallel)
