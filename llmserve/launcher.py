@@ -45,6 +45,7 @@ def free_port() -> int:
 class ClusterSpec:
     model_dir: Path
     router_port: int = 50051
+    http_port: int = 0  # The router's OpenAI-compatible HTTP API (0: off).
     scheduler_port: int = 50052
     worker_port: int = 50053
     model_name: str | None = None
@@ -100,7 +101,8 @@ class ClusterSpec:
                     "--pp-size", str(self.pp_size), "--rank", str(rank),
                     "--dist-init", f"tcp://127.0.0.1:{self.dist_port}"]
         commands["router"] = base + ["router", *model, "--host", "127.0.0.1", "--port", str(self.router_port),
-                                     "--scheduler", scheduler_addr, *security(ROUTER), *self.router_args]
+                                     "--scheduler", scheduler_addr, "--http-port", str(self.http_port),
+                                     *security(ROUTER), *self.router_args]
         return commands
 
 
@@ -118,6 +120,13 @@ class LocalCluster:
     @property
     def router_address(self) -> str:
         return f"localhost:{self.spec.router_port}"
+
+    @property
+    def http_url(self) -> str | None:
+        """The OpenAI-compatible API's base URL (https unless insecure), or None when off."""
+        if not self.spec.http_port:
+            return None
+        return f"{'http' if self.spec.insecure else 'https'}://localhost:{self.spec.http_port}/v1"
 
     @property
     def scheduler_address(self) -> str:
@@ -265,7 +274,7 @@ _CREDENTIALS = ("tls-cert", "tls-key", "tls-ca", "api-key", "api-key-file")
 _SECURITY = _CREDENTIALS + ("insecure",)
 # The router's model and scheduler address come from ClusterSpec, like everyone's addresses.
 # `up` keeps the router's --insecure: one flag for the whole cluster.
-_ROUTER_SET_BY_LAUNCHER = _PER_PROCESS + _CREDENTIALS + ("scheduler", "model", "served-model-name")
+_ROUTER_SET_BY_LAUNCHER = _PER_PROCESS + _CREDENTIALS + ("scheduler", "model", "served-model-name", "http-port")
 
 
 @dataclass(frozen=True)
@@ -298,6 +307,7 @@ class UpConfig:
     engine: EngineSettings = group(EngineSettings)
     router: RouterConfig = group(RouterConfig, skip=_ROUTER_SET_BY_LAUNCHER)
     port: int = setting(50051, help="the router's (public) port")
+    http_port: int = setting(8000, help="the router's OpenAI-compatible HTTP API port (0 = off)")
     scheduler_port: int = setting(50052, help="the scheduler's port")
     worker_port: int = setting(50053, help="the worker's port (rank 0's in a group)")
     prompt: str | None = setting(None, help="answer this prompt (as a chat message), then stop",
@@ -319,7 +329,8 @@ def run_local_cluster(config: UpConfig, log_level: str = "INFO") -> int:
         ops[name] += ["--shutdown-timeout", str(config.shutdown_timeout)]
         if config.metrics_port:
             ops[name] += ["--metrics-port", str(config.metrics_port + offset)]
-    spec = ClusterSpec(model_dir=model_dir, router_port=config.port, scheduler_port=config.scheduler_port,
+    spec = ClusterSpec(model_dir=model_dir, router_port=config.port, http_port=config.http_port,
+                       scheduler_port=config.scheduler_port,
                        worker_port=config.worker_port, model_name=worker.served_model_name,
                        scheduler_args=config.engine.scheduler_argv() + ops["scheduler"],
                        worker_args=config.engine.worker_argv() + ops["worker"],
@@ -335,6 +346,8 @@ def run_local_cluster(config: UpConfig, log_level: str = "INFO") -> int:
     try:
         cluster.start(timeout_s=config.startup_timeout)
         logger.info("cluster ready: router at %s (Ctrl-C stops it)", cluster.router_address)
+        if cluster.http_url:
+            logger.info("OpenAI-compatible API at %s", cluster.http_url)
         if cluster.credentials is not None:
             c = cluster.credentials
             logger.info("TLS CA certificate: %s; API key file: %s (removed when the cluster stops). Connect with "
