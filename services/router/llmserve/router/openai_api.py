@@ -36,9 +36,36 @@ from llmserve.router.validation import RequestError
 
 
 class ApiError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str, param: str | None = None):
+    """A refusal by the HTTP layer itself (the key, a body protobuf cannot hold)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, param: str | None = None, http_status: int | None = None):
         super().__init__(message)
-        self.code, self.message, self.param = code, message, param
+        self.code, self.message, self.param, self.http_status = code, message, param, http_status
+
+
+class BodyLimit:
+    """Refuses a body larger than --max-request-bytes by its Content-Length, before it is
+    read (FastAPI reads a body whole before any check of ours runs); a body without a
+    length is refused too, as it would be unbounded."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            length = dict(scope["headers"]).get(b"content-length", b"")
+            refusal = None
+            if not length.isdigit():
+                refusal = error_response(grpc.StatusCode.INVALID_ARGUMENT, "a request body needs a Content-Length",
+                                         http_status=411)
+            elif int(length) > self.limit:
+                refusal = error_response(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                         f"the request body is {int(length)} bytes; the limit is {self.limit} "
+                                         f"(--max-request-bytes)", http_status=413)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
@@ -54,6 +81,7 @@ def create_app(generation: Generation, keys: ApiKeys | None, metrics_text: Calla
     """`keys`: None serves without an API key (--insecure); `metrics_text()`: (body,
     content type) of the router's Prometheus registry."""
     app = FastAPI(title="llmserve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, limit=max_request_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -62,7 +90,7 @@ def create_app(generation: Generation, keys: ApiKeys | None, metrics_text: Calla
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> JSONResponse:
-        return error_response(err.code, err.message, err.param)
+        return error_response(err.code, err.message, err.param, http_status=err.http_status)
 
     @app.exception_handler(GenerationError)
     async def generation_error(request: Request, err: GenerationError) -> JSONResponse:
@@ -73,26 +101,14 @@ def create_app(generation: Generation, keys: ApiKeys | None, metrics_text: Calla
         return error_response(err.code, err.message)
 
     def authenticate(request: Request) -> None:
-        """The gRPC API's keys and check; a body larger than --max-request-bytes is refused
-        before it is read (a body without a length is refused too: none is unbounded)."""
+        """The gRPC API's keys and check (ApiKeys.authenticate: the same messages)."""
         if keys is not None:
             try:
                 keys.authenticate(request.headers.get("authorization"))
             except Unauthenticated as err:
                 raise ApiError(grpc.StatusCode.UNAUTHENTICATED, str(err)) from None
 
-    async def bounded_body(request: Request) -> None:
-        if request.method != "POST":
-            return
-        length = request.headers.get("content-length")
-        if length is None or not length.isdigit():
-            raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, "a request body needs a Content-Length")
-        if int(length) > max_request_bytes:
-            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"the request body is {length} bytes; the limit is {max_request_bytes} "
-                           f"(--max-request-bytes)")
-
-    guarded = [Depends(authenticate), Depends(bounded_body)]
+    guarded = [Depends(authenticate)]
 
     @app.get("/health")
     async def health() -> Response:

@@ -30,10 +30,12 @@ def error_body(code: grpc.StatusCode, message: str, param: str | None = None) ->
 
 
 def error_response(code: grpc.StatusCode, message: str, param: str | None = None,
-                   retry_after_ms: int = 0) -> JSONResponse:
+                   retry_after_ms: int = 0, http_status: int | None = None) -> JSONResponse:
     """With a retry hint: `Retry-After` in whole seconds (HTTP's unit, rounded up), and
-    `retry-after-ms`, which the OpenAI SDKs read before it."""
+    `retry-after-ms`, which the OpenAI SDKs read before it. `http_status`: where HTTP
+    has a more precise status than the gRPC code's (413 for a body too large)."""
     status, body = error_body(code, message, param)
+    status = http_status or status
     headers = {}
     if retry_after_ms:
         headers = {"Retry-After": str(max(1, math.ceil(retry_after_ms / 1000))), "retry-after-ms": str(retry_after_ms)}
