@@ -233,3 +233,22 @@ async def test_client_disconnect_frees_blocks(cluster):
     audit = await block_audit(cluster)
     assert (list(audit.gpu_blocks), list(audit.problems), list(audit.orphaned_gpu_blocks)) == ([], [], [])
     assert (await scheduler_stats(cluster)).num_orphaned_blocks == 0
+
+
+@pytest.mark.slow
+async def test_bench_load_generator_over_the_openai_api(cluster):
+    """`bench serve --backend openai`'s client: every request completes with exactly its
+    output length counted (ignore_eos), and the figures are the gRPC run's kind."""
+    from llmserve.bench.openai_backend import OpenAIClient
+    from llmserve.bench.serve import compute_metrics, run_load
+    from llmserve.bench.workloads import random_workload
+
+    requests = random_workload(4, (8, 24), (3, 6), vocab_size=49152, seed=3)
+    timings, duration = await run_load(lambda: OpenAIClient(cluster.http_url, cluster.api_key,
+                                                            str(cluster.credentials.ca)),
+                                       requests, float("inf"), max_concurrency=4)
+    assert [t.error for t in timings] == [""] * 4
+    assert [len(t.token_times) for t in timings] == [r.output_len for r in requests]
+    metrics = compute_metrics(timings, duration)
+    assert metrics["completed"] == 4 and metrics["output_token_throughput"] > 0
+    assert 0 < metrics["ttft_ms"]["median"] < 60_000 and metrics["tpot_ms"]["median"] > 0
