@@ -230,6 +230,13 @@ async def test_client_disconnect_frees_blocks(cluster):
         await stream.close()  # ... and the client goes away.
     stats = await wait_all_blocks_free(cluster, timeout_s=10)
     assert stats.num_running == 0
+    # Not streamed: a client that gives up waiting aborts it all the same.
+    async with raw(cluster) as http:
+        with pytest.raises(httpx2.ReadTimeout):
+            await http.post("/v1/completions", timeout=2.0, json={
+                "model": MODEL, "prompt": "Tell me a story", "max_tokens": 4000, "ignore_eos": True})
+    stats = await wait_all_blocks_free(cluster, timeout_s=10)
+    assert stats.num_running == 0
     audit = await block_audit(cluster)
     assert (list(audit.gpu_blocks), list(audit.problems), list(audit.orphaned_gpu_blocks)) == ([], [], [])
     assert (await scheduler_stats(cluster)).num_orphaned_blocks == 0

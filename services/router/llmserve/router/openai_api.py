@@ -16,6 +16,7 @@ OpenAI's `{"error": {...}}` bodies with the HTTP status of the gRPC status
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +34,10 @@ from llmserve.router.openai_protocol import ChatCompletionRequest, CompletionReq
 from llmserve.router.openai_render import Renderer
 from llmserve.router.sse import SSEResponse
 from llmserve.router.validation import RequestError
+
+
+# How often a non-streamed request checks that its client is still there.
+DISCONNECT_POLL_S = 0.25
 
 
 class ApiError(Exception):
@@ -170,7 +175,7 @@ async def _respond(generation: Generation, requests, body, renderer: Renderer, w
     metadata = list(request.headers.items())  # Trace context (traceparent), as gRPC metadata carries it.
     outputs = merged([generation.generate(r, metadata) for r in requests])
     if not body.stream:
-        return JSONResponse(await _collect(outputs, renderer, with_logprobs))
+        return await _whole(outputs, renderer, with_logprobs, request)
     try:
         # The first output before the first byte: a refusal or a bad request still gets
         # its HTTP status, not a 200 with an error event.
@@ -179,6 +184,23 @@ async def _respond(generation: Generation, requests, body, renderer: Renderer, w
         await outputs.aclose()
         raise
     return SSEResponse(_chunks(first, outputs, renderer, with_logprobs, body.include_usage))
+
+
+async def _whole(outputs: AsyncIterator, renderer: Renderer, with_logprobs: bool, request: Request) -> Response:
+    """A non-streamed reply; a client gone before it is ready aborts the request (its
+    KV blocks freed), as a disconnected stream does."""
+    collecting = asyncio.ensure_future(_collect(outputs, renderer, with_logprobs))
+    try:
+        while not collecting.done():
+            await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_S)
+            if not collecting.done() and await request.is_disconnected():
+                collecting.cancel()
+                await asyncio.gather(collecting, return_exceptions=True)
+                return Response(status_code=499)  # Nobody reads it; nginx's "client closed request".
+    finally:
+        if not collecting.done():  # This handler cancelled (server shutdown).
+            collecting.cancel()
+    return JSONResponse(collecting.result())
 
 
 async def _collect(outputs: AsyncIterator, renderer: Renderer, with_logprobs: bool) -> dict:
