@@ -13,6 +13,7 @@ counts them.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ class OpenAIClient:
     async def __aenter__(self) -> "OpenAIClient":
         import openai
 
+        # The SDK's HTTP client logs every request at INFO: thousands of lines a run.
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
         verify = ssl.create_default_context(cafile=str(self.tls_ca)) if self.tls_ca else True
         self._client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0,
                                           timeout=600, http_client=openai.DefaultAsyncHttpxClient(verify=verify))
