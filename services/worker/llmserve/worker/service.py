@@ -228,7 +228,11 @@ async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
     server = ServiceServer("llmserve.internal.v1.Worker", config.server.host, config.server.port, config.security,
                            max_message_bytes=config.server.max_message_bytes)
     start = time.perf_counter()
-    servicer = await load_servicer(config, metrics, on_fatal=stop_event.set)
+    try:
+        servicer = await load_servicer(config, metrics, on_fatal=stop_event.set)
+    except BaseException:
+        await server.stop(grace=None)  # Bound, never started: let go of the port before the error is reported.
+        raise
     runner = servicer.runner
     info = runner.info
     metrics.model_name = info.model
