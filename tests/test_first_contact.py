@@ -18,10 +18,19 @@ import pytest
 from llmserve.launcher import free_port
 
 
-def llmserve(*argv: str, debug: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
+def start(*argv: str, debug: bool = False) -> subprocess.Popen:
     front = ["--log-level", "DEBUG"] if debug else []
-    return subprocess.run([sys.executable, "-m", "llmserve.cli", *front, *argv], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.Popen([sys.executable, "-m", "llmserve.cli", *front, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 180) -> subprocess.CompletedProcess:
+    stdout, stderr = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def llmserve(*argv: str, debug: bool = False, timeout: float = 180) -> subprocess.CompletedProcess:
+    return finish(start(*argv, debug=debug), timeout)
 
 
 def last_line(result: subprocess.CompletedProcess) -> str:
@@ -30,12 +39,12 @@ def last_line(result: subprocess.CompletedProcess) -> str:
 
 def assert_one_line(argv: list[str], line: str) -> None:
     """`argv` fails with `line` as its last stderr line and no traceback; with DEBUG it
-    fails the same way, the traceback included."""
-    result = llmserve(*argv)
+    fails the same way, the traceback included. (Both run at once: most of each is
+    Python importing torch.)"""
+    result, debug = map(finish, [start(*argv), start(*argv, debug=True)])
     assert result.returncode != 0, result.stderr[-2000:]
     assert last_line(result) == line, result.stderr[-2000:]
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    debug = llmserve(*argv, debug=True)
     assert debug.returncode == result.returncode
     assert "Traceback (most recent call last)" in debug.stderr and line in debug.stderr.splitlines(), \
         debug.stderr[-2000:]
@@ -152,7 +161,7 @@ def test_worker_that_cannot_reach_its_scheduler(tiny_llama_dir):
     scheduler = f"localhost:{free_port()}"  # Nothing listens there.
     argv = ["worker", "--insecure", "--model", str(tiny_llama_dir), "--port", "0", "--scheduler", scheduler,
             "--register-timeout", "7", "--num-kv-blocks", "8", "--swap-space", "0"]
-    result = llmserve(*argv)
+    result, debug = map(finish, [start(*argv), start(*argv, debug=True)])
     assert result.returncode != 0
     retries = [line for line in result.stderr.splitlines()
                if f"worker: cannot register with scheduler at {scheduler}: connection refused (is the scheduler "
@@ -162,7 +171,6 @@ def test_worker_that_cannot_reach_its_scheduler(tiny_llama_dir):
                                  f"refused (is the scheduler running? --scheduler sets its address; "
                                  f"--register-timeout sets how long to try)"), result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "DEADLINE_EXCEEDED" not in result.stderr
-    debug = llmserve(*argv, debug=True)
     assert debug.returncode != 0 and "Traceback (most recent call last)" in debug.stderr
 
 
