@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.certs import ClusterCredentials, write_credentials
 from llmserve.contract.peers import ROUTER, SCHEDULER, WORKER
 from llmserve.contract.security import channel_credentials
+from llmserve.contract.startup_errors import StartupError, port_error
 from llmserve.router.config import RouterConfig
 from llmserve.scheduler.config import SchedulerConfig, SchedulerServiceConfig
 from llmserve.settings import Command, group, setting, to_argv
@@ -214,8 +215,10 @@ class LocalCluster:
             while True:
                 for name, proc in self.processes.items():
                     if proc.poll() is not None:
-                        raise RuntimeError(f"{name} exited with code {proc.returncode} during start-up"
-                                           + self._log_hint(name))
+                        where = "its log" if self.spec.log_dir is not None else "its error is above"
+                        raise StartupError(f"the {name} exited with code {proc.returncode} during start-up"
+                                           + self._log_hint(name), f"{where}; --log-level DEBUG shows the "
+                                                                   f"traceback")
                 try:
                     reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -223,7 +226,8 @@ class LocalCluster:
                 except grpc.RpcError:
                     pass
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"cluster not ready after {timeout_s:.0f} s")
+                    raise StartupError(f"the cluster was not ready after {timeout_s:.0f} s",
+                                       "--startup-timeout sets how long to wait")
                 time.sleep(0.25)
 
     def _log_hint(self, name: str) -> str:
@@ -318,12 +322,37 @@ class UpConfig:
     shutdown_timeout: float = setting(30.0, help="after SIGTERM, seconds in-flight streams may run on")
 
 
+def cluster_ports(config: UpConfig) -> dict[int, tuple[str, str]]:
+    """Every port `up` will listen on -> (what listens there, the flag that moves it)."""
+    ports = {config.port: ("the router", "--port"), config.scheduler_port: ("the scheduler", "--scheduler-port"),
+             config.worker_port: ("the worker", "--worker-port")}
+    if config.metrics_port:
+        for offset, name in enumerate(("router", "scheduler", "worker")):
+            ports[config.metrics_port + offset] = (f"the {name}'s metrics", "--metrics-port")
+    return ports
+
+
+def check_ports_free(config: UpConfig, host: str = "127.0.0.1") -> None:
+    """StartupError naming the first port of the cluster that another process holds. Run
+    before anything loads: a second `up` fails in a line, not after loading a model."""
+    for port, (what, flag) in cluster_ports(config).items():
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # As the services' gRPC servers bind.
+            try:
+                s.bind((host, port))
+            except OSError as err:
+                raise port_error(what, host, port, flag, err) from err
+
+
 def run_local_cluster(config: UpConfig, log_level: str = "INFO") -> int:
     """`llmserve up`: start the cluster, answer --prompt if given, else serve until Ctrl-C."""
     from llmserve.model_store import resolve_model_dir
+    from llmserve.worker.models.checkpoint import check_model_dir
 
     worker = config.engine.worker
+    check_ports_free(config)
     model_dir = resolve_model_dir(worker.model)  # Convert the default model once, before the children race.
+    check_model_dir(model_dir)  # A model the worker cannot load fails here, in a line, before any process starts.
     ops = {"router": [], "scheduler": [], "worker": []}
     for offset, name in enumerate(ops):
         ops[name] += ["--shutdown-timeout", str(config.shutdown_timeout)]

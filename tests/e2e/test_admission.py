@@ -8,6 +8,7 @@ benchmark's business)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import urllib.request
 from types import SimpleNamespace
 
@@ -83,8 +84,10 @@ async def health(cluster, service: str) -> int:
 
 
 def scrape(port: int) -> dict[str, float]:
+    """name{labels} -> value, the model_name label every sample carries left out of the key."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {key: float(value) for line in text.splitlines() if line and not line.startswith("#")
+    return {re.sub(r'model_name="[^"]*",?', "", key).replace(",}", "}").replace("{}", ""): float(value)
+            for line in text.splitlines() if line and not line.startswith("#")
             for key, _, value in [line.rpartition(" ")]}
 
 

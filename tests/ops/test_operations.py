@@ -55,6 +55,18 @@ def total(samples: dict[str, float], name: str) -> float:
     return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
 
 
+def labels_of(key: str) -> dict[str, str]:
+    """'name{a="1",b="2"}' -> {"a": "1", "b": "2"}."""
+    return dict(re.findall(r'(\w+)="([^"]*)"', key.partition("{")[2]))
+
+
+def value(samples: dict[str, float], name: str, **labels: str) -> float:
+    """The one sample of `name` whose labels include `labels`."""
+    found = [v for k, v in samples.items() if k.split("{")[0] == name and labels.items() <= labels_of(k).items()]
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
+
+
 @pytest.fixture(scope="module")
 def model_dir():
     return default_model_dir()
@@ -147,17 +159,21 @@ async def test_trace_metrics_and_health(model_dir, tmp_path):
             for metric in metric_names:
                 assert any(k.split("{")[0].removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
                            == metric for k in after[name]), f"{name} does not serve {metric}"
+        for name, samples in after.items():  # One Prometheus can tell two models apart.
+            ours = [k for k in samples if k.startswith("llmserve_")]
+            assert ours and all(labels_of(k).get("model_name") == model_dir.name for k in ours), \
+                (name, [k for k in ours if labels_of(k).get("model_name") != model_dir.name])
         r = after["router"]
         assert total(r, "llmserve_generation_tokens_total") - total(before, "llmserve_generation_tokens_total") == 12
         assert total(r, "llmserve_prompt_tokens_total") - total(before, "llmserve_prompt_tokens_total") \
             == a["llmserve.prompt_tokens"]
         assert total(r, "llmserve_time_to_first_token_seconds_count") \
             - total(before, "llmserve_time_to_first_token_seconds_count") == 1
-        assert r['llmserve_requests_total{finish_reason="length"}'] >= 1
+        assert value(r, "llmserve_requests_total", finish_reason="length") >= 1
         s = after["scheduler"]
         assert total(s, "llmserve_step_time_seconds_count") >= 12
         assert total(s, "llmserve_queue_time_seconds_count") >= 1
-        assert s["llmserve_num_requests_running"] == 0 and s["llmserve_kv_cache_usage"] == 0
+        assert value(s, "llmserve_num_requests_running") == 0 and value(s, "llmserve_kv_cache_usage") == 0
         assert total(after["worker"], "llmserve_worker_step_time_seconds_count") >= 12
 
         # --- a lost worker: scheduler, then router, NOT_SERVING -------------------

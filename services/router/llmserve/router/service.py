@@ -151,8 +151,11 @@ def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer) -> g
 
 async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-router")
-    metrics = RouterMetrics(setup_metrics("router", config.server.metrics_port, config.server.host))
-    tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, resolve_model_dir(config.model))
+    model_dir = resolve_model_dir(config.model)
+    # Every metric carries the served name (the one ServedModel gets from the tokenizer: the directory's).
+    metrics = RouterMetrics(setup_metrics("router", config.server.metrics_port, config.server.host),
+                            model_name=config.served_model_name or model_dir.name)
+    tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, model_dir)
     # Only the default --max-prompt-bytes needs it (the whole vocabulary is decoded once).
     longest_token_bytes = 0
     if config.max_prompt_bytes is None:
