@@ -70,5 +70,5 @@ COPY --from=worker --chown=llmserve /opt/llmserve/cache/models/SmolLM2-135M-Inst
      /opt/llmserve/cache/models/SmolLM2-135M-Instruct/
 USER llmserve
 WORKDIR /opt/llmserve
-EXPOSE 50051
+EXPOSE 50051 8000
 CMD ["llmserve", "router"]

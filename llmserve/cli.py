@@ -22,10 +22,14 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from llmserve.contract.startup_errors import StartupError, rpc_cause, run_reporting
 from llmserve.settings import Command, SettingsError, add_flags, options, resolve
 
 logger = logging.getLogger("llmserve")
 COMMAND_GROUP = "llmserve.commands"
+# `llmserve generate` stops after this many tokens unless --max-tokens says otherwise: a
+# small model asked an open question may otherwise repeat itself to max_model_len.
+GENERATE_MAX_TOKENS = 256
 
 
 # --- client commands, always present ---------------------------------------------------
@@ -89,9 +93,11 @@ def _health(args) -> int:
 
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt")
-    p.add_argument("--target", default="localhost:50051", help="router address (default: %(default)s)")
+    p.add_argument("--target", default=os.environ.get("LLMSERVE_TARGET", "localhost:50051"),
+                   help="router address (default: $LLMSERVE_TARGET, else localhost:50051)")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
-    p.add_argument("--max-tokens", type=int, default=None, help="(default: the server's)")
+    p.add_argument("--max-tokens", type=int, default=GENERATE_MAX_TOKENS,
+                   help="stop after this many tokens (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--top-k", type=int, default=0)
@@ -120,12 +126,26 @@ def _generate(args) -> int:
                 async for delta in stream:
                     print(delta.text, end="", flush=True)
             except grpc.aio.AioRpcError as err:
-                print(f"{args.target}: {err.code().name} {err.details()}", file=sys.stderr)
-                return 1
+                raise _router_error(args.target, err) from err
             print()
         return 0
 
     return asyncio.run(main())
+
+
+def _router_error(target: str, err) -> StartupError:
+    """A failed call to the router as the cause and what to change on this side."""
+    code = err.code().name
+    if code == "UNAUTHENTICATED":
+        return StartupError(f"the router at {target} refused the call: {err.details()}",
+                            "set LLMSERVE_API_KEY, or --api-key-file, to a key the router accepts")
+    if code == "UNAVAILABLE":
+        cause = rpc_cause(code, err.details())
+        fix = "is `llmserve up` running? --target sets the router's address"
+        if "TLS" in cause or "certificate" in cause:
+            fix = "set LLMSERVE_TLS_CA to the CA file `llmserve up` logs, or --insecure for a cluster run with it"
+        return StartupError(f"cannot reach the router at {target}: {cause}", fix)
+    return StartupError(f"the router at {target} answered {code}: {err.details()}")
 
 
 BUILTIN = (
@@ -151,10 +171,17 @@ def load_commands() -> dict[str, Command]:
     return commands
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line: the usage of a service command lists dozens of
+    flags, which would bury the error (--help prints them)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(commands: dict[str, Command] | None = None) -> argparse.ArgumentParser:
     commands = load_commands() if commands is None else commands
-    parser = argparse.ArgumentParser(prog="llmserve", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="llmserve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--log-level", default=os.environ.get("LLMSERVE_LOG_LEVEL", "INFO"),
                         help="(default: %(default)s; env LLMSERVE_LOG_LEVEL)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -198,13 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     command = commands[args.command]
     if command.config is None:
         args.argv = ["llmserve", *(sys.argv[1:] if argv is None else argv)]
-        return command.run(args)
+        return run_reporting(args.command, lambda: command.run(args))
     try:
         config = resolve(command.config, args, file=args.config)
     except (SettingsError, OSError) as err:
         parser.error(str(err))
     logger.info("config: %s", config)
-    return command.run(config)
+    # Every failure of every command, start-up or later, ends as one line (see startup_errors).
+    return run_reporting(args.command, lambda: command.run(config))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
 TLS by default: the server is verified against `tls_ca` (a path or PEM bytes; the
 system's roots if none), and `api_key` goes with every call as `authorization: Bearer
 <key>`. Unset, they come from LLMSERVE_TLS_CA and LLMSERVE_API_KEY (the variables the
-services read too). `insecure=True` (or LLMSERVE_INSECURE=1) talks plaintext to a
+services read too), and the address from LLMSERVE_TARGET (else localhost:50051). `insecure=True` (or LLMSERVE_INSECURE=1) talks plaintext to a
 server run with --insecure, and sends no key.
 
 RPC failures surface as ``grpc.aio.AioRpcError`` (``.code()`` keeps the status).
@@ -200,9 +200,11 @@ def router_channel(target: str, *, api_key: str | None = None, tls_ca: str | Pat
 class LLMServeClient:
     """Async client for one llmserve router. Use as ``async with``, or call close()."""
 
-    def __init__(self, target: str = "localhost:50051", *, api_key: str | None = None,
+    def __init__(self, target: str | None = None, *, api_key: str | None = None,
                  tls_ca: str | Path | bytes | None = None, insecure: bool | None = None,
                  channel: grpc.aio.Channel | None = None, timeout: float | None = None) -> None:
+        # The router's address: LLMSERVE_TARGET when none is given, like `llmserve generate`.
+        target = target or os.environ.get("LLMSERVE_TARGET") or "localhost:50051"
         self.target = target
         self._owns_channel = channel is None
         if channel is None:

@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.certs import ClusterCredentials, write_credentials
 from llmserve.contract.peers import ROUTER, SCHEDULER, WORKER
 from llmserve.contract.security import channel_credentials
+from llmserve.contract.startup_errors import StartupError, port_error
 from llmserve.router.config import RouterConfig
 from llmserve.scheduler.config import SchedulerConfig, SchedulerServiceConfig
 from llmserve.settings import Command, group, setting, to_argv
@@ -45,6 +46,7 @@ def free_port() -> int:
 class ClusterSpec:
     model_dir: Path
     router_port: int = 50051
+    http_port: int = 0  # The router's OpenAI-compatible HTTP API (0: off).
     scheduler_port: int = 50052
     worker_port: int = 50053
     model_name: str | None = None
@@ -100,7 +102,8 @@ class ClusterSpec:
                     "--pp-size", str(self.pp_size), "--rank", str(rank),
                     "--dist-init", f"tcp://127.0.0.1:{self.dist_port}"]
         commands["router"] = base + ["router", *model, "--host", "127.0.0.1", "--port", str(self.router_port),
-                                     "--scheduler", scheduler_addr, *security(ROUTER), *self.router_args]
+                                     "--scheduler", scheduler_addr, "--http-port", str(self.http_port),
+                                     *security(ROUTER), *self.router_args]
         return commands
 
 
@@ -118,6 +121,13 @@ class LocalCluster:
     @property
     def router_address(self) -> str:
         return f"localhost:{self.spec.router_port}"
+
+    @property
+    def http_url(self) -> str | None:
+        """The OpenAI-compatible API's base URL (https unless insecure), or None when off."""
+        if not self.spec.http_port:
+            return None
+        return f"{'http' if self.spec.insecure else 'https'}://localhost:{self.spec.http_port}/v1"
 
     @property
     def scheduler_address(self) -> str:
@@ -205,8 +215,10 @@ class LocalCluster:
             while True:
                 for name, proc in self.processes.items():
                     if proc.poll() is not None:
-                        raise RuntimeError(f"{name} exited with code {proc.returncode} during start-up"
-                                           + self._log_hint(name))
+                        where = "its log" if self.spec.log_dir is not None else "its error is above"
+                        raise StartupError(f"the {name} exited with code {proc.returncode} during start-up"
+                                           + self._log_hint(name), f"{where}; --log-level DEBUG shows the "
+                                                                   f"traceback")
                 try:
                     reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -214,7 +226,8 @@ class LocalCluster:
                 except grpc.RpcError:
                     pass
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"cluster not ready after {timeout_s:.0f} s")
+                    raise StartupError(f"the cluster was not ready after {timeout_s:.0f} s",
+                                       "--startup-timeout sets how long to wait")
                 time.sleep(0.25)
 
     def _log_hint(self, name: str) -> str:
@@ -265,7 +278,7 @@ _CREDENTIALS = ("tls-cert", "tls-key", "tls-ca", "api-key", "api-key-file")
 _SECURITY = _CREDENTIALS + ("insecure",)
 # The router's model and scheduler address come from ClusterSpec, like everyone's addresses.
 # `up` keeps the router's --insecure: one flag for the whole cluster.
-_ROUTER_SET_BY_LAUNCHER = _PER_PROCESS + _CREDENTIALS + ("scheduler", "model", "served-model-name")
+_ROUTER_SET_BY_LAUNCHER = _PER_PROCESS + _CREDENTIALS + ("scheduler", "model", "served-model-name", "http-port")
 
 
 @dataclass(frozen=True)
@@ -298,6 +311,7 @@ class UpConfig:
     engine: EngineSettings = group(EngineSettings)
     router: RouterConfig = group(RouterConfig, skip=_ROUTER_SET_BY_LAUNCHER)
     port: int = setting(50051, help="the router's (public) port")
+    http_port: int = setting(8000, help="the router's OpenAI-compatible HTTP API port (0 = off)")
     scheduler_port: int = setting(50052, help="the scheduler's port")
     worker_port: int = setting(50053, help="the worker's port (rank 0's in a group)")
     prompt: str | None = setting(None, help="answer this prompt (as a chat message), then stop",
@@ -308,18 +322,44 @@ class UpConfig:
     shutdown_timeout: float = setting(30.0, help="after SIGTERM, seconds in-flight streams may run on")
 
 
+def cluster_ports(config: UpConfig) -> dict[int, tuple[str, str]]:
+    """Every port `up` will listen on -> (what listens there, the flag that moves it)."""
+    ports = {config.port: ("the router", "--port"), config.scheduler_port: ("the scheduler", "--scheduler-port"),
+             config.worker_port: ("the worker", "--worker-port")}
+    if config.metrics_port:
+        for offset, name in enumerate(("router", "scheduler", "worker")):
+            ports[config.metrics_port + offset] = (f"the {name}'s metrics", "--metrics-port")
+    return ports
+
+
+def check_ports_free(config: UpConfig, host: str = "127.0.0.1") -> None:
+    """StartupError naming the first port of the cluster that another process holds. Run
+    before anything loads: a second `up` fails in a line, not after loading a model."""
+    for port, (what, flag) in cluster_ports(config).items():
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # As the services' gRPC servers bind.
+            try:
+                s.bind((host, port))
+            except OSError as err:
+                raise port_error(what, host, port, flag, err) from err
+
+
 def run_local_cluster(config: UpConfig, log_level: str = "INFO") -> int:
     """`llmserve up`: start the cluster, answer --prompt if given, else serve until Ctrl-C."""
     from llmserve.model_store import resolve_model_dir
+    from llmserve.worker.models.checkpoint import check_model_dir
 
     worker = config.engine.worker
+    check_ports_free(config)
     model_dir = resolve_model_dir(worker.model)  # Convert the default model once, before the children race.
+    check_model_dir(model_dir)  # A model the worker cannot load fails here, in a line, before any process starts.
     ops = {"router": [], "scheduler": [], "worker": []}
     for offset, name in enumerate(ops):
         ops[name] += ["--shutdown-timeout", str(config.shutdown_timeout)]
         if config.metrics_port:
             ops[name] += ["--metrics-port", str(config.metrics_port + offset)]
-    spec = ClusterSpec(model_dir=model_dir, router_port=config.port, scheduler_port=config.scheduler_port,
+    spec = ClusterSpec(model_dir=model_dir, router_port=config.port, http_port=config.http_port,
+                       scheduler_port=config.scheduler_port,
                        worker_port=config.worker_port, model_name=worker.served_model_name,
                        scheduler_args=config.engine.scheduler_argv() + ops["scheduler"],
                        worker_args=config.engine.worker_argv() + ops["worker"],
@@ -335,6 +375,8 @@ def run_local_cluster(config: UpConfig, log_level: str = "INFO") -> int:
     try:
         cluster.start(timeout_s=config.startup_timeout)
         logger.info("cluster ready: router at %s (Ctrl-C stops it)", cluster.router_address)
+        if cluster.http_url:
+            logger.info("OpenAI-compatible API at %s", cluster.http_url)
         if cluster.credentials is not None:
             c = cluster.credentials
             logger.info("TLS CA certificate: %s; API key file: %s (removed when the cluster stops). Connect with "

@@ -14,6 +14,8 @@ import logging
 import os
 from pathlib import Path
 
+from llmserve.contract.startup_errors import StartupError
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -80,11 +82,18 @@ def default_model_dir() -> Path:
     return out_dir
 
 
+MODEL_DIR_FIX = (f"--model takes a local Hugging Face model directory (config.json, *.safetensors, tokenizer "
+                 f"files), or 'default' for the embedded {DEFAULT_MODEL_NAME}")
+
+
 def resolve_model_dir(model: str | None) -> Path:
     """``None`` or ``"default"`` → the embedded model; otherwise a local HF directory."""
     if model in (None, "", "default"):
         return default_model_dir()
     path = Path(model).expanduser()
+    if not path.exists():
+        raise StartupError(f"--model {path}: no such directory", MODEL_DIR_FIX)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is not an HF model directory (no config.json)")
+        raise StartupError(f"--model {path} is not a Hugging Face model directory: it has no config.json",
+                           MODEL_DIR_FIX)
     return path

@@ -55,7 +55,16 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
 
     serve = bench_sub.add_parser("serve", help="online: Poisson arrivals against a cluster")
     common(serve)
-    serve.add_argument("--target", default="localhost:50051", help="router address")
+    serve.add_argument("--backend", choices=["grpc", "openai", "both"], default="grpc",
+                       help="the router's native gRPC API (default), any OpenAI-compatible server's "
+                            "/v1/completions (streamed, through the openai SDK), or both one after the other on "
+                            "the same launched cluster in every round (pass --no-prefix-caching so the second "
+                            "finds nothing cached)")
+    serve.add_argument("--target", default=None,
+                       help="the server: a router address (grpc; default localhost:50051) or an OpenAI base URL "
+                            "(openai; default http://localhost:8000/v1)")
+    serve.add_argument("--served-model", default=None,
+                       help="with --backend openai: the `model` to send (default: the server's first model)")
     serve.add_argument("--tls-ca", default=None, help="with --target: the CA to verify the router against "
                                                      "(default: $LLMSERVE_TLS_CA, else the system's roots)")
     serve.add_argument("--api-key-file", default=None, help="with --target: the API key's file (default: "

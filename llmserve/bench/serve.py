@@ -1,5 +1,5 @@
 """`llmserve bench serve`: online load against a running cluster (vLLM `bench serve`
-style). Requests arrive as a Poisson process at --request-rate (or all at once for
+style), over the router's gRPC API or any OpenAI-compatible server's (--backend). Requests arrive as a Poisson process at --request-rate (or all at once for
 `inf`), at most --max-concurrency in flight; latencies are taken per streamed delta.
 With --launch, TPOT is set against an in-process decode step at the cluster's batch
 (see compare_with_decode_step), in --repeat rounds paired run by run. The cluster's own
@@ -20,12 +20,17 @@ from pathlib import Path
 
 from llmserve.bench import cpu_usage
 from llmserve.bench.cli import GRPC_SECURITY
+from llmserve.bench.openai_backend import OpenAIClient
 from llmserve.bench.report import machine_info, median_round, plot_latency, write_json
 from llmserve.bench.step_spans import StepTotals, read_spans, step_totals
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 
 # With --target: how long after the run the cluster may take to append its last step span.
 SPAN_SETTLE_S = 1.0
+# --backend: the APIs a round drives, in order (both: on one cluster, alternating which goes first).
+BACKENDS = {"grpc": ("grpc",), "openai": ("openai",), "both": ("grpc", "openai")}
+DEFAULT_GRPC_TARGET = "localhost:50051"
+DEFAULT_OPENAI_TARGET = "http://localhost:8000/v1"
 
 
 @dataclass
@@ -179,31 +184,52 @@ def bench_serve(args) -> int:
                          "spans to (LLMSERVE_SPAN_FILE), or use --launch")
 
     modes = GRPC_SECURITY[args.grpc_security]
+    backends = BACKENDS[args.backend]
     if len(modes) > 1 and not args.launch:
         raise SystemExit("bench serve: --grpc-security both needs --launch (a running cluster has one transport)")
+    if len(backends) > 1 and (not args.launch or len(modes) > 1):
+        raise SystemExit("bench serve: --backend both needs --launch (one cluster serving both APIs) and one "
+                         "--grpc-security")
     model_dir = resolve_model_dir(args.model)
     requests = workload_from_args(args, model_dir)
-    # insecure -> rounds; with both, each round runs TLS and plaintext, in turns first.
-    by_mode: dict[bool, list[dict]] = {insecure: [] for insecure in modes}
+    # (insecure, backend) -> rounds; with two of either, each round runs both, in turns first.
+    runs = [(insecure, backend) for insecure in modes for backend in backends]
+    by_run: dict[tuple[bool, str], list[dict]] = {run: [] for run in runs}
     for index in range(args.repeat):
+        if len(backends) > 1:
+            order = backends if index % 2 == 0 else backends[::-1]
+            print(f"round {index + 1}: {' then '.join(order)}", flush=True)
+            for backend, metrics in serve_round(model_dir, requests, args, modes[0], order).items():
+                by_run[(modes[0], backend)].append(metrics)
+            continue
         for insecure in (modes if index % 2 == 0 else modes[::-1]):
             if len(modes) > 1:
                 print(f"round {index + 1}: {'plaintext' if insecure else 'TLS'}", flush=True)
-            by_mode[insecure].append(serve_round(model_dir, requests, args, insecure))
-    rounds = by_mode[modes[0]]
+            by_run[(insecure, backends[0])].append(serve_round(model_dir, requests, args, insecure,
+                                                               backends)[backends[0]])
+    rounds = by_run[runs[0]]
     metrics = summarize_rounds(rounds)
     report = {"kind": "serve", "workload": {"name": args.workload, **summary(requests)}, "machine": machine_info(),
               "dtype": args.dtype, "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
               "command": " ".join(args.argv), "rounds": len(rounds), "grpc_security": args.grpc_security,
-              "metrics": metrics}
+              "backend": args.backend, "metrics": metrics}
+    if len(backends) > 1:
+        print(f"{backends[0]}:")
     print_metrics(metrics)
     if len(modes) > 1:
-        report["metrics_insecure"] = summarize_rounds(by_mode[True])
-        report["tls_cost"] = tls_cost(by_mode[False], by_mode[True])
+        report["metrics_insecure"] = summarize_rounds(by_run[(True, backends[0])])
+        report["tls_cost"] = tls_cost(by_run[(False, backends[0])], by_run[(True, backends[0])])
         print("plaintext:")
         print_metrics(report["metrics_insecure"])
-        print_tls_cost(report["tls_cost"])
-        rounds = rounds + by_mode[True]
+        print_cost(report["tls_cost"])
+    if len(backends) > 1:
+        other = by_run[(modes[0], backends[1])]
+        report[f"metrics_{backends[1]}"] = summarize_rounds(other)
+        report["openai_cost"] = openai_cost(rounds, other)
+        print(f"{backends[1]}:")
+        print_metrics(report[f"metrics_{backends[1]}"])
+        print_cost(report["openai_cost"])
+    rounds = [r for run in runs for r in by_run[run]]
     out = Path(args.output_dir)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     write_json(report, out / f"serve-{args.workload}-{stamp}.json")
@@ -211,6 +237,16 @@ def bench_serve(args) -> int:
         plot_latency(report, out / f"serve-{args.workload}-{stamp}.png")
     print(f"wrote {out}/serve-{args.workload}-{stamp}.{{json,png}}")
     return 0 if all(r["failed"] == 0 for r in rounds) else 1
+
+
+def openai_cost(grpc_rounds: list[dict], openai_rounds: list[dict]) -> dict:
+    """The OpenAI HTTP API against native gRPC, paired round by round (same cluster)."""
+    return {"output_tok_s_openai_over_grpc": [o["output_token_throughput"] / g["output_token_throughput"]
+                                              for g, o in zip(grpc_rounds, openai_rounds)],
+            "tpot_median_openai_over_grpc": [o["tpot_ms"]["median"] / g["tpot_ms"]["median"]
+                                             for g, o in zip(grpc_rounds, openai_rounds)],
+            "ttft_median_openai_over_grpc": [o["ttft_ms"]["median"] / g["ttft_ms"]["median"]
+                                             for g, o in zip(grpc_rounds, openai_rounds)]}
 
 
 def tls_cost(tls: list[dict], plain: list[dict]) -> dict:
@@ -223,34 +259,52 @@ def tls_cost(tls: list[dict], plain: list[dict]) -> dict:
                                                for t, p in zip(tls, plain)]}
 
 
-def print_tls_cost(cost: dict) -> None:
+def print_cost(cost: dict) -> None:
     for name, values in cost.items():
         finite = [v for v in values if math.isfinite(v)]
         median = statistics.median(finite) if finite else math.nan
         print(f"{name}: median {median:.3f} (rounds: {', '.join(f'{v:.3f}' for v in values)})")
 
 
-def _connector(args, insecure: bool):
-    """How this run's clients reach --target: the transport --grpc-security names, the CA
-    and key of the flags (else LLMSERVE_TLS_CA, LLMSERVE_API_KEY)."""
+def _connector(args, insecure: bool, backend: str = "grpc"):
+    """How this run's clients reach --target: over gRPC, the transport --grpc-security
+    names, the CA and key of the flags (else LLMSERVE_TLS_CA, LLMSERVE_API_KEY); over
+    OpenAI's API, the same CA and key (else the system's roots, no key)."""
+    import os
+
     from llmserve.client import LLMServeClient
 
     api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
-    return lambda: LLMServeClient(args.target, api_key=api_key, tls_ca=args.tls_ca, insecure=insecure)
+    if backend == "openai":
+        return lambda: OpenAIClient(args.target or DEFAULT_OPENAI_TARGET, api_key or os.environ.get("LLMSERVE_API_KEY"),
+                                    args.tls_ca or os.environ.get("LLMSERVE_TLS_CA"), args.served_model)
+    return lambda: LLMServeClient(args.target or DEFAULT_GRPC_TARGET, api_key=api_key, tls_ca=args.tls_ca,
+                                  insecure=insecure)
 
 
-def serve_round(model_dir, requests: list[BenchRequest], args, insecure: bool = False) -> dict:
-    """One online run; with --launch on a fresh cluster (so no round finds the previous
-    round's prompts in the prefix cache), followed by the in-process decode step it is
-    compared with, so each round's ratio pairs two measurements minutes apart at most.
-    `insecure`: the cluster (or --target) is plaintext, without an API key."""
+def _launched_connector(cluster, backend: str):
+    if backend == "openai":
+        ca = None if cluster.credentials is None else cluster.credentials.ca
+        return lambda: OpenAIClient(cluster.http_url, cluster.api_key, ca)
+    return cluster.client
+
+
+def serve_round(model_dir, requests: list[BenchRequest], args, insecure: bool = False,
+                backends: tuple[str, ...] = ("grpc",)) -> dict[str, dict]:
+    """One online run per backend, in order; with --launch on one fresh cluster (so no
+    round finds the previous round's prompts in the prefix cache), followed by the
+    in-process decode step it is compared with (one backend only), so each round's ratio
+    pairs two measurements minutes apart at most. `insecure`: the cluster (or --target)
+    is plaintext, without an API key. Returns {backend: metrics}."""
     from llmserve.bench.throughput import cluster_spec
-    from llmserve.launcher import LocalCluster
+    from llmserve.launcher import LocalCluster, free_port
     from llmserve.telemetry.tracing import SPAN_FILE_ENV
 
-    cluster, steps = None, None
+    cluster = None
     span_file, pids = args.span_file, None
-    connect = None if args.launch else _connector(args, insecure)
+    connects = {b: _connector(args, insecure, b) for b in backends} if not args.launch else {}
+    results: dict[str, tuple] = {}
+    by_backend: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="llmserve-bench-") as tmp:
         if args.launch:
             # The scheduler's and the worker's step spans, and no collector (the router's
@@ -258,26 +312,30 @@ def serve_round(model_dir, requests: list[BenchRequest], args, insecure: bool = 
             span_file = Path(tmp) / "spans.jsonl"
             spec = cluster_spec(model_dir, args, insecure)
             spec.service_env = {name: {SPAN_FILE_ENV: str(span_file)} for name in ("scheduler", "worker")}
+            if "openai" in backends:
+                spec.http_port = free_port()
             cluster = LocalCluster(spec).start()
-            connect = cluster.client
+            connects = {b: _launched_connector(cluster, b) for b in backends}
             pids = {name: proc.pid for name, proc in cluster.processes.items()}
         try:
-            timings, duration, window, cpu = asyncio.run(measured_load(connect, requests, args, pids))
+            for backend in backends:
+                results[backend] = asyncio.run(measured_load(connects[backend], requests, args, pids))
         finally:
             if cluster is not None:
                 cluster.stop()  # Its processes gone, every span they ended is in the file.
-        if span_file:
-            if cluster is None:
-                time.sleep(SPAN_SETTLE_S)
-            steps = cluster_steps(span_file, window, cpu)
-    metrics = compute_metrics(timings, duration)
-    if steps is not None:
-        metrics["engine_steps"] = steps
-    if args.launch and metrics["completed"]:
-        compare_with_decode_step(metrics, model_dir, args.dtype, requests)
-    if args.repeat > 1:
-        print_metrics(metrics)
-    return metrics
+        if span_file and cluster is None:
+            time.sleep(SPAN_SETTLE_S)
+        for backend, (timings, duration, window, cpu) in results.items():
+            metrics = compute_metrics(timings, duration)
+            if span_file:
+                metrics["engine_steps"] = cluster_steps(span_file, window, cpu)
+            by_backend[backend] = metrics
+    for metrics in by_backend.values():
+        if args.launch and metrics["completed"] and len(backends) == 1:
+            compare_with_decode_step(metrics, model_dir, args.dtype, requests)
+        if args.repeat > 1:
+            print_metrics(metrics)
+    return by_backend
 
 
 def summarize_rounds(rounds: list[dict]) -> dict:

@@ -17,6 +17,7 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.contract.security import SecurityOptions, internal_credentials, server_credentials
+from llmserve.contract.startup_errors import port_error
 from llmserve.settings import Command, format_bytes, parse_bytes, setting
 
 logger = logging.getLogger(__name__)
@@ -82,15 +83,21 @@ class ServiceServer:
         self.health = health_async.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.certificates = None  # The served certificate's files (None: plaintext).
-        if security.insecure:
-            self.port = self.server.add_insecure_port(f"{host}:{port}")
-            self.transport = "plaintext: --insecure"
-        else:
-            creds, self.certificates = server_credentials(security, client_auth)
-            self.port = self.server.add_secure_port(f"{host}:{port}", creds)
-            self.transport = "TLS, client certificates required" if client_auth else "TLS"
+        # NOTE: asked of the OS first: gRPC says only "Failed to bind", after a C-core log line.
+        if port and (busy := _bind_error(host, port)) is not None:
+            raise port_error("gRPC", host, port, "--port", busy)
+        try:
+            if security.insecure:
+                self.port = self.server.add_insecure_port(f"{host}:{port}")
+                self.transport = "plaintext: --insecure"
+            else:
+                creds, self.certificates = server_credentials(security, client_auth)
+                self.port = self.server.add_secure_port(f"{host}:{port}", creds)
+                self.transport = "TLS, client certificates required" if client_auth else "TLS"
+        except RuntimeError as err:  # gRPC's "Failed to bind": the OS's reason is only in its debug log.
+            raise port_error("gRPC", host, port, "--port", _bind_error(host, port)) from err
         if self.port == 0:
-            raise OSError(f"{service_name}: cannot bind {host}:{port}")
+            raise port_error("gRPC", host, port, "--port", _bind_error(host, port))
         self.host = host
 
     async def start(self) -> None:
@@ -107,6 +114,20 @@ class ServiceServer:
     async def stop(self, grace: float | None = 5.0) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+
+
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why `host:port` cannot be bound, asked of the OS directly (gRPC does not say)."""
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+        with socket.socket(family) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # As gRPC binds.
+            s.bind((host.strip("[]"), port))
+    except OSError as err:
+        return err
+    return None
 
 
 def channel(target: str, security: SecurityOptions, max_message_bytes: int = MAX_MESSAGE_BYTES) -> grpc.aio.Channel:

@@ -3,6 +3,11 @@
 `--metrics-port 0` (the default) installs nothing: the instruments come from the API's
 no-op meter and cost a method call. Every metric is declared once in METRICS below; the
 README table and the tests read the same list.
+
+Every sample carries `model_name` (the served model's name, as vLLM's metrics do), so
+one Prometheus scraping several deployments can tell their models apart. The services'
+metrics classes add it to every record and observation (`ModelLabel`): no call site
+passes it, and none can forget it.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from dataclasses import dataclass
 
 from opentelemetry import metrics as otel_metrics
 from opentelemetry.metrics import NoOpMeter, Observation
+
+from llmserve.contract.startup_errors import port_error
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +41,11 @@ class MetricSpec:
     description: str
     unit: str = ""  # "s" -> Prometheus suffix _seconds
     buckets: tuple[float, ...] | None = None
-    labels: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()  # Besides COMMON_LABELS, which every metric has.
+
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        return COMMON_LABELS + self.labels
 
     @property
     def prometheus_name(self) -> str:
@@ -46,6 +57,8 @@ class MetricSpec:
             name += "_total"
         return name
 
+
+COMMON_LABELS = ("model_name",)
 
 METRICS: tuple[MetricSpec, ...] = (
     # router: per request, as the client sees it
@@ -128,8 +141,11 @@ def setup_metrics(service: str, port: int, host: str = "127.0.0.1"):
     reader = PrometheusMetricReader(scope_info_enabled=False)
     provider = MeterProvider(metric_readers=[reader], views=views,
                              resource=Resource.create({SERVICE_NAME: f"llmserve-{service}"}))
+    try:
+        server, thread = prometheus_client.start_http_server(port, addr=host)
+    except OSError as err:
+        raise port_error("metrics", host, port, "--metrics-port", err) from err
     otel_metrics.set_meter_provider(provider)
-    server, thread = prometheus_client.start_http_server(port, addr=host)
     _started.update(meter=provider.get_meter(METER_NAME), provider=provider, server=server, thread=thread)
     logger.info("metrics: Prometheus endpoint on http://%s:%d/metrics", host, port)
     return _started["meter"]
@@ -146,25 +162,60 @@ def shutdown_metrics() -> None:
     _started.clear()
 
 
-def _instrument(meter, name: str, callbacks: list[Callable] | None = None):
+class ModelLabel:
+    """The `model_name` label of one service's metrics. The router and the worker know their
+    model at start-up; the scheduler learns it when a worker registers (until then it has
+    run no step, so it has recorded nothing)."""
+
+    def __init__(self, model_name: str = ""):
+        self.model_name = model_name
+
+    def labels(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {"model_name": self.model_name, **(extra or {})}
+
+
+class _Labelled:
+    """An instrument whose every add / record carries the model label."""
+
+    def __init__(self, instrument, label: ModelLabel):
+        self._instrument, self._label = instrument, label
+
+    def add(self, amount, attributes: dict[str, str] | None = None) -> None:
+        self._instrument.add(amount, self._label.labels(attributes))
+
+    def record(self, amount, attributes: dict[str, str] | None = None) -> None:
+        self._instrument.record(amount, self._label.labels(attributes))
+
+
+def _instrument(meter, name: str, label: ModelLabel, callbacks: list[Callable] | None = None):
+    """The instrument for METRICS[name]; an observable one's callbacks get the model label
+    added to each of their observations."""
     spec = SPECS[name]
     if spec.kind == "counter":
-        return meter.create_counter(name, unit=spec.unit, description=spec.description)
+        return _Labelled(meter.create_counter(name, unit=spec.unit, description=spec.description), label)
     if spec.kind == "histogram":
-        return meter.create_histogram(name, unit=spec.unit, description=spec.description)
+        return _Labelled(meter.create_histogram(name, unit=spec.unit, description=spec.description), label)
+    labelled = [_labelling(callback, label) for callback in callbacks or []]
     if spec.kind == "gauge":
-        return meter.create_observable_gauge(name, callbacks, unit=spec.unit, description=spec.description)
-    return meter.create_observable_counter(name, callbacks, unit=spec.unit, description=spec.description)
+        return meter.create_observable_gauge(name, labelled, unit=spec.unit, description=spec.description)
+    return meter.create_observable_counter(name, labelled, unit=spec.unit, description=spec.description)
+
+
+def _labelling(callback: Callable, label: ModelLabel) -> Callable:
+    def observe(options):
+        return [Observation(o.value, label.labels(dict(o.attributes or {}))) for o in callback(options)]
+    return observe
 
 
 class RouterMetrics:
-    def __init__(self, meter):
-        self.ttft = _instrument(meter, "llmserve.time_to_first_token")
-        self.tpot = _instrument(meter, "llmserve.time_per_output_token")
-        self.e2e = _instrument(meter, "llmserve.e2e_request_latency")
-        self.prompt_tokens = _instrument(meter, "llmserve.prompt_tokens")
-        self.generation_tokens = _instrument(meter, "llmserve.generation_tokens")
-        self.requests = _instrument(meter, "llmserve.requests")
+    def __init__(self, meter, model_name: str = ""):
+        self.label = ModelLabel(model_name)
+        self.ttft = _instrument(meter, "llmserve.time_to_first_token", self.label)
+        self.tpot = _instrument(meter, "llmserve.time_per_output_token", self.label)
+        self.e2e = _instrument(meter, "llmserve.e2e_request_latency", self.label)
+        self.prompt_tokens = _instrument(meter, "llmserve.prompt_tokens", self.label)
+        self.generation_tokens = _instrument(meter, "llmserve.generation_tokens", self.label)
+        self.requests = _instrument(meter, "llmserve.requests", self.label)
         for counter in (self.prompt_tokens, self.generation_tokens):
             counter.add(0)  # Served as 0 from the start, not only after the first request.
 
@@ -184,10 +235,11 @@ class SchedulerMetrics:
     engine loop replaces after every step (the scrape thread never touches the core)."""
 
     def __init__(self, meter):
+        self.label = ModelLabel()  # Set by `model_name` when a worker registers.
         self.stats = None  # The latest SchedulerStats (or None before a worker registers).
-        self.queue_time = _instrument(meter, "llmserve.queue_time")
-        self.step_time = _instrument(meter, "llmserve.step_time")
-        self.step_tokens = _instrument(meter, "llmserve.step_tokens")
+        self.queue_time = _instrument(meter, "llmserve.queue_time", self.label)
+        self.step_time = _instrument(meter, "llmserve.step_time", self.label)
+        self.step_tokens = _instrument(meter, "llmserve.step_tokens", self.label)
         for name, attr in (("llmserve.num_requests_running", "num_running"),
                            ("llmserve.num_requests_waiting", "num_waiting"),
                            ("llmserve.num_requests_swapped", "num_swapped"),
@@ -201,12 +253,20 @@ class SchedulerMetrics:
                            ("llmserve.queued_tokens_limit", "max_queued_tokens"),
                            ("llmserve.saturated", "saturated"),
                            ("llmserve.requests_expired", "num_expired")):
-            _instrument(meter, name, [self._observe(attr)])
-        _instrument(meter, "llmserve.preemptions", [self._observe_preemptions])
+            _instrument(meter, name, self.label, [self._observe(attr)])
+        _instrument(meter, "llmserve.preemptions", self.label, [self._observe_preemptions])
         self.orphaned_blocks: int | None = None  # From the periodic block audit.
-        _instrument(meter, "llmserve.orphaned_kv_blocks",
+        _instrument(meter, "llmserve.orphaned_kv_blocks", self.label,
                     [lambda options: [] if self.orphaned_blocks is None else [Observation(self.orphaned_blocks)]])
-        _instrument(meter, "llmserve.requests_refused", [self._observe_refused])
+        _instrument(meter, "llmserve.requests_refused", self.label, [self._observe_refused])
+
+    @property
+    def model_name(self) -> str:
+        return self.label.model_name
+
+    @model_name.setter
+    def model_name(self, name: str) -> None:
+        self.label.model_name = name
 
     def _observe(self, attr: str) -> Callable:
         def callback(options):
@@ -232,8 +292,17 @@ class SchedulerMetrics:
 
 
 class WorkerMetrics:
-    def __init__(self, meter):
-        self.step_time = _instrument(meter, "llmserve.worker_step_time")
+    def __init__(self, meter, model_name: str = ""):
+        self.label = ModelLabel(model_name)  # The worker sets `model_name` once its model is loaded.
+        self.step_time = _instrument(meter, "llmserve.worker_step_time", self.label)
+
+    @property
+    def model_name(self) -> str:
+        return self.label.model_name
+
+    @model_name.setter
+    def model_name(self, name: str) -> None:
+        self.label.model_name = name
 
 
 def markdown_table() -> str:
@@ -241,6 +310,6 @@ def markdown_table() -> str:
     rows = ["| metric (Prometheus) | type | service | labels | meaning |", "|---|---|---|---|---|"]
     for s in METRICS:
         kind = {"observable_counter": "counter"}.get(s.kind, s.kind)
-        rows.append(f"| `{s.prometheus_name}` | {kind} | {s.service} | {', '.join(s.labels) or '-'} "
+        rows.append(f"| `{s.prometheus_name}` | {kind} | {s.service} | {', '.join(s.all_labels)} "
                     f"| {s.description} |")
     return "\n".join(rows)

@@ -134,12 +134,12 @@ def test_bench_serve_grpc_security_both_pairs_tls_with_plaintext_rounds(tmp_path
 
     ran = []
 
-    def fake_round(model_dir, requests, args, insecure=False):
+    def fake_round(model_dir, requests, args, insecure=False, backends=("grpc",)):
         ran.append(insecure)
         tpot = 0.010 if insecure else 0.011  # TLS: 10% slower per token
         timing = serve.RequestTiming(8, start=0.0, end=0.05 + 4 * tpot)
         timing.token_times = timing.delta_times = [0.05 + i * tpot for i in range(5)]
-        return serve.compute_metrics([timing], duration=1.0)
+        return {"grpc": serve.compute_metrics([timing], duration=1.0)}
 
     monkeypatch.setattr(serve, "serve_round", fake_round)
     args = build_parser().parse_args(["bench", "serve", "--launch", *SMALL, "--repeat", "2", "--grpc-security",
@@ -153,3 +153,46 @@ def test_bench_serve_grpc_security_both_pairs_tls_with_plaintext_rounds(tmp_path
     assert report["metrics_insecure"]["tpot_ms"]["median"] == pytest.approx(10.0)
     assert report["tls_cost"]["tpot_median_tls_over_plaintext"] == pytest.approx([1.1, 1.1])
     assert report["tls_cost"]["output_tok_s_plaintext_over_tls"] == pytest.approx([1.0, 1.0])
+
+
+def test_bench_serve_backend_both_pairs_grpc_with_openai_on_one_cluster(tmp_path, monkeypatch):
+    """--backend both: every round drives one cluster over gRPC and over the OpenAI API,
+    in turns first, and the report pairs them round by round. (Stand-in rounds: the
+    OpenAI client's real run is in tests/e2e/test_openai_api.py.)"""
+    from llmserve.bench import serve
+    from llmserve.bench.cli import run_bench
+    from llmserve.cli import build_parser
+
+    orders = []
+
+    def fake_round(model_dir, requests, args, insecure=False, backends=("grpc",)):
+        orders.append(backends)
+        out = {}
+        for backend in backends:
+            tpot = 0.0105 if backend == "openai" else 0.010  # HTTP: 5% slower per token
+            timing = serve.RequestTiming(8, start=0.0, end=0.05 + 4 * tpot)
+            timing.token_times = timing.delta_times = [0.05 + i * tpot for i in range(5)]
+            out[backend] = serve.compute_metrics([timing], duration=1.0)
+        return out
+
+    monkeypatch.setattr(serve, "serve_round", fake_round)
+    args = build_parser().parse_args(["bench", "serve", "--launch", *SMALL, "--repeat", "2", "--backend", "both",
+                                      "--output-dir", str(tmp_path)])
+    args.argv = ["llmserve", "bench", "serve"]
+    assert run_bench(args) == 0
+    assert orders == [("grpc", "openai"), ("openai", "grpc")]
+    report = json.loads(next(tmp_path.glob("serve-*.json")).read_text())
+    assert report["backend"] == "both" and report["rounds"] == 2
+    assert report["metrics"]["tpot_ms"]["median"] == pytest.approx(10.0)
+    assert report["metrics_openai"]["tpot_ms"]["median"] == pytest.approx(10.5)
+    assert report["openai_cost"]["tpot_median_openai_over_grpc"] == pytest.approx([1.05, 1.05])
+
+
+def test_bench_serve_backend_both_needs_launch():
+    from llmserve.bench.cli import run_bench
+    from llmserve.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "serve", *SMALL, "--backend", "both"])
+    args.argv = ["llmserve", "bench", "serve"]
+    with pytest.raises(SystemExit, match="--backend both needs --launch"):
+        run_bench(args)

@@ -17,6 +17,7 @@ def start_cluster(model_dir, log_dir, scheduler_args=(), worker_args=()) -> Loca
     spec = ClusterSpec(
         model_dir=model_dir,
         router_port=free_port(),
+        http_port=free_port(),  # The OpenAI-compatible API (tests/e2e/test_openai_api.py).
         scheduler_port=free_port(),
         worker_port=free_port(),
         scheduler_args=list(scheduler_args),

@@ -8,6 +8,7 @@ benchmark's business)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import urllib.request
 from types import SimpleNamespace
 
@@ -83,8 +84,10 @@ async def health(cluster, service: str) -> int:
 
 
 def scrape(port: int) -> dict[str, float]:
+    """name{labels} -> value, the model_name label every sample carries left out of the key."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {key: float(value) for line in text.splitlines() if line and not line.startswith("#")
+    return {re.sub(r'model_name="[^"]*",?', "", key).replace(",}", "}").replace("{}", ""): float(value)
+            for line in text.splitlines() if line and not line.startswith("#")
             for key, _, value in [line.rpartition(" ")]}
 
 
@@ -133,6 +136,33 @@ async def test_full_queue_refuses_with_retry_info_and_shows_saturation(bounded):
         stats = await wait_all_blocks_free(cluster)
         assert not stats.saturated and stats.num_queued_requests == 0
         await until(lambda: _status_is(cluster, GENERATION, SERVING), what="Generation SERVING again")
+
+
+@pytest.mark.slow
+async def test_full_queue_over_http_is_429_with_retry_after(bounded):
+    """The OpenAI API gets the same refusal as gRPC: 429, OpenAI's error body, and the
+    admission control's retry hint as Retry-After (seconds) and retry-after-ms."""
+    import ssl
+
+    import httpx2  # The openai SDK's HTTP client.
+
+    cluster = bounded[0]
+    tls = ssl.create_default_context(cafile=str(cluster.credentials.ca))
+    async with cluster.client() as client, httpx2.AsyncClient(
+            verify=tls, timeout=30, headers={"authorization": f"Bearer {cluster.api_key}"}) as http:
+        seat = await occupy_the_seat(client)
+        queued = asyncio.create_task(collect(client, "queued-http", priority=5))
+        await until(lambda: _queued(cluster, 1), what="one request queued")
+        refused = await http.post(f"{cluster.http_url}/completions", json={
+            "model": "SmolLM2-135M-Instruct", "prompt": PROMPT, "max_tokens": 4, "priority": 5, "stream": True})
+        assert refused.status_code == 429
+        error = refused.json()["error"]
+        assert error["type"] == "rate_limit_error" and "--max-queued-requests (1) reached" in error["message"]
+        assert int(refused.headers["retry-after-ms"]) > 0
+        assert int(refused.headers["Retry-After"]) == -(-int(refused.headers["retry-after-ms"]) // 1000)
+        await stop(seat)
+        await stop(queued)
+        await wait_all_blocks_free(cluster)
 
 
 @pytest.mark.slow

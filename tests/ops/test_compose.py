@@ -68,9 +68,10 @@ def test_structure(compose):
         assert s["image"] == f"llmserve-{role}:latest", name
         assert s["build"] == {"context": ".", "dockerfile": "Dockerfile", "target": role}, name
         assert f" AS {role}\n" in dockerfile, f"the Dockerfile has no {role} target"
-    # Only the router's public port is published.
+    # Only the router's public ports are published: gRPC, and the OpenAI API it serves on --http-port.
     published = {name: s["ports"] for name, s in services.items() if s.get("ports")}
-    assert published == {"router": ["50051:50051"]}
+    assert published == {"router": ["50051:50051", "8000:8000"]}
+    assert _flag(_command(services["router"]), "--http-port") == "8000"
     assert "FROM python:3.11-slim AS base" in dockerfile
     # torch is installed in the worker's stage only.
     stages = {chunk.split("\n", 1)[0].split(" AS ")[-1].strip(): chunk for chunk in dockerfile.split("\nFROM ")[1:]}

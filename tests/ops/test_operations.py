@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import httpx2  # The openai SDK's HTTP client.
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -51,6 +53,18 @@ def scrape(port: int) -> dict[str, float]:
 
 def total(samples: dict[str, float], name: str) -> float:
     return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+def labels_of(key: str) -> dict[str, str]:
+    """'name{a="1",b="2"}' -> {"a": "1", "b": "2"}."""
+    return dict(re.findall(r'(\w+)="([^"]*)"', key.partition("{")[2]))
+
+
+def value(samples: dict[str, float], name: str, **labels: str) -> float:
+    """The one sample of `name` whose labels include `labels`."""
+    found = [v for k, v in samples.items() if k.split("{")[0] == name and labels.items() <= labels_of(k).items()]
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
 
 
 @pytest.fixture(scope="module")
@@ -145,17 +159,21 @@ async def test_trace_metrics_and_health(model_dir, tmp_path):
             for metric in metric_names:
                 assert any(k.split("{")[0].removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
                            == metric for k in after[name]), f"{name} does not serve {metric}"
+        for name, samples in after.items():  # One Prometheus can tell two models apart.
+            ours = [k for k in samples if k.startswith("llmserve_")]
+            assert ours and all(labels_of(k).get("model_name") == model_dir.name for k in ours), \
+                (name, [k for k in ours if labels_of(k).get("model_name") != model_dir.name])
         r = after["router"]
         assert total(r, "llmserve_generation_tokens_total") - total(before, "llmserve_generation_tokens_total") == 12
         assert total(r, "llmserve_prompt_tokens_total") - total(before, "llmserve_prompt_tokens_total") \
             == a["llmserve.prompt_tokens"]
         assert total(r, "llmserve_time_to_first_token_seconds_count") \
             - total(before, "llmserve_time_to_first_token_seconds_count") == 1
-        assert r['llmserve_requests_total{finish_reason="length"}'] >= 1
+        assert value(r, "llmserve_requests_total", finish_reason="length") >= 1
         s = after["scheduler"]
         assert total(s, "llmserve_step_time_seconds_count") >= 12
         assert total(s, "llmserve_queue_time_seconds_count") >= 1
-        assert s["llmserve_num_requests_running"] == 0 and s["llmserve_kv_cache_usage"] == 0
+        assert value(s, "llmserve_num_requests_running") == 0 and value(s, "llmserve_kv_cache_usage") == 0
         assert total(after["worker"], "llmserve_worker_step_time_seconds_count") >= 12
 
         # --- a lost worker: scheduler, then router, NOT_SERVING -------------------
@@ -177,11 +195,12 @@ async def test_trace_metrics_and_health(model_dir, tmp_path):
 
 @pytest.mark.slow
 async def test_sigterm_drains_streams_and_exits_cleanly(tmp_path):
-    """`llmserve up` gets SIGTERM during 8 streams: they all finish, new calls are
-    refused with UNAVAILABLE, every process exits 0, none is left behind."""
-    port, sched_port, worker_port = free_port(), free_port(), free_port()
+    """`llmserve up` gets SIGTERM during 8 gRPC streams and one over the OpenAI HTTP API:
+    they all finish, new calls are refused (UNAVAILABLE, HTTP 503), every process exits
+    0, none is left behind."""
+    port, sched_port, worker_port, http_port = free_port(), free_port(), free_port(), free_port()
     log = open(tmp_path / "up.log", "wb")
-    up = subprocess.Popen([sys.executable, "-m", "llmserve.cli", "up", "--port", str(port),
+    up = subprocess.Popen([sys.executable, "-m", "llmserve.cli", "up", "--port", str(port), "--http-port", str(http_port),
                            "--scheduler-port", str(sched_port), "--worker-port", str(worker_port),
                            "--kv-cache-memory", "64MiB", "--shutdown-timeout", "60"],
                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -204,9 +223,24 @@ async def test_sigterm_drains_streams_and_exits_cleanly(tmp_path):
         children = [int(p) for p in subprocess.run(["pgrep", "-P", str(up.pid)], capture_output=True,
                                                     text=True).stdout.split()]
         assert len(children) == 3
-        async with LLMServeClient(address, tls_ca=ca, api_key=api_key) as client:
+        http = httpx2.AsyncClient(base_url=f"https://localhost:{http_port}/v1", timeout=120,
+                                  verify=ssl.create_default_context(cafile=str(ca)),
+                                  headers={"authorization": f"Bearer {api_key}"})
+        async with LLMServeClient(address, tls_ca=ca, api_key=api_key) as client, http:
             started = asyncio.Event()
+            http_started = asyncio.Event()
             counts = [0] * 8
+
+            async def http_stream() -> list[str]:
+                events = []
+                async with http.stream("POST", "/completions", json={
+                        "model": "SmolLM2-135M-Instruct", "prompt": "Story over HTTP:", "max_tokens": 24,
+                        "temperature": 0, "ignore_eos": True, "stream": True}) as response:
+                    async for line in response.aiter_lines():
+                        if line:
+                            events.append(line)
+                            http_started.set()
+                return events
 
             async def stream(i: int):
                 finish = None
@@ -219,7 +253,8 @@ async def test_sigterm_drains_streams_and_exits_cleanly(tmp_path):
                 return finish
 
             tasks = [asyncio.create_task(stream(i)) for i in range(8)]
-            await asyncio.wait_for(started.wait(), 120)
+            over_http = asyncio.create_task(http_stream())
+            await asyncio.wait_for(asyncio.gather(started.wait(), http_started.wait()), 120)
             t0 = time.monotonic()
             up.send_signal(signal.SIGTERM)
             while await _serving(client):
@@ -227,8 +262,12 @@ async def test_sigterm_drains_streams_and_exits_cleanly(tmp_path):
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await client.complete("Hi", max_tokens=2)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            refused = await http.post("/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "Hi"})
+            assert refused.status_code == 503 and refused.json()["error"]["message"] == "the router is shutting down"
             finishes = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+            events = await asyncio.wait_for(over_http, 120)
         assert finishes == ["length"] * 8 and counts == [24] * 8
+        assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
         assert up.wait(timeout=90) == 0, (tmp_path / "up.log").read_text()[-3000:]
         assert time.monotonic() - t0 < 60
         text = (tmp_path / "up.log").read_text()

@@ -102,3 +102,40 @@ def test_cluster_config_file(tmp_path, monkeypatch):
         up(["--config", str(bad)])
     # The example file in the repository loads.
     up(["--config", str(ROOT / "cluster.yaml")])
+
+
+def test_every_metric_carries_the_model_name():
+    """Each service's metrics, recorded and observed as the services do, in an SDK meter
+    read in memory: every data point of every metric has model_name, the served model's."""
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    router = metrics.RouterMetrics(meter, model_name="m-router")
+    router.request_finished(0.0, 0.5, 3, "length")
+    router.ttft.record(0.1)
+    scheduler = metrics.SchedulerMetrics(meter)
+    scheduler.model_name = "m-scheduler"  # As a worker's registration sets it.
+    scheduler.stats = SimpleNamespace(
+        num_running=1, num_waiting=0, num_swapped=0, kv_cache_usage=0.5, prefix_cache_hit_rate=0.0,
+        prefix_cache_queries=4, prefix_cache_hits=0, num_queued_requests=0, max_queued_requests=8,
+        num_queued_tokens=0, max_queued_tokens=64, saturated=False, num_expired=0,
+        num_preemptions_recompute=1, num_preemptions_swap=0, num_refused={"queued_requests": 2})
+    scheduler.orphaned_blocks = 0
+    for instrument in (scheduler.queue_time, scheduler.step_time, scheduler.step_tokens):
+        instrument.record(1)
+    worker = metrics.WorkerMetrics(meter)
+    worker.model_name = "m-worker"  # As the worker sets it once its model is loaded.
+    worker.step_time.record(0.01)
+    seen: dict[str, set[str]] = {}
+    for resource in reader.get_metrics_data().resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    seen.setdefault(metric.name, set()).add(point.attributes.get("model_name"))
+    expected = {s.name: {f"m-{s.service}"} for s in metrics.METRICS}
+    assert seen == expected  # Every declared metric, each point labelled with its service's model.
+    assert all(s.all_labels[0] == "model_name" for s in metrics.METRICS)

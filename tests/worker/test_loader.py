@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from llmserve.contract.startup_errors import StartupError
 from llmserve.worker.distributed import GroupHandle
 from llmserve.worker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from llmserve.worker.layers.rotary import RotaryEmbedding, rope_parameters
@@ -46,8 +47,9 @@ def test_untied_checkpoint_without_lm_head_is_an_error(tiny_llama_dir, tmp_path)
 
 
 def test_unknown_architecture():
-    with pytest.raises(ValueError, match="unsupported model architecture.*GPT2LMHeadModel"):
+    with pytest.raises(StartupError, match=r"^unsupported model architecture GPT2LMHeadModel$") as info:
         model_class(SimpleNamespace(architectures=["GPT2LMHeadModel"]))
+    assert "LlamaForCausalLM" in info.value.fix  # The fix names what does run.
 
 
 def test_bfloat16_close_to_float32(tiny_llama_dir):

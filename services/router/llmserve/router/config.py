@@ -18,6 +18,9 @@ class RouterConfig:
     server: ServerOptions = group(lambda: ServerOptions(port=50051))
     security: SecurityOptions = group(SecurityOptions)
     api: ApiKeyOptions = group(ApiKeyOptions)
+    http_port: int = setting(0, help="port of the OpenAI-compatible HTTP API (/v1/chat/completions, "
+                                     "/v1/completions, /v1/models, /health, /metrics); same TLS and API keys as "
+                                     "the gRPC port; 0 = off")
     scheduler_address: str = setting("localhost:50052", flag="scheduler", help="the scheduler's address")
     connect_timeout_s: float = setting(600.0, flag="connect-timeout",
                                        help="seconds to wait for the scheduler to serve a model")

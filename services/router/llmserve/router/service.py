@@ -1,4 +1,5 @@
-"""The router: the public `llmserve.v1.Generation` API.
+"""The router: the public `llmserve.v1.Generation` API, and on --http-port the same
+API in OpenAI's wire format (openai_api.py); both run `Generation` (generation.py).
 
     client ──Generate──▶ validate ─▶ tokenize ─▶ SchedulerLink.add ─┐
     client ◀─deltas──── stop strings ◀─ detokenize ◀─ outputs queue ◀┘
@@ -11,39 +12,29 @@ aborts its request in the scheduler, so its KV blocks are freed at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import uuid
 
 import grpc
+import prometheus_client
 from grpc_reflection.v1alpha import reflection
 
 from llmserve.contract import wire
 from llmserve.contract.api_keys import ApiKeyInterceptor, ApiKeys
-from llmserve.contract.grpc_server import ServiceServer, grpc_status
-from llmserve.contract.outputs import FinishReason
+from llmserve.contract.grpc_server import ServiceServer
 from llmserve.contract.retry_info import retry_status
 from llmserve.model_store import resolve_model_dir
 from llmserve.router.config import RouterConfig
-from llmserve.router.detokenizer import new_detokenizer
+from llmserve.router.generation import Generation, GenerationError
 from llmserve.router.health import RouterHealth
-from llmserve.router.limits import check_prompt_size, check_request_id, check_stop_sizes, prompt_byte_limit
+from llmserve.router.http_server import HttpServer
+from llmserve.router.limits import check_prompt_size, prompt_byte_limit
+from llmserve.router.openai_api import create_app
 from llmserve.router.request_decoding import DecodeErrorInterceptor
-from llmserve.router.sample_stream import SampleStream
-from llmserve.router.scheduler_link import SchedulerLink, SchedulerUnavailable
-from llmserve.router.stop_strings import StopStringMatcher
+from llmserve.router.scheduler_link import SchedulerLink
 from llmserve.router.tokenizer import PromptTokenizer
-from llmserve.router.validation import (
-    RequestError,
-    ServedModel,
-    check_model_name,
-    check_sampling_fields,
-    check_token_ids,
-    invalid,
-    resolve_sampling,
-)
-from llmserve.contract.sampling import SamplingParams
+from llmserve.router.validation import RequestError, ServedModel, check_model_name, invalid
 from llmserve.telemetry import RouterMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
-from llmserve.telemetry.requests import RouterRequest
 from llmserve.v1 import generation_pb2, generation_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -54,155 +45,41 @@ NO_DEADLINE_S = 10 * 365 * 86400.0  # A deadline further off than this is no dea
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, tokenizer: PromptTokenizer, link: SchedulerLink, metrics: RouterMetrics,
-                 longest_token_bytes: int):
-        self.tokenizer = tokenizer
-        self.longest_token_bytes = longest_token_bytes  # Sizes the default --max-prompt-bytes.
-        self.link = link
-        self.metrics = metrics
-        self.draining = False  # After SIGTERM: new calls get UNAVAILABLE, running ones finish.
-        # Known once the scheduler has a worker; until then every call is UNAVAILABLE.
-        self.served: ServedModel | None = None
+    """The gRPC wire format of `Generation`: protobuf in, protobuf out, errors as statuses."""
+
+    def __init__(self, generation: Generation):
+        self.generation = generation
         self.model_info: generation_pb2.ModelInfo | None = None
-        self.serving = False  # Follows the scheduler's health (set by _stay_connected).
-        self._active: set[str] = set()
 
     def set_ready(self, served: ServedModel, model_info: generation_pb2.ModelInfo) -> None:
-        self.served, self.model_info = served, model_info
+        self.generation.served, self.model_info = served, model_info
 
     async def _require_ready(self, context) -> None:
-        if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the router is shutting down")
-        if self.served is None or not self.serving or not self.link.connected.is_set():
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is ready: the scheduler or worker is down")
+        try:
+            self.generation.require_ready()
+        except GenerationError as err:
+            await context.abort(err.code, err.message)
 
     # --- Generate ------------------------------------------------------------
 
     async def Generate(self, request, context):
         await self._require_ready(context)
-        telemetry = RouterRequest(self.metrics, context.invocation_metadata(), request.model or self.served.name)
+        responses = self.generation.generate(request, context.invocation_metadata(), _deadline_budget_ms(context))
         try:
-            with telemetry.tokenize_span():
-                request_id, prompt_ids, sampling, n = await self._prepare(request)
-        except RequestError as err:
-            telemetry.finish("rejected", err.message)
+            # aclosing: a cancelled call closes the generation at once (it aborts the request).
+            async with contextlib.aclosing(responses):
+                async for output in responses:
+                    response = self._response(output.request_id, output.delta)
+                    if (usage := output.usage) is not None:
+                        response.usage.CopyFrom(generation_pb2.Usage(
+                            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                            cached_tokens=usage.cached_tokens))
+                    yield response
+        except GenerationError as err:
+            if err.retry_after_ms:
+                # A load-shedding refusal: the status with its RetryInfo.
+                await context.abort_with_status(retry_status(err.code, err.message, err.retry_after_ms))
             await context.abort(err.code, err.message)
-        finish = "abort"  # Unless the samples end by themselves.
-        added = False
-        engine_live: set[int] = set()  # Samples the engine still runs.
-        try:  # NOTE: request_id is ours (claimed by _prepare) from here on; the finally releases it.
-            telemetry.admitted(request_id, len(prompt_ids))
-            # One engine request of n samples sharing the prompt's KV; sample i draws with seed + i.
-            streams = [SampleStream(index=i, detokenizer=new_detokenizer(self.tokenizer),
-                                    stop_matcher=StopStringMatcher(sampling.stop)) for i in range(n)]
-            unfinished = set(range(n))  # Samples the client has not seen end.
-            engine_live = set(range(n))
-            # NOTE: a client cancelling while the add is written may leave it sent: count it
-            # as added from here, so the finally aborts it (an abort of an unknown id is a no-op).
-            added = True
-            try:
-                queue = await self.link.add(request_id, prompt_ids, sampling, n=n, priority=request.priority,
-                                            trace_context=telemetry.trace_context(),
-                                            deadline_ms=_deadline_budget_ms(context))
-            except SchedulerUnavailable as err:
-                added = False  # Refused before anything was written.
-                telemetry.finish("error", str(err))
-                telemetry = None
-                await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-            while unfinished:
-                out = await queue.get()
-                if out.finished:
-                    engine_live.discard(out.index)
-                if out.retry_after_ms and out.finish_reason == FinishReason.ERROR:
-                    # Refused (or displaced) before it ever ran: no delta, just the status
-                    # with its RetryInfo, as a client of a load-shedding server expects.
-                    engine_live.clear()
-                    telemetry.finish("refused", out.error)
-                    telemetry = None
-                    await context.abort_with_status(retry_status(grpc_status(out.error_code), out.error,
-                                                                 out.retry_after_ms))
-                stream = streams[out.index] if 0 <= out.index < n else None
-                if stream is None or stream.finished:
-                    continue  # A sample cut by a stop string runs on until the request ends.
-                with telemetry.detokenizing():
-                    delta = stream.process(out, self._token_text)
-                telemetry.tokens_out(len(delta.token_ids))
-                if delta.finish_reason != FinishReason.NONE:
-                    unfinished.discard(out.index)
-                    finish = delta.finish_reason.name.lower()
-                response = self._response(request_id, delta)
-                if not unfinished:
-                    response.usage.CopyFrom(self._usage(len(prompt_ids), streams))
-                yield response
-                if delta.finish_reason == FinishReason.ERROR:
-                    telemetry.finish("error", delta.error)
-                    telemetry = None
-                    await context.abort(grpc_status(out.error_code), delta.error or "generation failed")
-        finally:
-            if telemetry is not None:
-                telemetry.finish(finish)
-            # Client cancelled or disconnected (CancelledError lands here), or done.
-            if added:
-                self.link.release(request_id)
-                if engine_live:
-                    await self.link.abort([request_id])
-            self._active.discard(request_id)
-
-    def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
-    async def _prepare(self, request) -> tuple[str, list[int], SamplingParams, int]:
-        """Checks and tokenizes a request and claims its id; on success the caller owns the
-        claim (and must release it), on failure it is released here."""
-        request_id = self._claim(request.request_id)
-        try:
-            check_model_name(request.model, self.served)
-            n, _ = check_sampling_fields(request.params)
-            check_stop_sizes(request.params)
-            check_prompt_size(request, self.served)  # Before tokenizing: bounded work from here on.
-            prompt_ids = await self._prompt_ids(request)
-            sampling = resolve_sampling(request.params, len(prompt_ids), self.served)
-        except BaseException:  # A refusal, an error, or the client gone while tokenizing.
-            self._active.discard(request_id)
-            raise
-        return request_id, prompt_ids, sampling, n
-
-    def _claim(self, client_id: str) -> str:
-        """The request's id, now in use. NOTE: check and add with no await between, or two
-        calls with one id could both pass the check (and then collide in the engine)."""
-        check_request_id(client_id)
-        request_id = client_id or uuid.uuid4().hex
-        if request_id in self._active:
-            raise RequestError(grpc.StatusCode.ALREADY_EXISTS, f"request id {request_id!r} is already running")
-        self._active.add(request_id)
-        return request_id
-
-    async def _prompt_ids(self, request) -> list[int]:
-        kind = request.WhichOneof("input")
-        if kind is None:
-            raise invalid("the request has no input: set one of text, token_ids or messages")
-        if kind == "text":
-            if not request.text:
-                raise invalid("the prompt text is empty")
-            return await asyncio.to_thread(self.tokenizer.encode_text, request.text)
-        if kind == "token_ids":
-            ids = list(request.token_ids.ids)
-            if not ids:
-                raise invalid("token_ids is empty")
-            check_token_ids(ids, self.served)
-            return ids
-        return (await self._render_chat(request.messages))[1]
-
-    async def _render_chat(self, messages_pb) -> tuple[str, list[int]]:
-        messages = [(m.role, m.content) for m in messages_pb.messages]
-        if not messages:
-            raise invalid("messages is empty")
-        try:
-            return await asyncio.to_thread(self.tokenizer.encode_chat, messages)
-        except ValueError as err:
-            raise invalid(str(err)) from err
-        except Exception as err:  # Jinja errors from the template (e.g. an unknown role).
-            raise invalid(f"the chat template rejected the messages: {err}") from err
 
     @staticmethod
     def _response(request_id: str, delta) -> generation_pb2.GenerateResponse:
@@ -217,29 +94,21 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             error=delta.error,
         )
 
-    @staticmethod
-    def _usage(prompt_tokens: int, streams) -> generation_pb2.Usage:
-        streams = list(streams)
-        return generation_pb2.Usage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=sum(s.num_tokens for s in streams),
-            cached_tokens=max((s.num_cached_tokens for s in streams), default=0),
-        )
-
     # --- Tokenize / GetModelInfo ---------------------------------------------
 
     async def Tokenize(self, request, context):
         await self._require_ready(context)
+        served = self.generation.served
         try:
-            check_model_name(request.model, self.served)
-            check_prompt_size(request, self.served)
+            check_model_name(request.model, served)
+            check_prompt_size(request, served)
             kind = request.WhichOneof("input")
             if kind == "text":
                 add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
-                ids = await asyncio.to_thread(self.tokenizer.encode_text, request.text, add_special)
+                ids = await asyncio.to_thread(self.generation.tokenizer.encode_text, request.text, add_special)
                 prompt = request.text
             elif kind == "messages":
-                prompt, ids = await self._render_chat(request.messages)
+                prompt, ids = await self.generation.render_chat(request.messages)
             else:
                 raise invalid("the request has no input: set text or messages")
         except RequestError as err:
@@ -249,7 +118,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def GetModelInfo(self, request, context):
         await self._require_ready(context)
         try:
-            check_model_name(request.model, self.served)
+            check_model_name(request.model, self.generation.served)
         except RequestError as err:
             await context.abort(err.code, err.message)
         return self.model_info
@@ -282,8 +151,11 @@ def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer) -> g
 
 async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-router")
-    metrics = RouterMetrics(setup_metrics("router", config.server.metrics_port, config.server.host))
-    tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, resolve_model_dir(config.model))
+    model_dir = resolve_model_dir(config.model)
+    # Every metric carries the served name (the one ServedModel gets from the tokenizer: the directory's).
+    metrics = RouterMetrics(setup_metrics("router", config.server.metrics_port, config.server.host),
+                            model_name=config.served_model_name or model_dir.name)
+    tokenizer = await asyncio.to_thread(PromptTokenizer.from_model_dir, model_dir)
     # Only the default --max-prompt-bytes needs it (the whole vocabulary is decoded once).
     longest_token_bytes = 0
     if config.max_prompt_bytes is None:
@@ -297,15 +169,21 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
                            max_receive_bytes=config.max_request_bytes,
                            interceptors=interceptors + [DecodeErrorInterceptor()])
     link = SchedulerLink(config.scheduler_address, config.security, config.server.max_message_bytes)
+    # One request path, two wire formats: gRPC here, OpenAI's HTTP API on --http-port.
+    generation = Generation(tokenizer, link, metrics)
+    servicer = GenerationServicer(generation)
     # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
-    servicer = GenerationServicer(tokenizer, link, metrics, longest_token_bytes)
     generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server.server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server.server
     )
+    http = _http_server(config, generation) if config.http_port else None
+    if http is not None:
+        await http.start()
     await server.start()
     health = RouterHealth(server)
-    supervisor = asyncio.create_task(_stay_connected(config, link, servicer, health, tokenizer))
+    supervisor = asyncio.create_task(_stay_connected(config, link, servicer, health, tokenizer,
+                                                     longest_token_bytes))
     saturation = asyncio.create_task(_follow_saturation(link, health))
     stopped = asyncio.create_task(stop_event.wait())
     try:
@@ -317,46 +195,55 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
         saturation.cancel()
         await server.set_serving(False)
         if stop_event.is_set():
-            await _drain(servicer, link, config.server.shutdown_timeout)
+            await _drain(generation, link, config.server.shutdown_timeout)
         supervisor.cancel()
+        if http is not None:
+            await http.stop()
         await server.stop(grace=2.0)
         await link.close()
         shutdown_metrics()
         shutdown_tracing()
 
 
-async def _drain(servicer: GenerationServicer, link: SchedulerLink, timeout_s: float) -> None:
-    """SIGTERM: refuse new calls, let running streams finish for up to `timeout_s`, then
-    end the rest with UNAVAILABLE."""
-    servicer.draining = True
+def _http_server(config: RouterConfig, generation: Generation) -> HttpServer:
+    """The OpenAI API, with the gRPC port's keys (none under --insecure)."""
+    keys = None if config.security.insecure else ApiKeys.from_options(config.api)
+    app = create_app(generation, keys, prometheus_text, config.max_request_bytes)
+    return HttpServer(app, config.server.host, config.http_port, config.security)
+
+
+async def _drain(generation: Generation, link: SchedulerLink, timeout_s: float) -> None:
+    """SIGTERM: refuse new calls (both front doors), let running streams finish for up to
+    `timeout_s`, then end the rest with UNAVAILABLE."""
+    generation.draining = True
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    if servicer._active:
-        logger.info("draining %d in-flight requests (up to %.0f s)", len(servicer._active), timeout_s)
-    while servicer._active and loop.time() < deadline:
+    if generation.active:
+        logger.info("draining %d in-flight requests (up to %.0f s)", len(generation.active), timeout_s)
+    while generation.active and loop.time() < deadline:
         await asyncio.sleep(0.05)
-    if servicer._active:
-        left = sorted(servicer._active)
+    if generation.active:
+        left = sorted(generation.active)
         logger.warning("shutdown timeout: aborting %d requests", len(left))
         link.fail_requests(left, f"unavailable: the router is shutting down (requests still running after"
                                  f" the {timeout_s:.0f} s shutdown timeout were aborted)")
         await link.abort(left)
         end = loop.time() + 2.0
-        while servicer._active and loop.time() < end:
+        while generation.active and loop.time() < end:
             await asyncio.sleep(0.05)
     logger.info("drained")
 
 
 async def _stay_connected(config: RouterConfig, link: SchedulerLink, servicer: GenerationServicer,
-                          health: RouterHealth, tokenizer: PromptTokenizer) -> None:
+                          health: RouterHealth, tokenizer: PromptTokenizer, longest_token_bytes: int) -> None:
     """Connects to the scheduler, and again whenever the session is lost. The router's
     health follows the scheduler's: SERVING only while a worker can run steps."""
     while True:
-        await _refresh_serving_info(config, link, servicer, tokenizer)
+        await _refresh_serving_info(config, link, servicer, tokenizer, longest_token_bytes)
         await link.connect()
-        servicer.serving = True
+        servicer.generation.serving = True
         await health.update(serving=True)
-        logger.info("router serving %s on port %d", servicer.served.name, health.server.port)
+        logger.info("router serving %s on port %d", servicer.generation.served.name, health.server.port)
         serving = True
         while not link.disconnected.is_set():
             try:
@@ -367,11 +254,11 @@ async def _stay_connected(config: RouterConfig, link: SchedulerLink, servicer: G
             now_serving = await link.scheduler_serving()
             if now_serving and not serving:
                 # A worker (re)registered: its KV cache may differ from the last one's.
-                await _refresh_serving_info(config, link, servicer, tokenizer)
+                await _refresh_serving_info(config, link, servicer, tokenizer, longest_token_bytes)
             if now_serving != serving:
-                servicer.serving = serving = now_serving
+                servicer.generation.serving = serving = now_serving
                 await health.update(serving=now_serving)
-        servicer.serving = False
+        servicer.generation.serving = False
         await health.update(serving=False)
         logger.warning("lost the scheduler session; reconnecting")
 
@@ -386,7 +273,7 @@ async def _follow_saturation(link: SchedulerLink, health: RouterHealth) -> None:
 
 
 async def _refresh_serving_info(config: RouterConfig, link: SchedulerLink, servicer: GenerationServicer,
-                                tokenizer: PromptTokenizer) -> None:
+                                tokenizer: PromptTokenizer, longest_token_bytes: int) -> None:
     worker, num_kv_blocks = await link.wait_serving_info(config.connect_timeout_s)
     # The KV cache must hold at least one whole sequence, or a request could never run.
     max_model_len = min(worker.max_model_len, num_kv_blocks * worker.block_size)
@@ -395,9 +282,15 @@ async def _refresh_serving_info(config: RouterConfig, link: SchedulerLink, servi
             "max_model_len lowered from %d to %d: the KV cache holds only %d tokens",
             worker.max_model_len, max_model_len, num_kv_blocks * worker.block_size,
         )
-    max_prompt_bytes = prompt_byte_limit(config.max_prompt_bytes, max_model_len, servicer.longest_token_bytes)
+    max_prompt_bytes = prompt_byte_limit(config.max_prompt_bytes, max_model_len, longest_token_bytes)
     served = ServedModel(name=config.served_model_name or tokenizer.name, max_model_len=max_model_len,
                          vocab_size=worker.vocab_size, max_prompt_bytes=max_prompt_bytes)
     logger.info("requests: max_model_len %d tokens, prompts up to %d bytes, messages up to %d bytes",
                 max_model_len, max_prompt_bytes, config.max_request_bytes)
     servicer.set_ready(served, _model_info(served, worker, num_kv_blocks, tokenizer))
+
+
+def prometheus_text() -> tuple[bytes, str]:
+    """The router's metrics for GET /metrics: the registry --metrics-port serves (OTel's
+    Prometheus reader registers there; with --metrics-port 0 it holds process metrics only)."""
+    return prometheus_client.generate_latest(), prometheus_client.CONTENT_TYPE_LATEST

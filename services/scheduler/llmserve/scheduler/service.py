@@ -103,6 +103,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.worker = group or WorkerLink(request.address, info, self.config.security,
                                           self.config.server.max_message_bytes)
         self.halted = None
+        self.metrics.model_name = info.model  # Every metric's model_name label, from now on.
         self.metrics.orphaned_blocks = self.core.audit().num_orphaned_blocks  # 0: the gauge exists from now.
         self._start_engine_loop()
         asyncio.create_task(self._prove_ready(self.worker), name="readiness-probe")

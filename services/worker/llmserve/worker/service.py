@@ -24,12 +24,16 @@ from llmserve.contract.grpc_server import SERVING, ServiceServer, channel
 from llmserve.contract.peers import SCHEDULER, PeerCheck
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
 from llmserve.contract.plan import StepResult
+from llmserve.contract.startup_errors import StartupError, rpc_cause
 from llmserve.telemetry import WorkerMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
 from llmserve.telemetry import tracing
 
 logger = logging.getLogger(__name__)
 
 REREGISTER_POLL_S = 2.0
+REGISTER_ATTEMPT_S = 5.0  # One registration call; a scheduler that answers at all answers in ms.
+REGISTER_RETRY_S = 0.5  # Between attempts: the scheduler is found within this of its start.
+REGISTER_REPORT_S = 5.0  # How often a worker that cannot register says so.
 
 
 def new_compute_thread() -> concurrent.futures.ThreadPoolExecutor:
@@ -155,35 +159,49 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 
 async def register_with_scheduler(config: WorkerConfig, address: str, runner) -> None:
-    """Retries until the scheduler accepts the registration (it may start after us)."""
+    """Retries until the scheduler accepts the registration (it may start after us). Says
+    what it tried and why it failed every few seconds, and gives up after
+    --register-timeout with a StartupError."""
     parallel = runner.parallel
     request = scheduler_pb2.RegisterWorkerRequest(
         address=address, info=wire.worker_info_to_pb(runner.info),
         rank=parallel.rank, tp_size=parallel.tp.size, pp_size=parallel.pp.size,
     )
-    deadline = time.monotonic() + config.register_timeout_s
-    async with channel(config.scheduler_address, config.security) as to_scheduler:
-        stub = scheduler_pb2_grpc.SchedulerStub(to_scheduler)
-        while True:
+    target = config.scheduler_address
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + config.register_timeout_s
+    next_report = loop.time()  # The first failure is reported at once.
+    while True:
+        # NOTE: a fresh channel per attempt and no wait_for_ready: a refused connection
+        # fails at once with its reason (a reused channel waits out its reconnect backoff,
+        # up to minutes, and a waiting call ends only as DEADLINE_EXCEEDED).
+        async with channel(target, config.security) as to_scheduler:
             try:
-                await stub.RegisterWorker(request, timeout=10, wait_for_ready=True)
-                logger.info("registered with scheduler %s as %s", config.scheduler_address, address)
+                await scheduler_pb2_grpc.SchedulerStub(to_scheduler).RegisterWorker(
+                    request, timeout=REGISTER_ATTEMPT_S)
+                logger.info("registered with scheduler %s as %s", target, address)
                 return
             except grpc.aio.AioRpcError as err:
-                if time.monotonic() > deadline or err.code() not in (
-                    grpc.StatusCode.UNAVAILABLE,
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                ):
-                    raise RuntimeError(
-                        f"could not register with scheduler {config.scheduler_address}: "
-                        f"{err.code().name} {err.details()}"
-                    ) from err
-                await asyncio.sleep(0.5)
+                code, details = err.code(), err.details()
+        cause = rpc_cause(code.name, details, REGISTER_ATTEMPT_S)
+        fix = "is the scheduler running? --scheduler sets its address"
+        if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise StartupError(f"the scheduler at {target} refused the registration: {cause}")
+        left = deadline - loop.time()
+        if left <= 0:
+            raise StartupError(f"cannot register with scheduler at {target} after {config.register_timeout_s:.0f} s: "
+                               f"{cause}", f"{fix}; --register-timeout sets how long to try")
+        if loop.time() >= next_report:
+            logger.warning("worker: cannot register with scheduler at %s: %s (%s); retrying for %.0f s more",
+                           target, cause, fix, left)
+            next_report = loop.time() + REGISTER_REPORT_S
+        await asyncio.sleep(min(REGISTER_RETRY_S, left))
 
 
 def load_runner(config: WorkerConfig):
     from llmserve.model_store import resolve_model_dir
     from llmserve.worker.distributed import DistInit
+    from llmserve.worker.models.checkpoint import check_model_dir
     from llmserve.worker.model_runner import ModelRunner
 
     dist = None
@@ -191,6 +209,7 @@ def load_runner(config: WorkerConfig):
         dist = DistInit.from_env(config.tp_size, config.pp_size, config.rank, config.dist_init, config.dist_timeout_s)
 
     model_dir = resolve_model_dir(config.model)
+    check_model_dir(model_dir)  # A wrong directory fails in a line, before any weights load.
     return ModelRunner(model_dir, config.runner, model_name=config.served_model_name or model_dir.name, dist=dist)
 
 
@@ -205,17 +224,23 @@ async def load_servicer(config: WorkerConfig, metrics: WorkerMetrics | None = No
 async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-worker")
     metrics = WorkerMetrics(setup_metrics("worker", config.server.metrics_port, config.server.host))
+    # The port first: one held by another process fails in a line, not after the model loads.
+    server = ServiceServer("llmserve.internal.v1.Worker", config.server.host, config.server.port, config.security,
+                           max_message_bytes=config.server.max_message_bytes)
     start = time.perf_counter()
-    servicer = await load_servicer(config, metrics, on_fatal=stop_event.set)
+    try:
+        servicer = await load_servicer(config, metrics, on_fatal=stop_event.set)
+    except BaseException:
+        await server.stop(grace=None)  # Bound, never started: let go of the port before the error is reported.
+        raise
     runner = servicer.runner
     info = runner.info
+    metrics.model_name = info.model
     logger.info(
         "model %s loaded in %.1f s (%s); # KV blocks: %d of %d tokens, max_model_len %d",
         info.model, time.perf_counter() - start, info.dtype, info.num_kv_blocks,
         info.block_size, info.max_model_len,
     )
-    server = ServiceServer("llmserve.internal.v1.Worker", config.server.host, config.server.port, config.security,
-                           max_message_bytes=config.server.max_message_bytes)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     await server.start()
     address = f"{config.advertise_host}:{server.port}"
@@ -261,5 +286,5 @@ async def _stay_registered(config: WorkerConfig, address: str, runner, servicer:
                 logger.warning("scheduler %s has no worker; registering again", config.scheduler_address)
                 try:
                     await register_with_scheduler(config, address, runner)
-                except RuntimeError as err:
+                except StartupError as err:
                     logger.error("%s", err)

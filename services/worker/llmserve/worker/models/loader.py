@@ -11,6 +11,7 @@ from safetensors import safe_open
 from torch import nn
 
 from llmserve.worker.device import dtype_from_name
+from llmserve.worker.models.checkpoint import check_weights
 from llmserve.worker.models.registry import model_class
 
 # Checkpoint entries that are not weights of ours (recomputed buffers).
@@ -42,10 +43,7 @@ def iter_safetensors(model_dir: Path, keep: Callable[[str], bool] | None = None
     (the weight loaders copy each into its device parameter, so the host holds one
     tensor at a time); names `keep` rejects are never read (a pipeline stage reads only
     its own layers)."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
-    for f in files:
+    for f in check_weights(Path(model_dir)):
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():
                 if keep is None or keep(name):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+from llmserve.contract.startup_errors import StartupError
+
+if TYPE_CHECKING:  # NOTE: no torch at import: `llmserve up` checks a model's architecture here first.
+    from torch import nn
 
 _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("llmserve.worker.models.llama", "LlamaForCausalLM"),
@@ -19,11 +22,18 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def model_class(config: Any) -> type[nn.Module]:
-    archs = list(getattr(config, "architectures", None) or [])
+def check_architectures(archs: list[str], model_dir: str = "") -> str:
+    """The first supported one of config.json's `architectures`; StartupError if none is."""
     for arch in archs:
         if arch in _MODELS:
-            module, cls = _MODELS[arch]
-            return getattr(importlib.import_module(module), cls)
-    raise ValueError(f"unsupported model architecture {archs or '(none in config.json)'}; "
-                     f"supported: {', '.join(supported_architectures())}")
+            return arch
+    named = ", ".join(archs) if archs else "(none named in config.json)"
+    where = f"--model {model_dir}: " if model_dir else ""
+    raise StartupError(f"{where}unsupported model architecture {named}",
+                       f"llmserve runs {', '.join(supported_architectures())}")
+
+
+def model_class(config: Any) -> type[nn.Module]:
+    arch = check_architectures(list(getattr(config, "architectures", None) or []))
+    module, cls = _MODELS[arch]
+    return getattr(importlib.import_module(module), cls)

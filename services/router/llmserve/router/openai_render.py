@@ -1,0 +1,102 @@
+"""`Generation`'s outputs as OpenAI response bodies: chat.completion(.chunk) and
+text_completion objects, their logprobs and usage (plain dicts, serialized once)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmserve.contract.outputs import FinishReason, TokenLogprobs
+from llmserve.router.generation import Usage
+from llmserve.router.sample_stream import SampleDelta
+
+FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
+
+
+def finish_reason(delta: SampleDelta) -> str | None:
+    return FINISH_REASONS.get(delta.finish_reason)
+
+
+def usage_dict(usages: list[Usage]) -> dict:
+    """The usage of a request (or of a batch of prompts, summed)."""
+    prompt = sum(u.prompt_tokens for u in usages)
+    completion = sum(u.completion_tokens for u in usages)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(u.cached_tokens for u in usages)}}
+
+
+def _token(text: str, logprob: float) -> dict:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+@dataclass
+class Renderer:
+    """Renders one HTTP request's outputs; `token_text(id)` names a token. Choice
+    `index` = prompt index x n + sample index (a completions batch has several prompts)."""
+
+    chat: bool
+    model: str
+    response_id: str
+    n: int
+    token_text: Callable[[int], str]
+    created: int = field(default_factory=lambda: int(time.time()))
+    _offsets: dict[int, int] = field(default_factory=dict)  # Completions' text_offset, per choice.
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def choice_index(self, prompt_index: int, delta: SampleDelta) -> int:
+        return prompt_index * self.n + delta.index
+
+    def logprobs(self, index: int, logprobs: list[TokenLogprobs]) -> dict:
+        if self.chat:
+            return {"content": [dict(_token(self.token_text(lp.token_id), lp.logprob), top_logprobs=[
+                _token(self.token_text(t), v) for t, v in zip(lp.top_token_ids, lp.top_logprobs)])
+                for lp in logprobs]}
+        tokens = [self.token_text(lp.token_id) for lp in logprobs]
+        offsets, at = [], self._offsets.get(index, 0)
+        for text in tokens:
+            offsets.append(at)
+            at += len(text)
+        self._offsets[index] = at
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+                "top_logprobs": [{self.token_text(t): v for t, v in zip(lp.top_token_ids, lp.top_logprobs)}
+                                 for lp in logprobs],
+                "text_offset": offsets}
+
+    def _envelope(self, obj: str, choices: list[dict]) -> dict:
+        return {"id": self.response_id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def chunk(self, prompt_index: int, delta: SampleDelta, first: bool, with_logprobs: bool) -> dict:
+        """A streamed chunk of one choice (`first`: its first chunk, which names the role)."""
+        index = self.choice_index(prompt_index, delta)
+        choice: dict = {"index": index, "finish_reason": finish_reason(delta)}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": delta.text} if first else {"content": delta.text}
+        else:
+            choice["text"] = delta.text
+        choice["logprobs"] = self.logprobs(index, delta.logprobs) if with_logprobs and delta.logprobs else None
+        return self._envelope(self.object + (".chunk" if self.chat else ""), [choice])
+
+    def usage_chunk(self, usages: list[Usage]) -> dict:
+        """stream_options.include_usage: the last chunk, no choices."""
+        return dict(self._envelope(self.object + (".chunk" if self.chat else ""), []), usage=usage_dict(usages))
+
+    def completion(self, deltas: dict[int, list[SampleDelta]], usages: list[Usage], with_logprobs: bool) -> dict:
+        """A whole (non-streamed) response from each choice's deltas, in order."""
+        choices = []
+        for index in sorted(deltas):
+            parts = deltas[index]
+            text = "".join(d.text for d in parts)
+            logprobs = [lp for d in parts for lp in d.logprobs]
+            choice: dict = {"index": index, "finish_reason": finish_reason(parts[-1]),
+                            "logprobs": self.logprobs(index, logprobs) if with_logprobs else None}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            choices.append(choice)
+        return dict(self._envelope(self.object, choices), usage=usage_dict(usages))
