@@ -39,7 +39,7 @@ def llmserve_commands() -> list[list[str]]:
 def client_env(cluster) -> dict[str, str]:
     """The variables the README has users export, pointing at the test cluster."""
     return dict(os.environ, LLMSERVE_TARGET=cluster.router_address, LLMSERVE_TLS_CA=str(cluster.credentials.ca),
-                LLMSERVE_API_KEY=cluster.api_key)
+                LLMSERVE_API_KEY=cluster.api_key, OPENAI_BASE_URL=cluster.http_url)
 
 
 def test_the_readme_has_snippets():
