@@ -33,6 +33,9 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # A peer that comes back (a restarted scheduler, one started after its router) is
+    # reconnected within 5 s, not after gRPC's default backoff of up to 2 minutes.
+    ("grpc.max_reconnect_backoff_ms", 5_000),
 ]
 SERVER_OPTIONS = CHANNEL_OPTIONS + [
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),

@@ -17,12 +17,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.contract.grpc_server import MAX_MESSAGE_BYTES, SERVING, channel
 from llmserve.contract.security import SecurityOptions
+from llmserve.contract.startup_errors import StartupError, rpc_cause
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.contract.sampling import SamplingParams
 from llmserve.contract.worker_info import WorkerInfo
 
 logger = logging.getLogger(__name__)
+WAIT_REPORT_S = 5.0  # How often a router waiting for its scheduler says why.
 
 
 class SchedulerUnavailable(RuntimeError):
@@ -50,21 +52,33 @@ class SchedulerLink:
         self.saturation_changed = asyncio.Event()
 
     async def wait_serving_info(self, timeout_s: float) -> tuple[WorkerInfo, int]:
-        """Polls until the scheduler has a worker; returns (worker info, KV blocks)."""
+        """Polls until the scheduler has a worker; returns (worker info, KV blocks). Says
+        what it waits for, and why, every few seconds; gives up after `timeout_s`
+        (--connect-timeout) with a StartupError."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        next_report = loop.time() + WAIT_REPORT_S  # A scheduler starting beside us is not news.
         while True:
             try:
-                info = await self._stub.GetServingInfo(
-                    scheduler_pb2.GetServingInfoRequest(), timeout=5, wait_for_ready=True
-                )
+                # No wait_for_ready: a refused connection fails at once with its reason.
+                info = await self._stub.GetServingInfo(scheduler_pb2.GetServingInfoRequest(), timeout=5)
                 return wire.worker_info_from_pb(info.worker), info.num_kv_blocks
             except grpc.aio.AioRpcError as err:
-                if loop.time() > deadline:
-                    raise SchedulerUnavailable(
-                        f"scheduler {self.address} has no worker after {timeout_s:.0f} s: {err.details()}"
-                    ) from err
-                await asyncio.sleep(0.5)
+                if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    waiting = f"the scheduler at {self.address} has no worker yet"
+                    fix = "is a worker starting? it registers with --scheduler"
+                else:
+                    waiting = f"cannot reach the scheduler at {self.address}: {rpc_cause(err.code().name, err.details(), 5)}"
+                    fix = "is the scheduler running? --scheduler sets its address"
+                    if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        raise StartupError(waiting, fix) from err
+            left = deadline - loop.time()
+            if left <= 0:
+                raise StartupError(f"{waiting} after {timeout_s:.0f} s", f"{fix}; --connect-timeout sets how long to wait")
+            if loop.time() >= next_report:
+                logger.warning("router: %s (%s); waiting %.0f s more", waiting, fix, left)
+                next_report = loop.time() + WAIT_REPORT_S
+            await asyncio.sleep(min(0.5, left))
 
     async def connect(self) -> None:
         """Opens a new Session stream (after a lost one, too)."""
