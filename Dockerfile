@@ -23,7 +23,7 @@ WORKDIR /opt/llmserve/src
 COPY pyproject.toml README.md ./
 COPY llmserve ./llmserve
 COPY protos ./protos
-RUN pip install .
+RUN pip install ./protos .
 # Each service handles SIGTERM: stop accepting, drain in-flight streams, exit 0.
 STOPSIGNAL SIGTERM
 

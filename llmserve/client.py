@@ -36,11 +36,11 @@ from llmserve.v1 import generation_pb2_grpc as pb_grpc
 Messages = Sequence[tuple[str, str]] | Sequence[Mapping[str, Any]]
 
 _FINISH_REASONS = {
-    pb.FINISH_REASON_UNSET: None,
-    pb.STOP: "stop",
-    pb.LENGTH: "length",
-    pb.ABORT: "abort",
-    pb.ERROR: "error",
+    pb.FINISH_REASON_UNSPECIFIED: None,
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_ABORT: "abort",
+    pb.FINISH_REASON_ERROR: "error",
 }
 
 

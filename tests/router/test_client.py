@@ -35,7 +35,7 @@ def test_delta_from_last_response():
         request_id="r1",
         text="!",
         token_ids=[9],
-        finish_reason=pb.STOP,
+        finish_reason=pb.FINISH_REASON_STOP,
         stop_reason="\n",
         usage=pb.Usage(prompt_tokens=7, completion_tokens=3, cached_tokens=4),
         logprobs=[pb.TokenLogprobs(token_id=9, logprob=-0.5, top_token_ids=[9, 3], top_logprobs=[-0.5, -1.5])],
@@ -49,8 +49,8 @@ def test_delta_from_last_response():
 
 @pytest.mark.parametrize(
     ("reason", "expected"),
-    [(pb.FINISH_REASON_UNSET, None), (pb.STOP, "stop"), (pb.LENGTH, "length"),
-     (pb.ABORT, "abort"), (pb.ERROR, "error")],
+    [(pb.FINISH_REASON_UNSPECIFIED, None), (pb.FINISH_REASON_STOP, "stop"), (pb.FINISH_REASON_LENGTH, "length"),
+     (pb.FINISH_REASON_ABORT, "abort"), (pb.FINISH_REASON_ERROR, "error")],
 )
 def test_finish_reason_names(reason, expected):
     assert GenerationDelta.from_pb(pb.GenerateResponse(finish_reason=reason)).finish_reason == expected
@@ -107,15 +107,15 @@ class FakeGeneration(pb_grpc.GenerationServicer):
                 raise
         if rid == "broken":
             yield pb.GenerateResponse(request_id=rid, text="par")
-            yield pb.GenerateResponse(request_id=rid, finish_reason=pb.ERROR, error="worker died")
+            yield pb.GenerateResponse(request_id=rid, finish_reason=pb.FINISH_REASON_ERROR, error="worker died")
             return
         # Two samples, interleaved.
         for index, parts in ((0, ["Hel", "lo", "!"]), (1, ["Bye"])):
             for part in parts:
                 yield pb.GenerateResponse(request_id=rid, index=index, text=part, token_ids=[len(part)])
-        yield pb.GenerateResponse(request_id=rid, index=1, finish_reason=pb.LENGTH)
+        yield pb.GenerateResponse(request_id=rid, index=1, finish_reason=pb.FINISH_REASON_LENGTH)
         yield pb.GenerateResponse(
-            request_id=rid, index=0, finish_reason=pb.STOP, usage=pb.Usage(prompt_tokens=2, completion_tokens=4)
+            request_id=rid, index=0, finish_reason=pb.FINISH_REASON_STOP, usage=pb.Usage(prompt_tokens=2, completion_tokens=4)
         )
 
     async def Tokenize(self, request, context):

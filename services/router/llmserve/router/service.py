@@ -17,7 +17,6 @@ import logging
 
 import grpc
 import prometheus_client
-from grpc_reflection.v1alpha import reflection
 
 from llmserve.contract import wire
 from llmserve.contract.api_keys import ApiKeyInterceptor, ApiKeys
@@ -30,6 +29,7 @@ from llmserve.router.health import RouterHealth
 from llmserve.router.http_server import HttpServer
 from llmserve.router.limits import check_prompt_size, prompt_byte_limit
 from llmserve.router.openai_api import create_app
+from llmserve.router.reflection import enable_reflection
 from llmserve.router.request_decoding import DecodeErrorInterceptor
 from llmserve.router.scheduler_link import SchedulerLink
 from llmserve.router.tokenizer import PromptTokenizer
@@ -174,9 +174,7 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     servicer = GenerationServicer(generation)
     # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
     generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server.server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server.server
-    )
+    enable_reflection(server.server, (SERVICE_NAME, "grpc.health.v1.Health"))
     http = _http_server(config, generation) if config.http_port else None
     if http is not None:
         await http.start()

@@ -9,16 +9,16 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
-    FINISH_REASON_UNSET: _ClassVar[FinishReason]
-    STOP: _ClassVar[FinishReason]
-    LENGTH: _ClassVar[FinishReason]
-    ABORT: _ClassVar[FinishReason]
-    ERROR: _ClassVar[FinishReason]
-FINISH_REASON_UNSET: FinishReason
-STOP: FinishReason
-LENGTH: FinishReason
-ABORT: FinishReason
-ERROR: FinishReason
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_ABORT: _ClassVar[FinishReason]
+    FINISH_REASON_ERROR: _ClassVar[FinishReason]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_ABORT: FinishReason
+FINISH_REASON_ERROR: FinishReason
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class GenerationStub:
-    """Missing associated documentation comment in .proto file."""
+    """Text generation with the served model. The service name is part of every method
+    path on the wire, so it keeps its name (buf's SERVICE_SUFFIX is waived in buf.yaml).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -52,7 +54,9 @@ class GenerationStub:
 
 
 class GenerationServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Text generation with the served model. The service name is part of every method
+    path on the wire, so it keeps its name (buf's SERVICE_SUFFIX is waived in buf.yaml).
+    """
 
     def Generate(self, request, context):
         """Streams the completion of one prompt: one response per step per sample, the
@@ -103,7 +107,9 @@ def add_GenerationServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Generation:
-    """Missing associated documentation comment in .proto file."""
+    """Text generation with the served model. The service name is part of every method
+    path on the wire, so it keeps its name (buf's SERVICE_SUFFIX is waived in buf.yaml).
+    """
 
     @staticmethod
     def Generate(request,

@@ -1,0 +1,89 @@
+// Original file: llmserve/v1/generation.proto
+
+import type { TokenLogprobs as _llmserve_v1_TokenLogprobs, TokenLogprobs__Output as _llmserve_v1_TokenLogprobs__Output } from '../../llmserve/v1/TokenLogprobs';
+import type { FinishReason as _llmserve_v1_FinishReason, FinishReason__Output as _llmserve_v1_FinishReason__Output } from '../../llmserve/v1/FinishReason';
+import type { Usage as _llmserve_v1_Usage, Usage__Output as _llmserve_v1_Usage__Output } from '../../llmserve/v1/Usage';
+
+/**
+ * One piece of the stream of one sample.
+ */
+export interface GenerateResponse {
+  /**
+   * The request's id (assigned by the router when the request left it empty).
+   */
+  'request_id'?: (string);
+  /**
+   * Which of the n samples, from 0.
+   */
+  'index'?: (number);
+  /**
+   * New text since the previous response of this sample (whole UTF-8 characters).
+   */
+  'text'?: (string);
+  /**
+   * New token ids since the previous response.
+   */
+  'token_ids'?: (number)[];
+  /**
+   * One per new token, when asked for.
+   */
+  'logprobs'?: (_llmserve_v1_TokenLogprobs)[];
+  /**
+   * Set on the sample's last response.
+   */
+  'finish_reason'?: (_llmserve_v1_FinishReason);
+  /**
+   * On the last response of the request.
+   */
+  'usage'?: (_llmserve_v1_Usage | null);
+  /**
+   * The stop string or token that ended it, if any.
+   */
+  'stop_reason'?: (string);
+  /**
+   * With FINISH_REASON_ERROR: what went wrong.
+   */
+  'error'?: (string);
+}
+
+/**
+ * One piece of the stream of one sample.
+ */
+export interface GenerateResponse__Output {
+  /**
+   * The request's id (assigned by the router when the request left it empty).
+   */
+  'request_id': (string);
+  /**
+   * Which of the n samples, from 0.
+   */
+  'index': (number);
+  /**
+   * New text since the previous response of this sample (whole UTF-8 characters).
+   */
+  'text': (string);
+  /**
+   * New token ids since the previous response.
+   */
+  'token_ids': (number)[];
+  /**
+   * One per new token, when asked for.
+   */
+  'logprobs': (_llmserve_v1_TokenLogprobs__Output)[];
+  /**
+   * Set on the sample's last response.
+   */
+  'finish_reason': (_llmserve_v1_FinishReason__Output);
+  /**
+   * On the last response of the request.
+   */
+  'usage': (_llmserve_v1_Usage__Output | null);
+  /**
+   * The stop string or token that ended it, if any.
+   */
+  'stop_reason': (string);
+  /**
+   * With FINISH_REASON_ERROR: what went wrong.
+   */
+  'error': (string);
+}

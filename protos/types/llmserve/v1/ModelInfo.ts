@@ -1,0 +1,102 @@
+// Original file: llmserve/v1/generation.proto
+
+
+/**
+ * The served model and the engine's limits.
+ */
+export interface ModelInfo {
+  /**
+   * The served model's name.
+   */
+  'model'?: (string);
+  /**
+   * Prompt + completion tokens, at most.
+   */
+  'max_model_len'?: (number);
+  /**
+   * Size of the model's vocabulary (token ids are below it).
+   */
+  'vocab_size'?: (number);
+  /**
+   * Token ids that end generation unless ignore_eos is set.
+   */
+  'eos_token_ids'?: (number)[];
+  /**
+   * The weights' dtype: "float32", "bfloat16", ...
+   */
+  'dtype'?: (string);
+  /**
+   * Tokens per KV cache block.
+   */
+  'block_size'?: (number);
+  /**
+   * KV cache blocks the scheduler manages.
+   */
+  'num_kv_blocks'?: (number);
+  /**
+   * Tensor-parallel ranks the model is split over.
+   */
+  'tensor_parallel_size'?: (number);
+  /**
+   * The tokenizer's beginning-of-sequence token id.
+   */
+  'bos_token_id'?: (number);
+  /**
+   * Where the model runs: "cpu", or "cuda (<GPU name>)".
+   */
+  'device'?: (string);
+  /**
+   * Decode steps replay CUDA graphs (off: eager, or not on CUDA).
+   */
+  'cuda_graphs'?: (boolean);
+}
+
+/**
+ * The served model and the engine's limits.
+ */
+export interface ModelInfo__Output {
+  /**
+   * The served model's name.
+   */
+  'model': (string);
+  /**
+   * Prompt + completion tokens, at most.
+   */
+  'max_model_len': (number);
+  /**
+   * Size of the model's vocabulary (token ids are below it).
+   */
+  'vocab_size': (number);
+  /**
+   * Token ids that end generation unless ignore_eos is set.
+   */
+  'eos_token_ids': (number)[];
+  /**
+   * The weights' dtype: "float32", "bfloat16", ...
+   */
+  'dtype': (string);
+  /**
+   * Tokens per KV cache block.
+   */
+  'block_size': (number);
+  /**
+   * KV cache blocks the scheduler manages.
+   */
+  'num_kv_blocks': (number);
+  /**
+   * Tensor-parallel ranks the model is split over.
+   */
+  'tensor_parallel_size': (number);
+  /**
+   * The tokenizer's beginning-of-sequence token id.
+   */
+  'bos_token_id': (number);
+  /**
+   * Where the model runs: "cpu", or "cuda (<GPU name>)".
+   */
+  'device': (string);
+  /**
+   * Decode steps replay CUDA graphs (off: eager, or not on CUDA).
+   */
+  'cuda_graphs': (boolean);
+}

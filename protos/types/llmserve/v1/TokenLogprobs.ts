@@ -1,0 +1,46 @@
+// Original file: llmserve/v1/generation.proto
+
+
+/**
+ * A token's logprob and the most likely alternatives at its position.
+ */
+export interface TokenLogprobs {
+  /**
+   * The sampled token.
+   */
+  'token_id'?: (number);
+  /**
+   * Its log-probability under the model (before sampling filters).
+   */
+  'logprob'?: (number | string);
+  /**
+   * Most likely tokens, best first.
+   */
+  'top_token_ids'?: (number)[];
+  /**
+   * Their log-probabilities, parallel to top_token_ids.
+   */
+  'top_logprobs'?: (number | string)[];
+}
+
+/**
+ * A token's logprob and the most likely alternatives at its position.
+ */
+export interface TokenLogprobs__Output {
+  /**
+   * The sampled token.
+   */
+  'token_id': (number);
+  /**
+   * Its log-probability under the model (before sampling filters).
+   */
+  'logprob': (number);
+  /**
+   * Most likely tokens, best first.
+   */
+  'top_token_ids': (number)[];
+  /**
+   * Their log-probabilities, parallel to top_token_ids.
+   */
+  'top_logprobs': (number)[];
+}
