@@ -23,7 +23,10 @@ case "${LLMSERVE_INSECURE:-}" in
   1|true|yes|on) scheme=http; args+=(--http2-prior-knowledge) ;;
   *) scheme=https; [ -n "${LLMSERVE_TLS_CA:-}" ] && args+=(--cacert "$LLMSERVE_TLS_CA") ;;
 esac
-[ -n "${LLMSERVE_API_KEY:-}" ] && args+=(-H "authorization: Bearer $LLMSERVE_API_KEY")
+# The key goes on the call and on the reflection requests (buf sends -H on the call only).
+if [ -n "${LLMSERVE_API_KEY:-}" ]; then
+  args+=(-H "authorization: Bearer $LLMSERVE_API_KEY" --reflect-header "authorization: Bearer $LLMSERVE_API_KEY")
+fi
 # JSON in the proto3 mapping: field names as in the .proto, enums by name.
 body=$(python3 -c 'import json, sys; print(json.dumps({
     "messages": {"messages": [{"role": "user", "content": sys.argv[1]}]},

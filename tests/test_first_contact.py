@@ -174,10 +174,17 @@ def test_worker_that_cannot_reach_its_scheduler(tiny_llama_dir):
     assert debug.returncode != 0 and "Traceback (most recent call last)" in debug.stderr
 
 
-def test_router_that_cannot_reach_its_scheduler(tiny_llama_dir):
+def test_router_with_a_model_directory_without_tokenizer(tiny_llama_dir):
+    # The tiny test models carry weights and config only.
+    assert_one_line(["router", "--insecure", "--model", str(tiny_llama_dir), "--port", "0", "--metrics-port", "0"],
+                    f"router: cannot load a tokenizer from {tiny_llama_dir} (no tokenizer files) (the router needs "
+                    f"the model's tokenizer.json (or tokenizer.model) and tokenizer_config.json beside config.json)")
+
+
+def test_router_that_cannot_reach_its_scheduler():
     """The router too: says why it waits every few seconds, gives up after --connect-timeout."""
     scheduler = f"localhost:{free_port()}"  # Nothing listens there.
-    result = llmserve("router", "--insecure", "--model", str(tiny_llama_dir), "--port", "0", "--metrics-port", "0",
+    result = llmserve("router", "--insecure", "--model", "default", "--port", "0", "--metrics-port", "0",
                       "--scheduler", scheduler, "--connect-timeout", "12")
     assert result.returncode != 0
     fix = "is the scheduler running? --scheduler sets its address"

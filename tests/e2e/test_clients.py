@@ -40,12 +40,12 @@ async def greedy_chat_text(cluster, max_tokens: int) -> str:
 
 async def test_node_example_streams_the_same_greedy_text_as_python(cluster, node_example):
     result = subprocess.run(["node", "stream_chat.js", PROMPT], cwd=node_example, capture_output=True, text=True,
-                            env=client_env(cluster, MAX_TOKENS="12"), timeout=120)
+                            env=client_env(cluster, MAX_TOKENS="4"), timeout=120)
     assert result.returncode == 0, result.stderr
     text, _, summary = result.stdout.rpartition("\n[")
-    # max_tokens arrived (snake_case kept by the loader): the sample stopped at 12 tokens.
-    assert summary.startswith("FINISH_REASON_LENGTH") and "completion_tokens=12" in summary, result.stdout
-    assert text == await greedy_chat_text(cluster, 12)
+    # max_tokens arrived (snake_case kept by the loader): the sample stopped at 4 tokens (its whole answer is 8).
+    assert summary.startswith("FINISH_REASON_LENGTH") and "completion_tokens=4" in summary, result.stdout
+    assert text == await greedy_chat_text(cluster, 4)
 
 
 def test_node_example_reports_a_refused_key_in_one_line(cluster, node_example):
@@ -65,12 +65,12 @@ def buf_curl(cluster, *args: str, **env) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("protocol", ["grpc-v1", "grpc-v1alpha"])
 async def test_buf_curl_example_streams_through_reflection(cluster, protocol):
-    result = buf_curl(cluster, PROMPT, MAX_TOKENS="8", REFLECT_PROTOCOL=protocol)
+    result = buf_curl(cluster, PROMPT, MAX_TOKENS="5", REFLECT_PROTOCOL=protocol)
     assert result.returncode == 0, result.stderr
     # buf curl prints each streamed message as a JSON object (proto3 JSON mapping).
     messages = [json.loads(chunk) for chunk in result.stdout.replace("}\n{", "}\x00{").split("\x00")]
     assert messages[-1]["finishReason"] == "FINISH_REASON_LENGTH"
-    assert "".join(m.get("text", "") for m in messages) == await greedy_chat_text(cluster, 8)
+    assert "".join(m.get("text", "") for m in messages) == await greedy_chat_text(cluster, 5)
 
 
 @pytest.mark.parametrize("service", ["grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"])
@@ -117,7 +117,7 @@ request = pb.GenerateRequest(text='The capital of France is', params=pb.Sampling
 pieces = list(stub.Generate(request, metadata=[('authorization', 'Bearer {cluster.api_key}')]))
 print(pb.FinishReason.Name(pieces[-1].finish_reason), pieces[-1].usage.completion_tokens)
 """
-    result = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=120,
+    result = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["FINISH_REASON_LENGTH", "5"]

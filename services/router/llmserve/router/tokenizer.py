@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmserve.contract.startup_errors import StartupError
+
 # A chat: ``[("user", "Hi")]`` or ``[{"role": "user", "content": "Hi"}]``.
 Messages = Sequence[tuple[str, str]] | Sequence[Mapping[str, Any]]
 
@@ -98,7 +100,15 @@ class PromptTokenizer:
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"{path} is not a model directory")
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as err:
+            # HF's own message lists conversion libraries; the usual cause is a directory
+            # without tokenizer.json (weights copied alone).
+            found = ", ".join(sorted(p.name for p in path.glob("tokenizer*"))) or "no tokenizer files"
+            raise StartupError(f"cannot load a tokenizer from {path} ({found})",
+                               "the router needs the model's tokenizer.json (or tokenizer.model) and "
+                               "tokenizer_config.json beside config.json") from err
         return cls(
             tokenizer,
             name=path.name,
