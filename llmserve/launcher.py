@@ -1,4 +1,5 @@
-"""A local cluster: router, scheduler and worker as three processes on localhost.
+"""A local cluster: router, scheduler and worker as three processes on localhost (with
+--dp-size N, N replicas of scheduler + worker behind the one router).
 
 Used by `llmserve up` and by the end-to-end tests. Each child is the same
 `llmserve <service>` command that docker-compose or Kubernetes would run. Secure by
@@ -59,6 +60,13 @@ class ClusterSpec:
     tp_size: int = 1  # A TP x PP group: one worker process per rank ("worker-0", "worker-1", ...).
     pp_size: int = 1
     dist_port: int | None = None  # Rendezvous port of the group (a free one when None).
+    # Data parallelism: replicas of scheduler + worker group behind the router. Replica 0
+    # uses scheduler_port / worker_port; replica i > 0 the i-th (scheduler, worker) pair of
+    # replica_ports (default: scheduler_port + 2i, worker_port + 2i).
+    dp_size: int = 1
+    replica_ports: list[tuple[int, int]] | None = None
+    # Flags for one process only, by its name ("router", "scheduler@1", ...), after the rest.
+    process_args: dict[str, list[str]] = field(default_factory=dict)
     # Environment variables for one service's processes on top of this process's own:
     # {"router" | "scheduler" | "worker": {name: value}} ("worker": every rank of a group).
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -83,28 +91,63 @@ class ClusterSpec:
         model = ["--model", str(self.model_dir)]
         if self.model_name:
             model += ["--served-model-name", self.model_name]
-        scheduler_addr = f"localhost:{self.scheduler_port}"
-        worker = base + ["worker", *model, "--host", "127.0.0.1", "--scheduler", scheduler_addr, *security(WORKER),
-                         *self.worker_args]
-        commands = {
-            "scheduler": base + ["scheduler", "--host", "127.0.0.1", "--port", str(self.scheduler_port),
-                                 *security(SCHEDULER), *self.scheduler_args],
-        }
-        world = self.tp_size * self.pp_size
-        if world == 1:
-            commands["worker"] = worker + ["--port", str(self.worker_port)]
-        else:
+        commands = {}
+        schedulers = []
+        for replica, (scheduler_port, worker_port) in enumerate(self.ports()):
+            # dp 1: "scheduler", "worker" (or "worker-<rank>"); dp N: the same names + "@<replica>".
+            suffix = f"@{replica}" if self.dp_size > 1 else ""
+            scheduler_addr = f"localhost:{scheduler_port}"
+            schedulers.append(scheduler_addr)
+            commands["scheduler" + suffix] = base + [
+                "scheduler", "--host", "127.0.0.1", "--port", str(scheduler_port), *security(SCHEDULER),
+                *self.scheduler_args]
+            worker = base + ["worker", *model, "--host", "127.0.0.1", "--scheduler", scheduler_addr,
+                             *security(WORKER), *self.worker_args]
+            world = self.tp_size * self.pp_size
+            if world == 1:
+                commands["worker" + suffix] = worker + ["--port", str(worker_port)]
+                continue
             if self.dist_port is None:
                 self.dist_port = free_port()
+            dist_port = self.dist_port if replica == 0 else free_port()
             for rank in range(world):  # rank 0 on worker_port, the others on free ports
-                commands[f"worker-{rank}"] = worker + [
-                    "--port", str(self.worker_port if rank == 0 else 0), "--tp-size", str(self.tp_size),
+                commands[f"worker-{rank}{suffix}"] = worker + [
+                    "--port", str(worker_port if rank == 0 else 0), "--tp-size", str(self.tp_size),
                     "--pp-size", str(self.pp_size), "--rank", str(rank),
-                    "--dist-init", f"tcp://127.0.0.1:{self.dist_port}"]
+                    "--dist-init", f"tcp://127.0.0.1:{dist_port}"]
         commands["router"] = base + ["router", *model, "--host", "127.0.0.1", "--port", str(self.router_port),
-                                     "--scheduler", scheduler_addr, "--http-port", str(self.http_port),
+                                     "--scheduler", ",".join(schedulers), "--http-port", str(self.http_port),
                                      *security(ROUTER), *self.router_args]
+        for name in commands:
+            # "worker@1" names every rank of replica 1's group ("worker-0@1", "worker-1@1").
+            commands[name] = commands[name] + list(self.process_args.get(_without_rank(name), []))
         return commands
+
+    def ports(self) -> list[tuple[int, int]]:
+        """(scheduler port, worker port) of each replica."""
+        extra = self.replica_ports or [(self.scheduler_port + 2 * i, self.worker_port + 2 * i)
+                                       for i in range(1, self.dp_size)]
+        if len(extra) < self.dp_size - 1:
+            raise ValueError(f"dp_size {self.dp_size} needs {self.dp_size - 1} replica_ports, got {len(extra)}")
+        return [(self.scheduler_port, self.worker_port), *extra[: self.dp_size - 1]]
+
+
+def _serving(stub) -> bool:
+    try:
+        reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+    except grpc.RpcError:
+        return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _without_rank(process_name: str) -> str:
+    service, _, replica = process_name.partition("@")
+    return service.split("-")[0] + (f"@{replica}" if replica else "")
+
+
+def service_of(process_name: str) -> str:
+    """"worker-1@2" -> "worker": the service a local cluster's process runs."""
+    return process_name.split("@")[0].split("-")[0]
 
 
 class LocalCluster:
@@ -134,6 +177,11 @@ class LocalCluster:
         return f"localhost:{self.spec.scheduler_port}"
 
     @property
+    def scheduler_addresses(self) -> list[str]:
+        """Every replica's scheduler, replica 0 first."""
+        return [f"localhost:{scheduler_port}" for scheduler_port, _ in self.spec.ports()]
+
+    @property
     def worker_address(self) -> str:
         return f"localhost:{self.spec.worker_port}"
 
@@ -161,15 +209,18 @@ class LocalCluster:
         caller = ROUTER if service == SCHEDULER else SCHEDULER
         return channel_credentials(c.ca, c.cert(caller), c.key(caller))
 
-    def address(self, service: str) -> str:
-        return {ROUTER: self.router_address, SCHEDULER: self.scheduler_address, WORKER: self.worker_address}[service]
+    def address(self, service: str, replica: int = 0) -> str:
+        if service == ROUTER:
+            return self.router_address
+        scheduler_port, worker_port = self.spec.ports()[replica]
+        return f"localhost:{scheduler_port if service == SCHEDULER else worker_port}"
 
-    def channel(self, service: str = ROUTER, api_key: bool = True) -> grpc.aio.Channel:
-        """An asyncio channel to `service` (see credentials_for)."""
+    def channel(self, service: str = ROUTER, api_key: bool = True, replica: int = 0) -> grpc.aio.Channel:
+        """An asyncio channel to `service` (of data-parallel `replica`; see credentials_for)."""
         creds = self.credentials_for(service, api_key)
         if creds is None:
-            return grpc.aio.insecure_channel(self.address(service))
-        return grpc.aio.secure_channel(self.address(service), creds)
+            return grpc.aio.insecure_channel(self.address(service, replica))
+        return grpc.aio.secure_channel(self.address(service, replica), creds)
 
     def client(self, **kwargs):
         """An LLMServeClient for the router, with this cluster's CA and API key."""
@@ -197,11 +248,11 @@ class LocalCluster:
             self.spec.log_dir.mkdir(parents=True, exist_ok=True)
             stderr = open(self.spec.log_dir / f"{name}.log", "ab")
         cmd = self.spec.commands(self.credentials)[name]
-        env = dict(os.environ, **self.spec.service_env.get(name.split("-")[0], {}))
-        world = self.spec.tp_size * self.spec.pp_size
-        if name.startswith("worker-") and "OMP_NUM_THREADS" not in env:
-            # NOTE: ranks of one group share this host's cores; don't oversubscribe them.
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // world))
+        env = dict(os.environ, **self.spec.service_env.get(service_of(name), {}))
+        workers = self.spec.tp_size * self.spec.pp_size * self.spec.dp_size
+        if service_of(name) == "worker" and workers > 1 and "OMP_NUM_THREADS" not in env:
+            # NOTE: ranks and replicas share this host's cores; don't oversubscribe them.
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
         self.processes[name] = subprocess.Popen(cmd, env=env, stderr=stderr, stdin=subprocess.DEVNULL)
         return self.processes[name]
 
@@ -219,16 +270,19 @@ class LocalCluster:
                         raise StartupError(f"the {name} exited with code {proc.returncode} during start-up"
                                            + self._log_hint(name), f"{where}; --log-level DEBUG shows the "
                                                                    f"traceback")
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
+                if _serving(stub) and all(self._scheduler_serving(a) for a in self.scheduler_addresses[1:]):
+                    return
                 if time.monotonic() > deadline:
                     raise StartupError(f"the cluster was not ready after {timeout_s:.0f} s",
                                        "--startup-timeout sets how long to wait")
                 time.sleep(0.25)
+
+    def _scheduler_serving(self, address: str) -> bool:
+        """A replica's scheduler has its worker (the router serves once any replica does)."""
+        creds = self.credentials_for(SCHEDULER)
+        channel = grpc.insecure_channel(address) if creds is None else grpc.secure_channel(address, creds)
+        with channel:
+            return _serving(health_pb2_grpc.HealthStub(channel))
 
     def _log_hint(self, name: str) -> str:
         if self.spec.log_dir is None:
@@ -243,9 +297,9 @@ class LocalCluster:
         done); SIGKILL whatever is left after `timeout_s`. Returns the exit codes."""
         if timeout_s is None:
             timeout_s = self.spec.shutdown_timeout_s + 15.0
-        # Router first, so clients stop arriving; then the engine; the worker last.
-        workers = sorted(n for n in self.processes if n.startswith("worker"))
-        for name in ("router", "scheduler", *workers):
+        # Router first, so clients stop arriving; then the engines; the workers last.
+        order = {"router": 0, "scheduler": 1, "worker": 2}
+        for name in sorted(self.processes, key=lambda n: (order[service_of(n)], n)):
             proc = self.processes.get(name)
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -314,22 +368,36 @@ class UpConfig:
     http_port: int = setting(8000, help="the router's OpenAI-compatible HTTP API port (0 = off)")
     scheduler_port: int = setting(50052, help="the scheduler's port")
     worker_port: int = setting(50053, help="the worker's port (rank 0's in a group)")
+    dp_size: int = setting(1, help="data-parallel replicas (a scheduler and a worker group each) behind the router; "
+                                   "replica i listens on --scheduler-port + 2i and --worker-port + 2i")
     prompt: str | None = setting(None, help="answer this prompt (as a chat message), then stop",
                                  unset="none: serve until Ctrl-C")
     max_tokens: int = setting(128, help="token limit of the --prompt answer")
     startup_timeout: float = setting(600.0, help="seconds the cluster may take to become ready")
-    metrics_port: int = setting(0, help="Prometheus endpoints: router, scheduler, worker on PORT, +1, +2 (0 = off)")
+    metrics_port: int = setting(0, help="Prometheus endpoints: router, scheduler, worker on PORT, +1, +2; with "
+                                        "--dp-size N, each replica's scheduler and worker on the next two (0 = off)")
     shutdown_timeout: float = setting(30.0, help="after SIGTERM, seconds in-flight streams may run on")
 
 
 def cluster_ports(config: UpConfig) -> dict[int, tuple[str, str]]:
     """Every port `up` will listen on -> (what listens there, the flag that moves it)."""
-    ports = {config.port: ("the router", "--port"), config.scheduler_port: ("the scheduler", "--scheduler-port"),
-             config.worker_port: ("the worker", "--worker-port")}
+    ports = {config.port: ("the router", "--port")}
+    for i in range(config.dp_size):
+        replica = f" of replica {i}" if config.dp_size > 1 else ""
+        ports[config.scheduler_port + 2 * i] = (f"the scheduler{replica}", "--scheduler-port")
+        ports[config.worker_port + 2 * i] = (f"the worker{replica}", "--worker-port")
     if config.metrics_port:
-        for offset, name in enumerate(("router", "scheduler", "worker")):
+        for offset, name in enumerate(metrics_port_owners(config.dp_size)):
             ports[config.metrics_port + offset] = (f"the {name}'s metrics", "--metrics-port")
     return ports
+
+
+def metrics_port_owners(dp_size: int) -> list[str]:
+    """Who serves metrics on --metrics-port + 0, 1, 2, ...: the router, then each replica's
+    scheduler and worker."""
+    if dp_size == 1:
+        return ["router", "scheduler", "worker"]
+    return ["router", *[f"{s}@{i}" for i in range(dp_size) for s in ("scheduler", "worker")]]
 
 
 def check_ports_free(config: UpConfig, host: str = "127.0.0.1") -> None:
@@ -353,11 +421,11 @@ def run_local_cluster(config: UpConfig, log_level: str = "INFO") -> int:
     check_ports_free(config)
     model_dir = resolve_model_dir(worker.model)  # Convert the default model once, before the children race.
     check_model_dir(model_dir)  # A model the worker cannot load fails here, in a line, before any process starts.
-    ops = {"router": [], "scheduler": [], "worker": []}
-    for offset, name in enumerate(ops):
-        ops[name] += ["--shutdown-timeout", str(config.shutdown_timeout)]
-        if config.metrics_port:
-            ops[name] += ["--metrics-port", str(config.metrics_port + offset)]
+    ops = {name: ["--shutdown-timeout", str(config.shutdown_timeout)] for name in ("router", "scheduler", "worker")}
+    metrics = {}
+    if config.metrics_port:
+        metrics = {name: ["--metrics-port", str(config.metrics_port + offset)]
+                   for offset, name in enumerate(metrics_port_owners(config.dp_size))}
     spec = ClusterSpec(model_dir=model_dir, router_port=config.port, http_port=config.http_port,
                        scheduler_port=config.scheduler_port,
                        worker_port=config.worker_port, model_name=worker.served_model_name,
@@ -365,7 +433,8 @@ def run_local_cluster(config: UpConfig, log_level: str = "INFO") -> int:
                        worker_args=config.engine.worker_argv() + ops["worker"],
                        router_args=to_argv(config.router, skip=_ROUTER_SET_BY_LAUNCHER + ("insecure",)) + ops["router"],
                        shutdown_timeout_s=config.shutdown_timeout, log_level=log_level,
-                       tp_size=worker.tp_size, pp_size=worker.pp_size, insecure=config.router.security.insecure)
+                       tp_size=worker.tp_size, pp_size=worker.pp_size, insecure=config.router.security.insecure,
+                       dp_size=config.dp_size, process_args=metrics)
     config.router.security.warn_if_insecure("the local cluster (router, scheduler and worker)")
     cluster = LocalCluster(spec)
     # Ctrl-C reaches the whole foreground process group; the children shut down on it

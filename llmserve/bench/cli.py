@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from llmserve.bench.overload import add_overload_arguments
 from llmserve.bench.random_model import PRESETS
+from llmserve.bench.routing import add_routing_arguments
 from llmserve.bench.workloads import add_workload_flags
 from llmserve.launcher import EngineSettings
 from llmserve.settings import Command, add_flags, group, resolve
@@ -80,6 +81,11 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
                        help="rounds (each on a fresh cluster with --launch, then its in-process decode step); "
                             "figures are the median round's")
 
+    routing = bench_sub.add_parser("routing", help="routing policies over data-parallel replicas, side by side: "
+                                                   "cached-token fraction and throughput")
+    common(routing)
+    add_routing_arguments(routing)
+
     over = bench_sub.add_parser("overload", help="admission control: 2x the sustainable rate, refusals and TTFT")
     add_flags(over, BenchSettings)
     add_overload_arguments(over)
@@ -136,6 +142,10 @@ def run_bench(args) -> int:
         from llmserve.bench.kv_sizing import bench_kv_sizing
 
         return bench_kv_sizing(args)
+    if args.bench_command == "routing":
+        from llmserve.bench.routing import bench_routing
+
+        return bench_routing(args)
     if args.bench_command == "overload":
         from llmserve.bench.overload import bench_overload
 
@@ -145,6 +155,6 @@ def run_bench(args) -> int:
     return bench_serve(args)
 
 
-COMMAND = Command("bench", "benchmarks (throughput offline, serve online, overload, profile a step, decode graphs "
-                           "vs eager, KV sizing, a random model)", None, run_bench,
+COMMAND = Command("bench", "benchmarks (throughput offline, serve online, routing over replicas, overload, profile a "
+                           "step, decode graphs vs eager, KV sizing, a random model)", None, run_bench,
                   add_bench_arguments)

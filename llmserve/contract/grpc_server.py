@@ -133,10 +133,14 @@ def _bind_error(host: str, port: int) -> OSError | None:
     return None
 
 
-def channel(target: str, security: SecurityOptions, max_message_bytes: int = MAX_MESSAGE_BYTES) -> grpc.aio.Channel:
+def channel(target: str, security: SecurityOptions, max_message_bytes: int = MAX_MESSAGE_BYTES,
+            tls_name: str | None = None) -> grpc.aio.Channel:
     """A channel to another llmserve service: mutual TLS with this service's own
-    certificate (plaintext with --insecure)."""
+    certificate (plaintext with --insecure). `tls_name`: the name the peer's certificate
+    must carry when `target` is one of the addresses that name resolves to."""
     options = with_message_limits(CHANNEL_OPTIONS, max_message_bytes)
+    if tls_name is not None and not security.insecure:
+        options = options + [("grpc.ssl_target_name_override", tls_name), ("grpc.default_authority", tls_name)]
     if security.insecure:
         return grpc.aio.insecure_channel(target, options=options)
     return grpc.aio.secure_channel(target, internal_credentials(security), options=options)

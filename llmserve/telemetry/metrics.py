@@ -72,6 +72,15 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("llmserve.generation_tokens", "counter", "router", "tokens streamed to clients"),
     MetricSpec("llmserve.requests", "counter", "router", "finished requests",
                labels=("finish_reason",)),
+    MetricSpec("llmserve.routed_requests", "counter", "router",
+               "requests placed on a data-parallel replica (a migrated request counts again)",
+               labels=("replica", "policy")),
+    MetricSpec("llmserve.routed_cached_tokens", "counter", "router",
+               "prompt tokens the chosen replica was expected to hold in its prefix cache when the request was "
+               "placed (from its KV events)", labels=("replica",)),
+    MetricSpec("llmserve.migrated_requests", "counter", "router",
+               "requests moved to another replica after theirs failed mid-stream (resumed from their tokens so "
+               "far)"),
     # scheduler: queues, KV cache, steps
     MetricSpec("llmserve.queue_time", "histogram", "scheduler",
                "request arrival at the scheduler to its first scheduled step", "s", LATENCY_BUCKETS),
@@ -216,8 +225,15 @@ class RouterMetrics:
         self.prompt_tokens = _instrument(meter, "llmserve.prompt_tokens", self.label)
         self.generation_tokens = _instrument(meter, "llmserve.generation_tokens", self.label)
         self.requests = _instrument(meter, "llmserve.requests", self.label)
-        for counter in (self.prompt_tokens, self.generation_tokens):
+        self.routed = _instrument(meter, "llmserve.routed_requests", self.label)
+        self.routed_cached_tokens = _instrument(meter, "llmserve.routed_cached_tokens", self.label)
+        self.migrations = _instrument(meter, "llmserve.migrated_requests", self.label)
+        for counter in (self.prompt_tokens, self.generation_tokens, self.migrations):
             counter.add(0)  # Served as 0 from the start, not only after the first request.
+
+    def request_routed(self, replica: str, policy: str, expected_cached_tokens: int) -> None:
+        self.routed.add(1, {"replica": replica, "policy": policy})
+        self.routed_cached_tokens.add(expected_cached_tokens, {"replica": replica})
 
     def request_finished(self, arrival: float, first_token: float | None, num_tokens: int,
                          finish_reason: str) -> None:

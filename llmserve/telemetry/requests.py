@@ -46,6 +46,18 @@ class RouterRequest:
         self.span.set_attribute("llmserve.prompt_tokens", prompt_tokens)
         self.metrics.prompt_tokens.add(prompt_tokens)
 
+    def routed(self, replica: str, policy: str, expected_cached_tokens: int, migrated: bool = False) -> None:
+        """The replica chosen for this request (again, after a migration), and the prompt
+        tokens it was expected to hold in its prefix cache."""
+        self.span.add_event("router.routed", {"llmserve.replica": replica, "llmserve.routing_policy": policy,
+                                              "llmserve.expected_cached_tokens": expected_cached_tokens,
+                                              "llmserve.migrated": migrated})
+        self.span.set_attribute("llmserve.replica", replica)
+        self.span.set_attribute("llmserve.expected_cached_tokens", expected_cached_tokens)
+        self.metrics.request_routed(replica, policy, expected_cached_tokens)
+        if migrated:
+            self.metrics.migrations.add(1)
+
     def trace_context(self) -> dict[str, str]:
         """What the scheduler needs to put its spans under this request's span."""
         return tracing.context_to_map(self.span)

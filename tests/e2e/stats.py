@@ -8,17 +8,18 @@ from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.launcher import LocalCluster
 
 
-async def scheduler_stats(cluster: LocalCluster) -> scheduler_pb2.SchedulerStats:
-    async with cluster.channel("scheduler") as channel:
+async def scheduler_stats(cluster: LocalCluster, replica: int = 0) -> scheduler_pb2.SchedulerStats:
+    async with cluster.channel("scheduler", replica=replica) as channel:
         return await scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
 
 
-async def wait_all_blocks_free(cluster: LocalCluster, timeout_s: float = 30.0) -> scheduler_pb2.SchedulerStats:
+async def wait_all_blocks_free(cluster: LocalCluster, timeout_s: float = 30.0,
+                               replica: int = 0) -> scheduler_pb2.SchedulerStats:
     """Polls until nothing runs or waits and every KV block is back in the free pool."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        stats = await scheduler_stats(cluster)
+        stats = await scheduler_stats(cluster, replica)
         idle = stats.num_running == 0 and stats.num_waiting == 0
         if idle and stats.num_free_blocks == stats.num_total_blocks:
             return stats
@@ -27,7 +28,7 @@ async def wait_all_blocks_free(cluster: LocalCluster, timeout_s: float = 30.0) -
         await asyncio.sleep(0.1)
 
 
-async def block_audit(cluster: LocalCluster) -> scheduler_pb2.BlockAudit:
-    async with cluster.channel("scheduler") as channel:
+async def block_audit(cluster: LocalCluster, replica: int = 0) -> scheduler_pb2.BlockAudit:
+    async with cluster.channel("scheduler", replica=replica) as channel:
         return await scheduler_pb2_grpc.SchedulerStub(channel).GetBlockAudit(scheduler_pb2.GetBlockAuditRequest(),
                                                                              timeout=10)

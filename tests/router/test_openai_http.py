@@ -26,7 +26,7 @@ def http(generation: Generation, limit: int = 4096) -> httpx2.AsyncClient:
 
 def draining() -> Generation:
     """A router told to shut down: it refuses before touching the tokenizer or the scheduler."""
-    generation = Generation(tokenizer=None, link=None, metrics=None)
+    generation = Generation(tokenizer=None, replicas=None, metrics=None)
     generation.draining = True
     return generation
 

@@ -30,7 +30,7 @@ export interface ModelInfo {
    */
   'block_size'?: (number);
   /**
-   * KV cache blocks the scheduler manages.
+   * KV cache blocks the schedulers manage, over all data-parallel replicas serving.
    */
   'num_kv_blocks'?: (number);
   /**
@@ -49,6 +49,10 @@ export interface ModelInfo {
    * Decode steps replay CUDA graphs (off: eager, or not on CUDA).
    */
   'cuda_graphs'?: (boolean);
+  /**
+   * Data-parallel replicas (a scheduler and its workers each) serving now behind this router.
+   */
+  'data_parallel_size'?: (number);
 }
 
 /**
@@ -80,7 +84,7 @@ export interface ModelInfo__Output {
    */
   'block_size': (number);
   /**
-   * KV cache blocks the scheduler manages.
+   * KV cache blocks the schedulers manage, over all data-parallel replicas serving.
    */
   'num_kv_blocks': (number);
   /**
@@ -99,4 +103,8 @@ export interface ModelInfo__Output {
    * Decode steps replay CUDA graphs (off: eager, or not on CUDA).
    */
   'cuda_graphs': (boolean);
+  /**
+   * Data-parallel replicas (a scheduler and its workers each) serving now behind this router.
+   */
+  'data_parallel_size': (number);
 }

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from llmserve.contract.api_keys import ApiKeyOptions
 from llmserve.contract.grpc_server import ServerOptions, service_command
 from llmserve.contract.security import SecurityOptions
+from llmserve.router.discovery import parse_scheduler_addresses
+from llmserve.router.routing import ROUTING_POLICIES
 from llmserve.settings import format_bytes, group, parse_bytes, setting
 
 
@@ -21,9 +23,19 @@ class RouterConfig:
     http_port: int = setting(0, help="port of the OpenAI-compatible HTTP API (/v1/chat/completions, "
                                      "/v1/completions, /v1/models, /health, /metrics); same TLS and API keys as "
                                      "the gRPC port; 0 = off")
-    scheduler_address: str = setting("localhost:50052", flag="scheduler", help="the scheduler's address")
+    scheduler_address: str = setting(
+        "localhost:50052", flag="scheduler", parse=parse_scheduler_addresses,
+        help="the replicas' schedulers: host:port[,host:port...]; a host name that resolves to several addresses "
+             "(a Kubernetes headless Service) is one replica per address")
+    scheduler_resolve_interval_s: float = setting(
+        10.0, flag="scheduler-resolve-interval", help="seconds between DNS lookups of --scheduler's host names "
+                                                      "(replicas that appear join, those that vanish leave)")
+    routing_policy: str = setting("cache-aware", choices=ROUTING_POLICIES,
+                                  help="which replica runs a request: cache-aware (the longest cached prefix of "
+                                       "its prompt, from the replicas' KV events, unless that unbalances the "
+                                       "load), least-load, round-robin")
     connect_timeout_s: float = setting(600.0, flag="connect-timeout",
-                                       help="seconds to wait for the scheduler to serve a model")
+                                       help="seconds to wait at start-up for a scheduler to serve a model")
     # NOTE: the public port's own limit, smaller than the internal hops' --max-message-bytes:
     # gRPC reads a whole message into memory before any check of ours can run.
     max_request_bytes: int = setting(4 * 2**20, parse=parse_bytes, show=format_bytes,

@@ -2,8 +2,12 @@
 both translate their wire format into a `GenerateRequest` (the public API's request
 schema) and render what `Generation.generate` yields back into theirs.
 
-    GenerateRequest ─▶ validate ─▶ tokenize ─▶ SchedulerLink.add ─┐
-    (delta, usage) ◀── stop strings ◀─ detokenize ◀─ outputs queue ◀┘
+    GenerateRequest ─▶ validate ─▶ tokenize ─▶ pick a replica ─▶ SchedulerLink.add ─┐
+    (delta, usage) ◀── stop strings ◀─ detokenize ◀─────────────── outputs queue ◀───┘
+
+A replica that fails mid-stream (its scheduler or worker lost) hands its requests to
+another: resubmitted with the prompt and the tokens streamed so far, so the client's
+stream continues with no token lost or repeated.
 
 Refusals and failures are raised as `GenerationError` (a gRPC status code, which the
 HTTP side maps to an HTTP status). Closing the generator early (a client gone)
@@ -13,6 +17,7 @@ aborts the request in the scheduler, so its KV blocks are freed at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,12 +25,13 @@ from dataclasses import dataclass
 import grpc
 
 from llmserve.contract.grpc_server import grpc_status
-from llmserve.contract.outputs import FinishReason
+from llmserve.contract.outputs import ErrorCode, FinishReason
 from llmserve.contract.sampling import SamplingParams
 from llmserve.router.detokenizer import new_detokenizer
 from llmserve.router.limits import check_prompt_size, check_request_id, check_stop_sizes
 from llmserve.router.sample_stream import SampleDelta, SampleStream
-from llmserve.router.scheduler_link import SchedulerLink, SchedulerUnavailable
+from llmserve.router.replicas import Replica, ReplicaSet
+from llmserve.router.scheduler_link import SchedulerUnavailable
 from llmserve.router.stop_strings import StopStringMatcher
 from llmserve.router.tokenizer import PromptTokenizer
 from llmserve.router.validation import (
@@ -67,23 +73,23 @@ class Output:
 
 
 class Generation:
-    """The router's state shared by its front doors: the tokenizer, the scheduler
-    session, the served model's limits, and the ids of the requests running."""
+    """The router's state shared by its front doors: the tokenizer, the replicas (each a
+    scheduler session), the served model's limits, and the ids of the requests running."""
 
-    def __init__(self, tokenizer: PromptTokenizer, link: SchedulerLink, metrics: RouterMetrics):
+    def __init__(self, tokenizer: PromptTokenizer, replicas: ReplicaSet, metrics: RouterMetrics):
         self.tokenizer = tokenizer
-        self.link = link
+        self.replicas = replicas
         self.metrics = metrics
         self.draining = False  # After SIGTERM: new calls are refused, running ones finish.
-        # Known once the scheduler has a worker; until then every call is UNAVAILABLE.
+        # Known once a scheduler has a worker; until then every call is UNAVAILABLE.
         self.served: ServedModel | None = None
-        self.serving = False  # Follows the scheduler's health (set by the router's supervisor).
         self.active: set[str] = set()
+        self.placement: dict[str, Replica] = {}  # Running request -> the replica running it.
         self._aborts: set[asyncio.Task] = set()  # Aborts that must outlive a cancelled caller.
 
     @property
     def ready(self) -> bool:
-        return not self.draining and self.served is not None and self.serving and self.link.connected.is_set()
+        return not self.draining and self.served is not None and self.replicas.serving
 
     def require_ready(self) -> None:
         if self.draining:
@@ -108,65 +114,118 @@ class Generation:
             telemetry.finish("rejected", err.message)
             raise GenerationError(err.code, err.message) from None
         finish = "abort"  # Unless the samples end by themselves.
-        added = False
         engine_live: set[int] = set()  # Samples the engine still runs.
         try:  # NOTE: request_id is ours (claimed by _prepare) from here on; the finally releases it.
             telemetry.admitted(request_id, len(prompt_ids))
             # One engine request of n samples sharing the prompt's KV; sample i draws with seed + i.
             streams = [SampleStream(index=i, detokenizer=new_detokenizer(self.tokenizer),
                                     stop_matcher=StopStringMatcher(sampling.stop)) for i in range(n)]
+            generated: list[list[int]] = [[] for _ in range(n)]  # Each sample's tokens so far.
             unfinished = set(range(n))  # Samples the client has not seen end.
-            engine_live = set(range(n))
-            # NOTE: a client cancelling while the add is written may leave it sent: count it
-            # as added from here, so the finally aborts it (an abort of an unknown id is a no-op).
-            added = True
-            try:
-                queue = await self.link.add(request_id, prompt_ids, sampling, n=n, priority=request.priority,
-                                            trace_context=telemetry.trace_context(), deadline_ms=deadline_ms)
-            except SchedulerUnavailable as err:
-                added = False  # Refused before anything was written.
-                telemetry.finish("error", str(err))
-                telemetry = None
-                raise GenerationError(grpc.StatusCode.UNAVAILABLE, str(err)) from None
-            while unfinished:
-                out = await queue.get()
-                if out.finished:
-                    engine_live.discard(out.index)
-                if out.retry_after_ms and out.finish_reason == FinishReason.ERROR:
-                    # Refused (or displaced) before it ever ran: no delta, just the status
-                    # with its retry hint, as a client of a load-shedding server expects.
-                    engine_live.clear()
-                    telemetry.finish("refused", out.error)
+            tried: list[Replica] = []  # Replicas that failed it (a migration goes elsewhere).
+            submit = (prompt_ids, sampling)
+            while True:
+                # NOTE: a client cancelling while the add is written may leave it sent: the
+                # placement is recorded before the write, so the finally aborts it there (an
+                # abort of an unknown id is a no-op).
+                engine_live = set(unfinished)
+                try:
+                    replica, queue = await self._place(request_id, *submit, n, request.priority, telemetry,
+                                                       deadline_ms, exclude=tried)
+                except GenerationError as err:
+                    telemetry.finish("error", err.message)
                     telemetry = None
-                    raise GenerationError(grpc_status(out.error_code), out.error, out.retry_after_ms)
-                stream = streams[out.index] if 0 <= out.index < n else None
-                if stream is None or stream.finished:
-                    continue  # A sample cut by a stop string runs on until the request ends.
-                with telemetry.detokenizing():
-                    delta = stream.process(out, self.token_text)
-                telemetry.tokens_out(len(delta.token_ids))
-                if delta.finish_reason != FinishReason.NONE:
-                    unfinished.discard(out.index)
-                    finish = delta.finish_reason.name.lower()
-                yield Output(request_id, delta, None if unfinished else _usage(len(prompt_ids), streams))
-                if delta.finish_reason == FinishReason.ERROR:
-                    telemetry.finish("error", delta.error)
-                    telemetry = None
-                    raise GenerationError(grpc_status(out.error_code), delta.error or "generation failed")
+                    raise
+                lost = None
+                while unfinished:
+                    out = await queue.get()
+                    if out.finished:
+                        engine_live.discard(out.index)
+                    if out.retry_after_ms and out.finish_reason == FinishReason.ERROR:
+                        # Refused (or displaced) before it ever ran: no delta, just the status
+                        # with its retry hint, as a client of a load-shedding server expects.
+                        engine_live.clear()
+                        telemetry.finish("refused", out.error)
+                        telemetry = None
+                        raise GenerationError(grpc_status(out.error_code), out.error, out.retry_after_ms)
+                    if self._migratable(out, generated, tried + [replica]):
+                        lost = out
+                        break
+                    stream = streams[out.index] if 0 <= out.index < n else None
+                    if stream is None or stream.finished:
+                        continue  # A sample cut by a stop string runs on until the request ends.
+                    generated[out.index].extend(out.new_token_ids)
+                    with telemetry.detokenizing():
+                        delta = stream.process(out, self.token_text)
+                    telemetry.tokens_out(len(delta.token_ids))
+                    if delta.finish_reason != FinishReason.NONE:
+                        unfinished.discard(out.index)
+                        finish = delta.finish_reason.name.lower()
+                    yield Output(request_id, delta, None if unfinished else _usage(len(prompt_ids), streams))
+                    if delta.finish_reason == FinishReason.ERROR:
+                        telemetry.finish("error", delta.error)
+                        telemetry = None
+                        raise GenerationError(grpc_status(out.error_code), delta.error or "generation failed")
+                if lost is None:
+                    break
+                # Its replica failed mid-stream: resume elsewhere from the prompt and the
+                # tokens so far (recomputed there), so the stream goes on where it stopped.
+                self._unplace(request_id, replica)
+                engine_live = set()
+                tried.append(replica)
+                submit = resume_from(prompt_ids, sampling, generated)
         finally:
             if telemetry is not None:
                 telemetry.finish(finish)
             # Client cancelled or disconnected (CancelledError or GeneratorExit lands here), or done.
-            if added:
-                self.link.release(request_id)
+            if (placed := self.placement.get(request_id)) is not None:
+                self._unplace(request_id, placed)
                 if engine_live:
-                    await self._abort(request_id)
+                    await self._abort(placed, request_id)
             self.active.discard(request_id)
 
-    async def _abort(self, request_id: str) -> None:
+    async def _place(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, n: int, priority: int,
+                     telemetry: RouterRequest, deadline_ms: int, exclude: list[Replica]):
+        """Sends the request to the replica the routing policy picks; (replica, its outputs queue)."""
+        while True:
+            choice = self.replicas.choose(prompt_ids, exclude)
+            if choice is None:
+                reason = ("no replica is left to resume it on: " if exclude else "") + \
+                    "no worker is ready: the scheduler or worker is down"
+                raise GenerationError(grpc.StatusCode.UNAVAILABLE, reason)
+            replica, expected_cached = choice
+            self.placement[request_id] = replica
+            replica.in_flight += 1
+            try:
+                queue = await replica.link.add(request_id, prompt_ids, sampling, n=n, priority=priority,
+                                               trace_context=telemetry.trace_context(), deadline_ms=deadline_ms)
+            except SchedulerUnavailable:
+                self._unplace(request_id, replica)  # Refused before anything was written: try another.
+                exclude = exclude + [replica]
+                continue
+            telemetry.routed(replica.name, self.replicas.policy.name, expected_cached, migrated=bool(exclude))
+            return replica, queue
+
+    def _unplace(self, request_id: str, replica: Replica) -> None:
+        replica.link.release(request_id)
+        replica.in_flight -= 1
+        if self.placement.get(request_id) is replica:
+            del self.placement[request_id]
+
+    def _migratable(self, out, generated: list[list[int]], failed: list[Replica]) -> bool:
+        """Whether this output is its replica failing the request (not the request failing),
+        and the request can resume on another replica: one sample (or none started yet),
+        not shutting down, and some other replica serves."""
+        if out.finish_reason != FinishReason.ERROR or out.error_code != ErrorCode.UNAVAILABLE or self.draining:
+            return False
+        if len(generated) > 1 and any(generated):
+            return False  # n > 1 mid-stream: the samples' histories differ (see resume_from).
+        return any(r not in failed for r in self.replicas.routable())
+
+    async def _abort(self, replica: Replica, request_id: str) -> None:
         """Aborts in the scheduler even when the caller is being cancelled (an HTTP
         server may cancel a handler more than once): the abort runs as its own task."""
-        task = asyncio.ensure_future(self.link.abort([request_id]))
+        task = asyncio.ensure_future(replica.link.abort([request_id]))
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
         await asyncio.shield(task)
@@ -226,9 +285,19 @@ class Generation:
             raise invalid(f"the chat template rejected the messages: {err}") from err
 
 
+def resume_from(prompt_ids: list[int], sampling: SamplingParams, generated: list[list[int]]
+                ) -> tuple[list[int], SamplingParams]:
+    """What a migrated request sends its new replica: the prompt plus the tokens already
+    streamed (one sample; or n samples none of which started), and that many fewer
+    tokens to go. Greedy decoding continues exactly where it stopped."""
+    so_far = generated[0] if len(generated) == 1 else []
+    return prompt_ids + so_far, dataclasses.replace(sampling, max_tokens=sampling.max_tokens - len(so_far))
+
+
 def _usage(prompt_tokens: int, streams: list[SampleStream]) -> Usage:
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=sum(s.num_tokens for s in streams),
-        cached_tokens=max((s.num_cached_tokens for s in streams), default=0),
+        # A migrated request's new replica counts its resumed tokens as prompt: cap at the prompt.
+        cached_tokens=min(prompt_tokens, max((s.num_cached_tokens for s in streams), default=0)),
     )

@@ -17,14 +17,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.contract.grpc_server import MAX_MESSAGE_BYTES, SERVING, channel
 from llmserve.contract.security import SecurityOptions
-from llmserve.contract.startup_errors import StartupError, rpc_cause
+from llmserve.contract.startup_errors import rpc_cause
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.contract.sampling import SamplingParams
 from llmserve.contract.worker_info import WorkerInfo
 
 logger = logging.getLogger(__name__)
-WAIT_REPORT_S = 5.0  # How often a router waiting for its scheduler says why.
+WAIT_REPORT_S = 5.0  # How often a router waiting for its scheduler at start-up says why.
+WAIT_REPORT_IDLE_S = 30.0  # ... and later, while other replicas serve or after its deadline.
 
 
 class SchedulerUnavailable(RuntimeError):
@@ -36,9 +37,17 @@ def _unavailable(request_id: str, reason: str) -> RequestOutput:
 
 
 class SchedulerLink:
-    def __init__(self, address: str, security: SecurityOptions, max_message_bytes: int = MAX_MESSAGE_BYTES):
+    """The router's connection to one replica's scheduler. `address`: the gRPC target;
+    `tls_name`: the name its certificate carries when `address` is a resolved one;
+    `name`: how logs and errors call it."""
+
+    def __init__(self, address: str, security: SecurityOptions, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 tls_name: str | None = None, name: str | None = None):
         self.address = address
-        self._channel = channel(address, security, max_message_bytes)  # Mutual TLS: the router's certificate.
+        self.name = name or address
+        self.waiting = self.fix = ""  # Why it is not serving yet, and what to check.
+        # Mutual TLS: the router's certificate.
+        self._channel = channel(address, security, max_message_bytes, tls_name=tls_name)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._call = None
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
@@ -51,34 +60,46 @@ class SchedulerLink:
         self.saturated = False
         self.saturation_changed = asyncio.Event()
 
-    async def wait_serving_info(self, timeout_s: float) -> tuple[WorkerInfo, int]:
-        """Polls until the scheduler has a worker; returns (worker info, KV blocks). Says
-        what it waits for, and why, every few seconds; gives up after `timeout_s`
-        (--connect-timeout) with a StartupError."""
+    async def wait_serving_info(self, deadline: float | None = None) -> tuple[WorkerInfo, int]:
+        """Polls until the scheduler has a worker; returns (worker info, KV blocks). While
+        it waits, `waiting` says why (and `fix` what to check); every few seconds it says
+        so in the log, with the time left before `deadline` (a loop.time()) if there is one."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
         next_report = loop.time() + WAIT_REPORT_S  # A scheduler starting beside us is not news.
         while True:
             try:
                 # No wait_for_ready: a refused connection fails at once with its reason.
                 info = await self._stub.GetServingInfo(scheduler_pb2.GetServingInfoRequest(), timeout=5)
+                self.waiting = self.fix = ""
                 return wire.worker_info_from_pb(info.worker), info.num_kv_blocks
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    waiting = f"the scheduler at {self.address} has no worker yet"
-                    fix = "is a worker starting? it registers with --scheduler"
+                    self.waiting = f"the scheduler at {self.name} has no worker yet"
+                    self.fix = "is a worker starting? it registers with --scheduler"
                 else:
-                    waiting = f"cannot reach the scheduler at {self.address}: {rpc_cause(err.code().name, err.details(), 5)}"
-                    fix = "is the scheduler running? --scheduler sets its address"
+                    self.waiting = (f"cannot reach the scheduler at {self.name}: "
+                                    f"{rpc_cause(err.code().name, err.details(), 5)}")
+                    self.fix = "is the scheduler running? --scheduler sets its address"
                     if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                        raise StartupError(waiting, fix) from err
-            left = deadline - loop.time()
-            if left <= 0:
-                raise StartupError(f"{waiting} after {timeout_s:.0f} s", f"{fix}; --connect-timeout sets how long to wait")
+                        self.fix = "the scheduler refused the router: see its log"
             if loop.time() >= next_report:
-                logger.warning("router: %s (%s); waiting %.0f s more", waiting, fix, left)
-                next_report = loop.time() + WAIT_REPORT_S
-            await asyncio.sleep(min(0.5, left))
+                left = "" if deadline is None else f"; waiting {max(0.0, deadline - loop.time()):.0f} s more"
+                logger.warning("router: %s (%s)%s", self.waiting, self.fix, left)
+                next_report = loop.time() + (WAIT_REPORT_S if deadline is not None and loop.time() < deadline
+                                             else WAIT_REPORT_IDLE_S)
+            await asyncio.sleep(0.5)
+
+    async def load(self) -> scheduler_pb2.Load | None:
+        """The scheduler's load now; None if it cannot say (down, or too old for GetLoad)."""
+        try:
+            return await self._stub.GetLoad(scheduler_pb2.GetLoadRequest(), timeout=2)
+        except grpc.aio.AioRpcError:
+            return None
+
+    def kv_events(self, after_sequence: int, instance_id: str):
+        """The scheduler's KV event batches, from a snapshot or after `after_sequence`."""
+        return self._stub.SubscribeKvEvents(
+            scheduler_pb2.SubscribeKvEventsRequest(after_sequence=after_sequence, instance_id=instance_id))
 
     async def connect(self) -> None:
         """Opens a new Session stream (after a lost one, too)."""

@@ -1,7 +1,7 @@
 """The router: the public `llmserve.v1.Generation` API, and on --http-port the same
 API in OpenAI's wire format (openai_api.py); both run `Generation` (generation.py).
 
-    client ──Generate──▶ validate ─▶ tokenize ─▶ SchedulerLink.add ─┐
+    client ──Generate──▶ validate ─▶ tokenize ─▶ replica's SchedulerLink.add ─┐
     client ◀─deltas──── stop strings ◀─ detokenize ◀─ outputs queue ◀┘
 
 It owns everything textual (tokenizer, chat template, detokenization, stop strings);
@@ -31,7 +31,8 @@ from llmserve.router.limits import check_prompt_size, prompt_byte_limit
 from llmserve.router.openai_api import create_app
 from llmserve.router.reflection import enable_reflection
 from llmserve.router.request_decoding import DecodeErrorInterceptor
-from llmserve.router.scheduler_link import SchedulerLink
+from llmserve.router.replicas import ReplicaSet
+from llmserve.router.routing import make_policy
 from llmserve.router.tokenizer import PromptTokenizer
 from llmserve.router.validation import RequestError, ServedModel, check_model_name, invalid
 from llmserve.telemetry import RouterMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
@@ -40,7 +41,6 @@ from llmserve.v1 import generation_pb2, generation_pb2_grpc
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "llmserve.v1.Generation"
-HEALTH_POLL_S = 1.0  # How often the router re-reads the scheduler's health.
 NO_DEADLINE_S = 10 * 365 * 86400.0  # A deadline further off than this is no deadline.
 
 
@@ -133,7 +133,8 @@ def _deadline_budget_ms(context) -> int:
     return max(1, int(remaining * 1000))
 
 
-def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer) -> generation_pb2.ModelInfo:
+def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer,
+                num_replicas: int = 1) -> generation_pb2.ModelInfo:
     return generation_pb2.ModelInfo(
         model=served.name,
         max_model_len=served.max_model_len,
@@ -146,6 +147,7 @@ def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer) -> g
         bos_token_id=worker.bos_token_id,
         device=worker.device,
         cuda_graphs=worker.cuda_graphs,
+        data_parallel_size=num_replicas,
     )
 
 
@@ -168,11 +170,12 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
                            client_auth=False, max_message_bytes=config.server.max_message_bytes,
                            max_receive_bytes=config.max_request_bytes,
                            interceptors=interceptors + [DecodeErrorInterceptor()])
-    link = SchedulerLink(config.scheduler_address, config.security, config.server.max_message_bytes)
+    replicas = ReplicaSet(config.scheduler_address, config.security, config.server.max_message_bytes,
+                          make_policy(config.routing_policy), config.scheduler_resolve_interval_s)
     # One request path, two wire formats: gRPC here, OpenAI's HTTP API on --http-port.
-    generation = Generation(tokenizer, link, metrics)
+    generation = Generation(tokenizer, replicas, metrics)
     servicer = GenerationServicer(generation)
-    # Health and reflection answer from the start (NOT_SERVING until the scheduler has a worker).
+    # Health and reflection answer from the start (NOT_SERVING until a scheduler has a worker).
     generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server.server)
     enable_reflection(server.server, (SERVICE_NAME, "grpc.health.v1.Health"))
     http = _http_server(config, generation) if config.http_port else None
@@ -180,9 +183,9 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
         await http.start()
     await server.start()
     health = RouterHealth(server)
-    supervisor = asyncio.create_task(_stay_connected(config, link, servicer, health, tokenizer,
-                                                     longest_token_bytes))
-    saturation = asyncio.create_task(_follow_saturation(link, health))
+    await replicas.start(config.connect_timeout_s)
+    supervisor = asyncio.create_task(_follow_replicas(config, replicas, servicer, health, tokenizer,
+                                                      longest_token_bytes))
     stopped = asyncio.create_task(stop_event.wait())
     try:
         await asyncio.wait({supervisor, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -190,15 +193,14 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
             supervisor.result()  # Re-raises why the router cannot serve.
     finally:
         stopped.cancel()
-        saturation.cancel()
         await server.set_serving(False)
         if stop_event.is_set():
-            await _drain(generation, link, config.server.shutdown_timeout)
+            await _drain(generation, config.server.shutdown_timeout)
         supervisor.cancel()
         if http is not None:
             await http.stop()
         await server.stop(grace=2.0)
-        await link.close()
+        await replicas.close()
         shutdown_metrics()
         shutdown_tracing()
 
@@ -210,7 +212,7 @@ def _http_server(config: RouterConfig, generation: Generation) -> HttpServer:
     return HttpServer(app, config.server.host, config.http_port, config.security)
 
 
-async def _drain(generation: Generation, link: SchedulerLink, timeout_s: float) -> None:
+async def _drain(generation: Generation, timeout_s: float) -> None:
     """SIGTERM: refuse new calls (both front doors), let running streams finish for up to
     `timeout_s`, then end the rest with UNAVAILABLE."""
     generation.draining = True
@@ -223,69 +225,56 @@ async def _drain(generation: Generation, link: SchedulerLink, timeout_s: float) 
     if generation.active:
         left = sorted(generation.active)
         logger.warning("shutdown timeout: aborting %d requests", len(left))
-        link.fail_requests(left, f"unavailable: the router is shutting down (requests still running after"
-                                 f" the {timeout_s:.0f} s shutdown timeout were aborted)")
-        await link.abort(left)
-        end = loop.time() + 2.0
-        while generation.active and loop.time() < end:
-            await asyncio.sleep(0.05)
-    logger.info("drained")
+        for request_id in left:
+            if (replica := generation.placement.get(request_id)) is not None:
+                replica.link.fail_requests([request_id], f"unavailable: the router is shutting down (requests "
+                                                         f"still running after the {timeout_s:.0f} s shutdown "
+                                                         f"timeout were aborted)")
+                await replica.link.abort([request_id])
+        await asyncio.sleep(0.1)  # Let the failed streams end before the server stops.
 
 
-async def _stay_connected(config: RouterConfig, link: SchedulerLink, servicer: GenerationServicer,
-                          health: RouterHealth, tokenizer: PromptTokenizer, longest_token_bytes: int) -> None:
-    """Connects to the scheduler, and again whenever the session is lost. The router's
-    health follows the scheduler's: SERVING only while a worker can run steps."""
+async def _follow_replicas(config: RouterConfig, replicas: ReplicaSet, servicer: GenerationServicer,
+                           health: RouterHealth, tokenizer: PromptTokenizer, longest_token_bytes: int) -> None:
+    """Waits (up to --connect-timeout) for a first replica to serve, then keeps the served
+    model's limits and the router's health in step with the replicas: SERVING while any
+    serves, saturated while every serving one is."""
+    await replicas.wait_serving(config.connect_timeout_s)
+    last = None
     while True:
-        await _refresh_serving_info(config, link, servicer, tokenizer, longest_token_bytes)
-        await link.connect()
-        servicer.generation.serving = True
-        await health.update(serving=True)
-        logger.info("router serving %s on port %d", servicer.generation.served.name, health.server.port)
-        serving = True
-        while not link.disconnected.is_set():
-            try:
-                await asyncio.wait_for(link.disconnected.wait(), HEALTH_POLL_S)
-                break
-            except TimeoutError:
-                pass
-            now_serving = await link.scheduler_serving()
-            if now_serving and not serving:
-                # A worker (re)registered: its KV cache may differ from the last one's.
-                await _refresh_serving_info(config, link, servicer, tokenizer, longest_token_bytes)
-            if now_serving != serving:
-                servicer.generation.serving = serving = now_serving
-                await health.update(serving=now_serving)
-        servicer.generation.serving = False
-        await health.update(serving=False)
-        logger.warning("lost the scheduler session; reconnecting")
+        replicas.changed.clear()
+        infos = replicas.serving_infos()
+        if infos and infos != last:
+            _update_served(config, servicer, tokenizer, longest_token_bytes, infos, len(replicas.routable()))
+            last = infos
+        serving = replicas.serving
+        await health.update(serving=serving, saturated=replicas.saturated)
+        if serving:
+            logger.debug("router serving %s from %d replicas", servicer.generation.served.name,
+                         len(replicas.routable()))
+        await replicas.changed.wait()
 
 
-async def _follow_saturation(link: SchedulerLink, health: RouterHealth) -> None:
-    """The Generation service's health follows the scheduler's saturation, which its
-    session pushes as it changes (see health.py)."""
-    while True:
-        await link.saturation_changed.wait()
-        link.saturation_changed.clear()
-        await health.update(saturated=link.saturated)
-
-
-async def _refresh_serving_info(config: RouterConfig, link: SchedulerLink, servicer: GenerationServicer,
-                                tokenizer: PromptTokenizer, longest_token_bytes: int) -> None:
-    worker, num_kv_blocks = await link.wait_serving_info(config.connect_timeout_s)
-    # The KV cache must hold at least one whole sequence, or a request could never run.
-    max_model_len = min(worker.max_model_len, num_kv_blocks * worker.block_size)
+def _update_served(config: RouterConfig, servicer: GenerationServicer, tokenizer: PromptTokenizer,
+                   longest_token_bytes: int, infos: list, num_replicas: int) -> None:
+    """The served model's limits from the serving replicas: the smallest of their context
+    lengths (a request must fit wherever it lands), the first one's model facts."""
+    worker, _ = infos[0]
+    # Each KV cache must hold at least one whole sequence, or a request could never run there.
+    max_model_len = min(min(w.max_model_len, blocks * w.block_size) for w, blocks in infos)
     if max_model_len < worker.max_model_len:
-        logger.warning(
-            "max_model_len lowered from %d to %d: the KV cache holds only %d tokens",
-            worker.max_model_len, max_model_len, num_kv_blocks * worker.block_size,
-        )
+        logger.warning("max_model_len lowered from %d to %d: a KV cache holds only that many tokens",
+                       worker.max_model_len, max_model_len)
     max_prompt_bytes = prompt_byte_limit(config.max_prompt_bytes, max_model_len, longest_token_bytes)
     served = ServedModel(name=config.served_model_name or tokenizer.name, max_model_len=max_model_len,
                          vocab_size=worker.vocab_size, max_prompt_bytes=max_prompt_bytes)
-    logger.info("requests: max_model_len %d tokens, prompts up to %d bytes, messages up to %d bytes",
-                max_model_len, max_prompt_bytes, config.max_request_bytes)
-    servicer.set_ready(served, _model_info(served, worker, num_kv_blocks, tokenizer))
+    first = servicer.generation.served is None
+    servicer.set_ready(served, _model_info(served, worker, sum(blocks for _, blocks in infos), tokenizer,
+                                           num_replicas))
+    if first:
+        logger.info("requests: max_model_len %d tokens, prompts up to %d bytes, messages up to %d bytes",
+                    max_model_len, max_prompt_bytes, config.max_request_bytes)
+        logger.info("router serving %s on port %d", served.name, config.server.port)
 
 
 def prometheus_text() -> tuple[bytes, str]:
