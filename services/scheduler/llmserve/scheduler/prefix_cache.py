@@ -57,7 +57,7 @@ class PrefixCache:
             return
         table, hashes = sample.block_table, self.block_hashes(sample)
         for index in range(start, num_full):
-            self.pool.cache(table[index], hashes[index])
+            self.pool.cache(table[index], hashes[index], hashes[index - 1] if index else None)
         sample.num_offered_blocks = num_full
 
     def block_hashes(self, sample: Sample) -> list[bytes]:
