@@ -219,6 +219,10 @@ class Scheduler:
         """The KV block ledger checked against the live requests (see block_audit.py)."""
         return audit_blocks(self.live.samples(), self.kv.pool, self.kv.cpu_pool)
 
+    def num_waiting_prompt_tokens(self) -> int:
+        """Prompt tokens of the waiting samples whose KV is not computed yet."""
+        return sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in self.queues.waiting)
+
     def take_block_events(self) -> list[BlockEvent]:
         """The prefix cache's block events since the last call, oldest first (none
         without prefix caching; see block_events.py)."""
