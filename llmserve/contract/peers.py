@@ -5,7 +5,8 @@ the certificate's subject CN (`llmserve-router`, `llmserve-scheduler`,
 `llmserve-worker`). A valid certificate of the wrong role is refused with
 PERMISSION_DENIED: a router cannot register as a worker and take the live worker's
 place, and only the scheduler drives a worker. The other internal calls (health,
-GetStats, GetServingInfo, Describe) are open to any holder of a cluster certificate.
+GetStats, GetServingInfo, Describe, and the routing inputs SubscribeKvEvents and
+GetLoad) are open to any holder of a cluster certificate, the router's included.
 """
 
 from __future__ import annotations

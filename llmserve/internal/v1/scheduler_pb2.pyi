@@ -247,3 +247,79 @@ class ServingInfo(_message.Message):
     worker: _worker_pb2.WorkerInfo
     num_kv_blocks: int
     def __init__(self, worker: _Optional[_Union[_worker_pb2.WorkerInfo, _Mapping]] = ..., num_kv_blocks: _Optional[int] = ...) -> None: ...
+
+class SubscribeKvEventsRequest(_message.Message):
+    __slots__ = ("after_sequence", "instance_id")
+    AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    after_sequence: int
+    instance_id: str
+    def __init__(self, after_sequence: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
+
+class KvEventBatch(_message.Message):
+    __slots__ = ("sequence", "instance_id", "snapshot", "block_size", "events")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    instance_id: str
+    snapshot: bool
+    block_size: int
+    events: _containers.RepeatedCompositeFieldContainer[KvEvent]
+    def __init__(self, sequence: _Optional[int] = ..., instance_id: _Optional[str] = ..., snapshot: _Optional[bool] = ..., block_size: _Optional[int] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...
+
+class KvEvent(_message.Message):
+    __slots__ = ("stored", "removed", "cleared")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    stored: BlockStored
+    removed: BlockRemoved
+    cleared: AllBlocksCleared
+    def __init__(self, stored: _Optional[_Union[BlockStored, _Mapping]] = ..., removed: _Optional[_Union[BlockRemoved, _Mapping]] = ..., cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ...) -> None: ...
+
+class BlockStored(_message.Message):
+    __slots__ = ("block_hash", "parent_block_hash", "num_tokens")
+    BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    PARENT_BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    block_hash: bytes
+    parent_block_hash: bytes
+    num_tokens: int
+    def __init__(self, block_hash: _Optional[bytes] = ..., parent_block_hash: _Optional[bytes] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class BlockRemoved(_message.Message):
+    __slots__ = ("block_hash",)
+    BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    block_hash: bytes
+    def __init__(self, block_hash: _Optional[bytes] = ...) -> None: ...
+
+class AllBlocksCleared(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetLoadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Load(_message.Message):
+    __slots__ = ("num_running", "num_waiting", "num_swapped", "num_free_blocks", "num_total_blocks", "kv_usage", "num_waiting_tokens", "serving")
+    NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    NUM_SWAPPED_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_USAGE_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_free_blocks: int
+    num_total_blocks: int
+    kv_usage: float
+    num_waiting_tokens: int
+    serving: bool
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_waiting_tokens: _Optional[int] = ..., serving: _Optional[bool] = ...) -> None: ...

@@ -59,6 +59,16 @@ class SchedulerStub:
                 request_serializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.GetBlockAuditRequest.SerializeToString,
                 response_deserializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.BlockAudit.FromString,
                 _registered_method=True)
+        self.SubscribeKvEvents = channel.unary_stream(
+                '/llmserve.internal.v1.Scheduler/SubscribeKvEvents',
+                request_serializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.SubscribeKvEventsRequest.SerializeToString,
+                response_deserializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.KvEventBatch.FromString,
+                _registered_method=True)
+        self.GetLoad = channel.unary_unary(
+                '/llmserve.internal.v1.Scheduler/GetLoad',
+                request_serializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.GetLoadRequest.SerializeToString,
+                response_deserializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.Load.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -103,6 +113,21 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubscribeKvEvents(self, request, context):
+        """The prefix cache's block events, for cache-aware routing: a snapshot of every cached
+        block first, then every change, one batch per engine step that changed anything.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLoad(self, request, context):
+        """The scheduler's load now, for load-aware routing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +155,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetBlockAudit,
                     request_deserializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.GetBlockAuditRequest.FromString,
                     response_serializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.BlockAudit.SerializeToString,
+            ),
+            'SubscribeKvEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.SubscribeKvEvents,
+                    request_deserializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.SubscribeKvEventsRequest.FromString,
+                    response_serializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.KvEventBatch.SerializeToString,
+            ),
+            'GetLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLoad,
+                    request_deserializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.GetLoadRequest.FromString,
+                    response_serializer=llmserve_dot_internal_dot_v1_dot_scheduler__pb2.Load.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +302,60 @@ class Scheduler:
             '/llmserve.internal.v1.Scheduler/GetBlockAudit',
             llmserve_dot_internal_dot_v1_dot_scheduler__pb2.GetBlockAuditRequest.SerializeToString,
             llmserve_dot_internal_dot_v1_dot_scheduler__pb2.BlockAudit.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubscribeKvEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/llmserve.internal.v1.Scheduler/SubscribeKvEvents',
+            llmserve_dot_internal_dot_v1_dot_scheduler__pb2.SubscribeKvEventsRequest.SerializeToString,
+            llmserve_dot_internal_dot_v1_dot_scheduler__pb2.KvEventBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmserve.internal.v1.Scheduler/GetLoad',
+            llmserve_dot_internal_dot_v1_dot_scheduler__pb2.GetLoadRequest.SerializeToString,
+            llmserve_dot_internal_dot_v1_dot_scheduler__pb2.Load.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,7 +4,7 @@ Blocks are plain ints 0..num_blocks-1; the tensors behind them live on the worke
 pool only decides which ids are free. Free blocks wait in a queue with O(1) removal
 (an insertion-ordered dict).
 
-Prefix cache: a full block may carry a hash (see `kv_cache_manager.hash_block`). The
+Prefix cache: a full block may carry a hash (see `llmserve.contract.block_hash`). The
 pool maps hash -> block. A cached block keeps its hash after its last holder frees it:
 it sits in the free queue, still reusable by a hit (which pulls it out of the middle of
 the queue) until `allocate` takes it from the front and evicts its hash. The queue is
@@ -14,6 +14,10 @@ therefore LRU: blocks freed longest ago are evicted first.
                          ^ freed first          free([5]) appends 5; a hit on 9 removes it.
 
 Order is deterministic: at first blocks are handed out lowest id first.
+
+Events (with `record_events`): every change to the set of cached hashes is recorded as a
+block event (block_events.py) for the KV event stream: `cache` -> stored, an eviction ->
+removed, `reset_cache` -> cleared. Replaying them gives exactly the keys of `_cached`.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Iterable
 
+from llmserve.scheduler.block_events import AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored
+
 
 class BlockPool:
     """Hands out block ids and tracks how many holders each block has."""
 
-    def __init__(self, num_blocks: int) -> None:
-        """Create a pool of `num_blocks` blocks, all free."""
+    def __init__(self, num_blocks: int, record_events: bool = False) -> None:
+        """Create a pool of `num_blocks` blocks, all free; with `record_events`, keep the
+        prefix cache's block events for `take_events`."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self._num_blocks = num_blocks
@@ -36,6 +43,8 @@ class BlockPool:
         # NOTE: _cached[h] == b  if and only if  _block_hash[b] == h.
         self._block_hash: list[Hashable | None] = [None] * num_blocks
         self._cached: dict[Hashable, int] = {}
+        self._parent_hash: dict[Hashable, Hashable | None] = {}  # Of each cached hash (for snapshots).
+        self._events: list[BlockEvent] | None = [] if record_events else None
         self.num_evictions = 0  # Cached blocks whose hash was dropped to reuse them.
         self.num_allocated_total = 0  # Blocks handed out by allocate(), lifetime.
 
@@ -125,8 +134,9 @@ class BlockPool:
         """The block cached under `block_hash`, or None."""
         return self._cached.get(block_hash)
 
-    def cache(self, block_id: int, block_hash: Hashable) -> bool:
-        """Register a held, full block under `block_hash`.
+    def cache(self, block_id: int, block_hash: Hashable, parent_hash: Hashable | None = None) -> bool:
+        """Register a held, full block under `block_hash` (`parent_hash`: the previous
+        block's hash in its token list, for the stored event).
 
         Returns False (changing nothing) when the hash is already cached in another
         block or the block already has a hash.
@@ -137,6 +147,8 @@ class BlockPool:
             return False
         self._cached[block_hash] = block_id
         self._block_hash[block_id] = block_hash
+        self._parent_hash[block_hash] = parent_hash
+        self._record(BlockStored(block_hash, parent_hash))
         return True
 
     def block_hash(self, block_id: int) -> Hashable | None:
@@ -146,14 +158,47 @@ class BlockPool:
     def reset_cache(self) -> None:
         """Forget every hash (e.g. after a failed step left KV of unknown content)."""
         self._cached.clear()
+        self._parent_hash.clear()
         self._block_hash = [None] * self._num_blocks
+        self._record(AllBlocksCleared())
 
     def _evict(self, block_id: int) -> None:
         block_hash = self._block_hash[block_id]
         if block_hash is not None:
             del self._cached[block_hash]
+            del self._parent_hash[block_hash]
             self._block_hash[block_id] = None
             self.num_evictions += 1
+            self._record(BlockRemoved(block_hash))
+
+    # ---- block events ----
+
+    def _record(self, event: BlockEvent) -> None:
+        if self._events is not None:
+            self._events.append(event)
+
+    def take_events(self) -> list[BlockEvent]:
+        """The block events recorded since the last call, oldest first ([] without
+        `record_events`)."""
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
+
+    def snapshot_events(self) -> list[BlockStored]:
+        """A stored event for every cached hash now, each parent still cached before
+        its children (a subscriber can build its prefix tree in one pass)."""
+        events: list[BlockStored] = []
+        emitted: set[Hashable] = set()
+        for block_hash in self._cached:
+            chain = []  # block_hash and its cached ancestors not emitted yet, child first.
+            while block_hash is not None and block_hash in self._cached and block_hash not in emitted:
+                chain.append(block_hash)
+                block_hash = self._parent_hash[block_hash]
+            for ancestor in reversed(chain):
+                emitted.add(ancestor)
+                events.append(BlockStored(ancestor, self._parent_hash[ancestor]))
+        return events
 
     def free_block_ids(self) -> list[int]:
         """The free queue, front (next handed out) first. For tests and debugging."""

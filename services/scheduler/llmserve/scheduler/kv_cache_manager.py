@@ -63,7 +63,8 @@ class KVCacheManager:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
+        # Block events only with prefix caching: without it no hash is ever stored.
+        self.pool = BlockPool(num_blocks, record_events=enable_prefix_caching)
         self.prefix = PrefixCache(self.pool, block_size, enable_prefix_caching)  # Lookups, offers.
         self.swap = SwapSpace(self.pool, num_cpu_blocks)
         # Samples holding a GPU table (an ordered set): for tables() and cache resets.

@@ -1,35 +1,16 @@
 """Prefix caching: finding a sample's leading blocks already in the cache, and offering
 the blocks it fills to the cache.
 
-Prefix hashes: block i of a token list is identified by
-hash_block(hash of block i-1, its block_size token ids), so a hash names the whole prefix
-up to the end of its block:
-
-    tokens:   [ 3 1 4 1 | 5 9 2 6 | 5 3 ]     (block_size = 4)
-    hashes:     h0 = H(-, 3141)
-                          h1 = H(h0, 5926)    the partial last block has no hash yet
-
-The hash is SHA-256: with a 64-bit non-cryptographic hash a client could search for a
-prompt whose blocks collide with another user's and be served their cached KV (vLLM's
-CVE-2025-25183).
+Block keys: `llmserve.contract.block_hash` (chained SHA-256 over the token ids), shared
+with the router, which computes the same keys from a prompt to route on the scheduler's
+KV events (kv_events.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-from array import array
-from collections.abc import Sequence
-
+from llmserve.contract.block_hash import hash_block
 from llmserve.scheduler.block_pool import BlockPool
 from llmserve.scheduler.request import Sample
-
-
-def hash_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
-    """The prefix-cache key of a full block (a 32-byte SHA-256 digest), chained from its
-    parent block's key."""
-    digest = hashlib.sha256(parent or b"")
-    digest.update(array("q", token_ids).tobytes())  # fixed 8 bytes per id: no ambiguity
-    return digest.digest()
 
 
 class PrefixCache:
@@ -76,7 +57,7 @@ class PrefixCache:
             return
         table, hashes = sample.block_table, self.block_hashes(sample)
         for index in range(start, num_full):
-            self.pool.cache(table[index], hashes[index])
+            self.pool.cache(table[index], hashes[index], hashes[index - 1] if index else None)
         sample.num_offered_blocks = num_full
 
     def block_hashes(self, sample: Sample) -> list[bytes]:

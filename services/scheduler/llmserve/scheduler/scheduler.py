@@ -35,6 +35,7 @@ from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
 from llmserve.scheduler.admission import Admission, QueueFull, queue_bounds
 from llmserve.scheduler.block_audit import BlockAudit, audit_blocks
+from llmserve.scheduler.block_events import BlockEvent, BlockStored
 from llmserve.scheduler.config import SchedulerConfig
 from llmserve.scheduler.deadlines import Deadlines
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
@@ -217,6 +218,23 @@ class Scheduler:
     def audit(self) -> BlockAudit:
         """The KV block ledger checked against the live requests (see block_audit.py)."""
         return audit_blocks(self.live.samples(), self.kv.pool, self.kv.cpu_pool)
+
+    def num_waiting_prompt_tokens(self) -> int:
+        """Prompt tokens of the waiting samples whose KV is not computed yet."""
+        return sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in self.queues.waiting)
+
+    def take_block_events(self) -> list[BlockEvent]:
+        """The prefix cache's block events since the last call, oldest first (none
+        without prefix caching; see block_events.py)."""
+        return self.kv.pool.take_events()
+
+    def cached_block_events(self) -> list[BlockStored]:
+        """A stored event for every block cached now (a snapshot's events)."""
+        return self.kv.pool.snapshot_events()
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (the worker's KV content is lost or unknown)."""
+        self.kv.reset_prefix_cache()
 
     def stats(self) -> SchedulerStats:
         """A snapshot of queue lengths, cache use and lifetime counters."""

@@ -26,6 +26,7 @@ from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.scheduler.config import SchedulerServiceConfig
 from llmserve.scheduler.engine_loop import EngineLoop, LoopHooks
+from llmserve.scheduler.kv_events import KvEventLog
 from llmserve.scheduler.request import Request
 from llmserve.scheduler.scheduler import KVCacheShape, QueueFull, Scheduler
 from llmserve.scheduler.stream_interval import OutputCoalescer
@@ -80,6 +81,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._sessions: set[RouterSession] = set()
         self._saturated = False  # As last told to the sessions.
         self.peers = PeerCheck(enforce=not config.security.insecure)
+        # The prefix cache's block events for cache-aware routers (kv_events.py).
+        self.kv_events = KvEventLog()
 
     # --- worker registration -------------------------------------------------
 
@@ -97,6 +100,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if self.worker is not None:
             # A restarted worker replaces the old one; requests on the old one are lost.
             await self._drop_worker("replaced by a new registration")
+        self._forget_cached_blocks()  # The new core starts empty: so must subscribers' view.
         cache = KVCacheShape(num_blocks=info.num_kv_blocks, block_size=info.block_size,
                              max_model_len=info.max_model_len, num_cpu_blocks=info.num_cpu_blocks)
         self.core = Scheduler(self.config.scheduling, cache, eos_token_ids=info.eos_token_ids)
@@ -182,6 +186,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if self.core is not None:
             ids = list(self._live)
             self._dispatch(self.core.fail_requests(ids, f"worker lost: {reason}", ErrorCode.UNAVAILABLE))
+            self._forget_cached_blocks()  # The worker's KV went with it.
         if self._loop_task is not None and self._loop_task is not asyncio.current_task():
             self._loop_task.cancel()
         if self.worker is not None:
@@ -310,6 +315,60 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         for session, pbs in per_session.values():
             session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=pbs))
         self._publish_saturation()
+        # NOTE: every engine step ends here (outputs or not), and so do aborts, expiries
+        # and failures: one KV event batch per step that changed the cache.
+        self._publish_kv_events()
+
+    # --- KV events and load (for cache- and load-aware routing) -------------------
+
+    def _publish_kv_events(self) -> None:
+        """Sends the core's block events since the last call as one batch (if any)."""
+        if self.core is not None:
+            self.kv_events.publish(self.core.take_block_events(), self.core.cache.block_size)
+
+    def _forget_cached_blocks(self) -> None:
+        """The worker's KV content is gone: the core's cache is cleared, and subscribers
+        hear it (no `cleared` when nothing was cached). Events still pending go first: the
+        core may be replaced next, and a pending `removed` must not be lost with it."""
+        self._publish_kv_events()
+        if self.core is not None and self.core.kv.pool.num_cached_blocks:
+            self.core.reset_prefix_cache()
+            self._publish_kv_events()
+
+    def _kv_snapshot(self):
+        """(stored events for every cached block, block size) for a new subscriber."""
+        if self.core is None:
+            return [], 0
+        return self.core.cached_block_events(), self.core.cache.block_size
+
+    async def SubscribeKvEvents(self, request, context):
+        # Open to any cluster certificate (the router's included), like GetStats.
+        self._publish_kv_events()  # A snapshot must not precede a batch of what it shows.
+        first, subscriber = self.kv_events.subscribe(request.after_sequence, request.instance_id,
+                                                     self._kv_snapshot)
+        try:
+            for batch in first:
+                await context.write(batch)
+            while (batch := await subscriber.queue.get()) is not None:
+                await context.write(batch)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"this KV event subscriber fell {self.kv_events.queue_batches} batches behind and "
+                                f"was dropped; resubscribe (after_sequence resumes while the batches are buffered)")
+        finally:
+            self.kv_events.unsubscribe(subscriber)
+
+    async def GetLoad(self, request, context):
+        # Open to any cluster certificate (the router's included), like GetStats.
+        serving = (self.core is not None and self.worker is not None and self.ready and not self.draining
+                   and self.halted is None)
+        if self.core is None:
+            return scheduler_pb2.Load(serving=False)
+        stats = self.core.stats()
+        return scheduler_pb2.Load(
+            num_running=stats.num_running, num_waiting=stats.num_waiting, num_swapped=stats.num_swapped,
+            num_free_blocks=stats.num_free_blocks, num_total_blocks=stats.num_total_blocks,
+            kv_usage=stats.kv_cache_usage, num_waiting_tokens=self.core.num_waiting_prompt_tokens(),
+            serving=serving)
 
     # --- admission control ---------------------------------------------------
 
