@@ -86,6 +86,39 @@ def test_a_real_scheduler_answers_health_in_plaintext_and_nothing_else(credentia
     assert f"grpc.health.v1 (plaintext, health only) listening on 127.0.0.1:{health_port}" in log
 
 
+def test_a_real_router_answers_health_in_plaintext_but_not_reflection_or_generate(credentials):
+    """The router serves reflection and llmserve.v1.Generation on its TLS port; its health
+    port serves neither (its service takes --health-port from its command's settings)."""
+    from llmserve.v1 import generation_pb2, generation_pb2_grpc
+
+    port, health_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSERVE_")}
+    # No scheduler at localhost:1: the router stays NOT_SERVING, which is all this needs.
+    proc = subprocess.Popen([sys.executable, "-m", "llmserve.cli", "router", "--port", str(port),
+                             "--health-port", str(health_port), "--scheduler", "localhost:1",
+                             "--api-key-file", str(credentials.api_key_file), *credentials.service_flags("router")],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _wait_listening(health_port, deadline_s=120)
+        with grpc.insecure_channel(f"127.0.0.1:{health_port}") as plain:
+            for service in ("", "llmserve.v1.Generation"):
+                assert _check(plain, service) == NOT_SERVING
+            reflection = reflection_pb2_grpc.ServerReflectionStub(plain).ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+            with pytest.raises(grpc.RpcError) as err:
+                list(reflection)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            with pytest.raises(grpc.RpcError) as err:
+                generation_pb2_grpc.GenerationStub(plain).Tokenize(generation_pb2.TokenizeRequest(text="hi"), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.stderr.read()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 async def test_the_health_port_follows_the_services_status_and_its_drain(credentials):
     health_port = free_port()
     server = ServiceServer(SCHEDULER, "127.0.0.1", 0, _security(credentials, "scheduler"), health_port=health_port)
