@@ -32,6 +32,7 @@ VARIANTS = {
     "gpu": yaml.safe_load((CHART / "values-gpu.yaml").read_text()),
     "cpu-tp2": {"replica": {"tpSize": 2}},
     "autoscaling": {"autoscaling": {"enabled": True}},
+    "own-model": {"model": "/models/Qwen2-7B-Instruct", "modelVolume": {"persistentVolumeClaim": {"claimName": "models"}}},
 }
 # The worker drains up to --shutdown-timeout + 5 s (llmserve/worker/service.py `_drain`:
 # it steps until its scheduler has drained), then its server stops with a 2 s grace.
@@ -291,6 +292,19 @@ def test_tensor_parallel_ranks_share_one_pod(variant):
     assert rendezvous.startswith("tcp://127.0.0.1:")
     assert port in {p["containerPort"] for p in spec["containers"][1]["ports"]}  # Rank 0 serves it.
     assert any(v["name"] == "dshm" and v["emptyDir"]["medium"] == "Memory" for v in spec["volumes"])
+
+
+def test_a_model_of_ones_own_reaches_router_and_workers_read_only():
+    docs = rendered("own-model")
+    for kind, name in (("Deployment", "llmserve-router"), ("StatefulSet", "llmserve-replica")):
+        spec = pod_spec(docs, kind, name)
+        assert {"name": "models", "persistentVolumeClaim": {"claimName": "models"}} in spec["volumes"]
+        for c in spec["containers"]:
+            if c["command"][1] == "scheduler":  # Holds no model.
+                assert "--model" not in c["command"] and all(m["name"] != "models" for m in c["volumeMounts"])
+                continue
+            assert flag(c["command"], "--model") == "/models/Qwen2-7B-Instruct"
+            assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
 
 
 def test_one_rank_needs_no_group_flags():
