@@ -141,6 +141,8 @@ class PlaintextHealthServer:
     reflection): a caller without a certificate or a key learns only the status."""
 
     def __init__(self, health: health_async.HealthServicer, host: str, port: int):
+        # No SO_REUSEPORT (as SERVER_OPTIONS): a port another process holds fails here,
+        # rather than the kubelet's probes reaching that process half the time.
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(health, self.server)
         if (busy := _bind_error(host, port)) is not None:
