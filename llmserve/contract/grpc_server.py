@@ -1,6 +1,7 @@
 """What every llmserve service shares: an asyncio gRPC server with the standard
-health service (TLS unless --insecure), the one way to dial another service, and
-channel options sized for step plans and long prompts."""
+health service (TLS unless --insecure; optionally also plaintext on --health-port for
+probes that cannot do TLS), the one way to dial another service, and channel options
+sized for step plans and long prompts."""
 
 from __future__ import annotations
 
@@ -75,16 +76,25 @@ class ServiceServer:
     `client_auth`, clients must present a certificate from its CA (the internal
     services). Plaintext only with --insecure. Health starts NOT_SERVING; the service
     flips it once it can do its job.
+
+    With a `health_port`, a second, plaintext server on it answers grpc.health.v1 only,
+    from the same servicer (so the same status), for Kubernetes' `grpc:` probes, which
+    cannot do TLS; it starts, stops and drains with the main server. None: the
+    --health-port of the `llmserve <service>` command this process runs.
     """
 
     def __init__(self, service_name: str, host: str, port: int, security: SecurityOptions, *,
                  client_auth: bool = True, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 max_receive_bytes: int | None = None, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()):
+                 max_receive_bytes: int | None = None, interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+                 health_port: int | None = None):
         self.service_name = service_name
         options = with_message_limits(SERVER_OPTIONS, max_message_bytes, max_receive_bytes)
         self.server = grpc.aio.server(options=options, interceptors=list(interceptors) or None)
         self.health = health_async.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if health_port is None:
+            health_port = _command_health_port
+        self.health_server = PlaintextHealthServer(self.health, host, health_port) if health_port else None
         self.certificates = None  # The served certificate's files (None: plaintext).
         # NOTE: asked of the OS first: gRPC says only "Failed to bind", after a C-core log line.
         if port and (busy := _bind_error(host, port)) is not None:
@@ -107,6 +117,8 @@ class ServiceServer:
         await self.set_serving(False)
         await self.server.start()
         logger.info("%s listening on %s:%d (%s)", self.service_name, self.host, self.port, self.transport)
+        if self.health_server is not None:
+            await self.health_server.start()
 
     async def set_serving(self, serving: bool) -> None:
         status = SERVING if serving else NOT_SERVING
@@ -115,7 +127,37 @@ class ServiceServer:
         await self.health.set(self.service_name, status)
 
     async def stop(self, grace: float | None = 5.0) -> None:
+        # NOT_SERVING on both ports at once (one servicer): probes see the drain start.
         await self.health.enter_graceful_shutdown()
+        if self.health_server is None:
+            await self.server.stop(grace)
+        else:
+            await asyncio.gather(self.server.stop(grace), self.health_server.stop(grace))
+
+
+class PlaintextHealthServer:
+    """grpc.health.v1 alone, without TLS, on --health-port: what Kubernetes' native gRPC
+    probes can reach. It serves no other service (not the service's own, not
+    reflection): a caller without a certificate or a key learns only the status."""
+
+    def __init__(self, health: health_async.HealthServicer, host: str, port: int):
+        # No SO_REUSEPORT (as SERVER_OPTIONS): a port another process holds fails here,
+        # rather than the kubelet's probes reaching that process half the time.
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(health, self.server)
+        if (busy := _bind_error(host, port)) is not None:
+            raise port_error("gRPC health", host, port, "--health-port", busy)
+        try:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as err:
+            raise port_error("gRPC health", host, port, "--health-port", _bind_error(host, port)) from err
+        self.host = host
+
+    async def start(self) -> None:
+        await self.server.start()
+        logger.info("grpc.health.v1 (plaintext, health only) listening on %s:%d", self.host, self.port)
+
+    async def stop(self, grace: float | None) -> None:
         await self.server.stop(grace)
 
 
@@ -171,12 +213,20 @@ class ServerOptions:
     host: str = setting("127.0.0.1", help="address to listen on (metrics too)")
     port: int = setting(0, help="gRPC port (0 picks a free one)")
     metrics_port: int = setting(0, help="Prometheus endpoint http://HOST:PORT/metrics (0 = off)")
+    health_port: int = setting(0, help="plaintext port serving grpc.health.v1 only (the same status as the "
+                                       "TLS port), for probes that cannot do TLS, e.g. Kubernetes' grpc probes "
+                                       "(0 = off)")
     shutdown_timeout: float = setting(30.0, help="after SIGTERM, seconds in-flight work may go on before it is "
                                                  "cut off")
     max_message_bytes: int = setting(MAX_MESSAGE_BYTES, parse=parse_bytes, show=format_bytes,
                                      help="largest gRPC message between services (step plans and their results, "
                                           "requests to the scheduler); gRPC refuses a larger one with "
                                           "RESOURCE_EXHAUSTED")
+
+
+# The --health-port of the service command this process runs: a ServiceServer built
+# without an explicit health_port takes it (one service per process).
+_command_health_port = 0
 
 
 def service_command(name: str, help: str, config_cls: type, serve: str) -> Command:
@@ -191,6 +241,8 @@ def service_command(name: str, help: str, config_cls: type, serve: str) -> Comma
             logger.error("%s: %s", name, problem)
             return 2
         config.security.warn_if_insecure(f"the {name}")
+        global _command_health_port
+        _command_health_port = config.server.health_port
         module, _, function = serve.partition(":")
         return run_until_signal(getattr(importlib.import_module(module), function), config)
 

@@ -27,6 +27,10 @@ def _command(service: dict) -> list[str]:
     return shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
 
 
+def _role(service: dict) -> str:
+    return _command(service)[1]
+
+
 def _llmserve_services(compose: dict) -> dict[str, dict]:
     """The long-running services (not the one-shot `llmserve certs`)."""
     return {name: s for name, s in compose["services"].items()
@@ -55,6 +59,7 @@ def test_against_compose_spec_schema(compose):
 def test_structure(compose):
     services = compose["services"]
     assert set(services) >= {"certs", "router", "scheduler", "worker-0", "worker-1", "worker-0-gpu", "worker-1-gpu",
+                             "router-dp", "scheduler-a", "worker-a", "scheduler-b", "worker-b",
                              "otel-collector", "jaeger"}
     for name, s in services.items():
         assert isinstance(s.get("image"), str) and s["image"], f"{name}: no image"
@@ -64,14 +69,17 @@ def test_structure(compose):
     # One image per service, each built from its own target of this repository's Dockerfile.
     dockerfile = (ROOT / "Dockerfile").read_text()
     for name, s in _llmserve_services(compose).items():
-        role = "worker" if name.startswith("worker") else name
+        role = _role(s)
         assert s["image"] == f"llmserve-{role}:latest", name
         assert s["build"] == {"context": ".", "dockerfile": "Dockerfile", "target": role}, name
         assert f" AS {role}\n" in dockerfile, f"the Dockerfile has no {role} target"
-    # Only the router's public ports are published: gRPC, and the OpenAI API it serves on --http-port.
+    # Only a router's public ports are published: gRPC, and the OpenAI API it serves on
+    # --http-port (router, or router-dp in the dp profile: never both at once).
     published = {name: s["ports"] for name, s in services.items() if s.get("ports")}
-    assert published == {"router": ["50051:50051", "8000:8000"]}
-    assert _flag(_command(services["router"]), "--http-port") == "8000"
+    assert published == {"router": ["50051:50051", "8000:8000"], "router-dp": ["50051:50051", "8000:8000"]}
+    assert not set(services["router"]["profiles"]) & set(services["router-dp"]["profiles"])
+    for router in published:
+        assert _flag(_command(services[router]), "--http-port") == "8000"
     assert "FROM python:3.11-slim AS base" in dockerfile
     # torch is installed in the worker's stage only.
     stages = {chunk.split("\n", 1)[0].split(" AS ")[-1].strip(): chunk for chunk in dockerfile.split("\nFROM ")[1:]}
@@ -102,6 +110,8 @@ def test_profiles_cpu_default_and_gpu(compose):
     cpu = {n for n, s in services.items() if s.get("profiles") == ["cpu"]}
     gpu = {n for n, s in services.items() if s.get("profiles") == ["gpu"]}
     assert cpu == {"worker-0", "worker-1"} and gpu == {"worker-0-gpu", "worker-1-gpu"}
+    # The single-replica router and scheduler serve the cpu and gpu workers; dp brings its own.
+    assert services["router"]["profiles"] == services["scheduler"]["profiles"] == ["cpu", "gpu"]
     for name in gpu:
         s = services[name]
         devices = s["deploy"]["resources"]["reservations"]["devices"]
@@ -128,6 +138,26 @@ def test_tensor_parallel_ranks(compose):
         assert {_flag(c, "--tp-size") for c in cmds} == {"2"}
         assert {_flag(c, "--dist-init") for c in cmds} == {"tcp://worker-0:29500"}
         assert {_flag(c, "--scheduler") for c in cmds} == {"scheduler:50052"}
+
+
+def test_data_parallel_profile_two_replicas_behind_one_router(compose):
+    """COMPOSE_PROFILES=dp: scheduler-a + worker-a and scheduler-b + worker-b, each pair a
+    replica, and one router that dials both schedulers."""
+    services = compose["services"]
+    dp = {n for n, s in services.items() if s.get("profiles") == ["dp"]}
+    assert dp == {"router-dp", "scheduler-a", "worker-a", "scheduler-b", "worker-b"}
+    router = _command(services["router-dp"])
+    assert _flag(router, "--scheduler") == "scheduler-a:50052,scheduler-b:50052"
+    for replica in ("a", "b"):
+        scheduler, worker = services[f"scheduler-{replica}"], services[f"worker-{replica}"]
+        assert _role(scheduler) == "scheduler" and _role(worker) == "worker"
+        port = _flag(_command(scheduler), "--port")
+        assert f"scheduler-{replica}:{port}" in _flag(router, "--scheduler").split(",")
+        assert _flag(_command(worker), "--scheduler") == f"scheduler-{replica}:{port}"
+        assert _flag(_command(worker), "--advertise-host") == f"worker-{replica}"
+        assert "--tp-size" not in _command(worker)  # One rank per replica.
+        assert set(worker["depends_on"]) == {"certs", f"scheduler-{replica}"}
+        assert f"scheduler-{replica}" in services["router-dp"]["depends_on"]
 
 
 def test_every_command_parses_with_llmserve(compose):
@@ -176,13 +206,13 @@ def test_every_hop_is_tls_with_the_certs_services_files(compose):
     assert str(args.ca_key).startswith("/opt/llmserve/ca/") and "llmserve-ca:/opt/llmserve/ca" in certs["volumes"]
     assert set(compose["volumes"]) == {"llmserve-certs", "llmserve-ca"}
     # Every name a service is dialed by is in the certificates (localhost comes anyway).
-    dialed = {"router"} | {_flag(_command(s), "--scheduler").split(":")[0] for s in _llmserve_services(compose).values()
-                           if _flag(_command(s), "--scheduler")}
+    dialed = {"router"} | {address.rsplit(":", 1)[0] for s in _llmserve_services(compose).values()
+                           if _flag(_command(s), "--scheduler") for address in _flag(_command(s), "--scheduler").split(",")}
     dialed |= {_flag(_command(s), "--advertise-host") for s in _llmserve_services(compose).values()
                if _flag(_command(s), "--advertise-host")}
     assert dialed <= set(args.hosts.split(",")), dialed
     for name, s in _llmserve_services(compose).items():
-        role = "worker" if name.startswith("worker") else name
+        role = _role(s)
         env = s["environment"]
         assert env["LLMSERVE_TLS_CERT"] == f"{CERTS}/{role}.crt", name
         assert env["LLMSERVE_TLS_KEY"] == f"{CERTS}/{role}.key", name

@@ -536,7 +536,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 async def serve(config: SchedulerServiceConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-scheduler")
     server = ServiceServer("llmserve.internal.v1.Scheduler", config.server.host, config.server.port, config.security,
-                           max_message_bytes=config.server.max_message_bytes)
+                           max_message_bytes=config.server.max_message_bytes,
+                           health_port=config.server.health_port)
     servicer = SchedulerServicer(config, server)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server.server)
     await server.start()

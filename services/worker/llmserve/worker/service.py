@@ -226,7 +226,8 @@ async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
     metrics = WorkerMetrics(setup_metrics("worker", config.server.metrics_port, config.server.host))
     # The port first: one held by another process fails in a line, not after the model loads.
     server = ServiceServer("llmserve.internal.v1.Worker", config.server.host, config.server.port, config.security,
-                           max_message_bytes=config.server.max_message_bytes)
+                           max_message_bytes=config.server.max_message_bytes,
+                           health_port=config.server.health_port)
     start = time.perf_counter()
     try:
         servicer = await load_servicer(config, metrics, on_fatal=stop_event.set)
