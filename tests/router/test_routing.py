@@ -148,7 +148,7 @@ async def test_choose_follows_the_cache_and_expects_what_it_placed():
     assert (replica, cached) == (a, 0)
     # ...so the next request of that prefix follows it before any event arrives.
     a.in_flight = 1
-    assert replicas.choose(other + [7]) == (a, 19 // 4 * 4)
+    assert replicas.choose(other + [7]) == (a, 20)  # 5 full blocks of 4
     # Excluded (a migration) or not serving: the other one.
     assert replicas.choose(other, exclude=[a])[0] is b
     a.serving = False
