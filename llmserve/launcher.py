@@ -325,7 +325,7 @@ class LocalCluster:
 
 
 # Settings a process of a local cluster gets from the launcher itself, not from the user.
-_PER_PROCESS = ("host", "port", "metrics-port", "shutdown-timeout")
+_PER_PROCESS = ("host", "port", "metrics-port", "health-port", "shutdown-timeout")
 _WORKER_ADDRESSING = ("scheduler", "advertise-host", "register-timeout", "rank", "dist-init", "dist-timeout")
 # Credentials come from ClusterSpec too (a throwaway set, or --insecure for none).
 _CREDENTIALS = ("tls-cert", "tls-key", "tls-ca", "api-key", "api-key-file")

@@ -25,7 +25,8 @@ PUBLIC_DESCRIPTOR_SET = PUBLIC_PACKAGE / "generation.binpb"
 
 
 def proto_files() -> list[Path]:
-    return sorted(PROTO_ROOT.rglob("*.proto"))
+    # Under protos/llmserve only: a package build's copies (protos/build/) are not sources.
+    return sorted((PROTO_ROOT / "llmserve").rglob("*.proto"))
 
 
 def generate(out_dir: Path) -> list[Path]:

@@ -17,6 +17,7 @@ from google.protobuf import descriptor_pb2
 
 import llmserve.v1
 from llmserve.protogen import PROTO_ROOT
+from tests.api_wheel import build_api_wheel
 
 def test_generated_protobuf_modules_are_fresh():
     result = subprocess.run([sys.executable, "-m", "llmserve.protogen", "--check"], capture_output=True, text=True)
@@ -71,9 +72,7 @@ def test_packages_are_versioned_with_the_api():
 
 
 def test_the_python_wheel_holds_the_generated_modules_and_nothing_internal(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(tmp_path), str(PROTO_ROOT)], check=True)
-    (wheel,) = tmp_path.glob("llmserve_api-*.whl")
+    wheel = build_api_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("generation_pb2.py", "generation_pb2.pyi", "generation_pb2_grpc.py", "generation.proto",
                  "generation.binpb", "py.typed", "__init__.py"):

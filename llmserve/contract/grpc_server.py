@@ -79,21 +79,18 @@ class ServiceServer:
 
     With a `health_port`, a second, plaintext server on it answers grpc.health.v1 only,
     from the same servicer (so the same status), for Kubernetes' `grpc:` probes, which
-    cannot do TLS; it starts, stops and drains with the main server. None: the
-    --health-port of the `llmserve <service>` command this process runs.
+    cannot do TLS; it starts, stops and drains with the main server (0: none).
     """
 
     def __init__(self, service_name: str, host: str, port: int, security: SecurityOptions, *,
                  client_auth: bool = True, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  max_receive_bytes: int | None = None, interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                 health_port: int | None = None):
+                 health_port: int = 0):
         self.service_name = service_name
         options = with_message_limits(SERVER_OPTIONS, max_message_bytes, max_receive_bytes)
         self.server = grpc.aio.server(options=options, interceptors=list(interceptors) or None)
         self.health = health_async.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        if health_port is None:
-            health_port = _command_health_port
         self.health_server = PlaintextHealthServer(self.health, host, health_port) if health_port else None
         self.certificates = None  # The served certificate's files (None: plaintext).
         # NOTE: asked of the OS first: gRPC says only "Failed to bind", after a C-core log line.
@@ -224,11 +221,6 @@ class ServerOptions:
                                           "RESOURCE_EXHAUSTED")
 
 
-# The --health-port of the service command this process runs: a ServiceServer built
-# without an explicit health_port takes it (one service per process).
-_command_health_port = 0
-
-
 def service_command(name: str, help: str, config_cls: type, serve: str) -> Command:
     """`llmserve <name>`: resolves `config_cls` and runs `serve` ("module:function", imported
     only when the command runs) until SIGINT or SIGTERM. The config's `security` group
@@ -241,8 +233,6 @@ def service_command(name: str, help: str, config_cls: type, serve: str) -> Comma
             logger.error("%s: %s", name, problem)
             return 2
         config.security.warn_if_insecure(f"the {name}")
-        global _command_health_port
-        _command_health_port = config.server.health_port
         module, _, function = serve.partition(":")
         return run_until_signal(getattr(importlib.import_module(module), function), config)
 

@@ -19,6 +19,7 @@ from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from llmserve.protogen import PROTO_ROOT
+from tests.api_wheel import build_api_wheel
 
 pytestmark = pytest.mark.slow
 EXAMPLES = PROTO_ROOT.parent / "examples"
@@ -97,9 +98,7 @@ def test_reflection_lists_the_api_and_serves_its_comments(cluster, service):
 
 def test_pip_package_alone_calls_the_router(cluster, tmp_path):
     """A Python user with only `llmserve-api` (and grpcio, protobuf): no llmserve code at all."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(tmp_path / "dist"), str(PROTO_ROOT)], check=True)
-    (wheel,) = (tmp_path / "dist").glob("llmserve_api-*.whl")
+    wheel = build_api_wheel(tmp_path)
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     # grpc and protobuf from this environment's site-packages, added as a plain path: its
     # .pth files (llmserve's editable installs among them) are not run.

@@ -169,7 +169,8 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     server = ServiceServer(SERVICE_NAME, config.server.host, config.server.port, config.security,
                            client_auth=False, max_message_bytes=config.server.max_message_bytes,
                            max_receive_bytes=config.max_request_bytes,
-                           interceptors=interceptors + [DecodeErrorInterceptor()])
+                           interceptors=interceptors + [DecodeErrorInterceptor()],
+                           health_port=config.server.health_port)
     replicas = ReplicaSet(config.scheduler_address, config.security, config.server.max_message_bytes,
                           make_policy(config.routing_policy), config.scheduler_resolve_interval_s)
     # One request path, two wire formats: gRPC here, OpenAI's HTTP API on --http-port.
