@@ -122,7 +122,7 @@ run_step() {
 # (no registry to fetch a build backend from: the wheelhouse brings one). -------------
 # PIP_CONFIG_FILE=/dev/null and --isolated: no pip.conf or PIP_* variable may add an
 # index, links or constraints: exactly the listed wheels, from the wheelhouse.
-PROJECTS=(. ./kernels ./services/scheduler ./services/router ./services/worker)
+PROJECTS=(./protos . ./kernels ./services/scheduler ./services/router ./services/worker)
 PIP=(env PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated --no-index --no-deps --disable-pip-version-check
      --no-input)
 

@@ -23,14 +23,19 @@ from packaging.version import Version
 from llmserve.bench.wheelhouse import canonical, problems, read_names, read_wheel_list, requirements
 
 REPO = Path(__file__).resolve().parents[2]
-PYPROJECTS = [REPO / "pyproject.toml", REPO / "kernels/pyproject.toml",
+PYPROJECTS = [REPO / "pyproject.toml", REPO / "protos/pyproject.toml", REPO / "kernels/pyproject.toml",
               *sorted((REPO / "services").glob("*/pyproject.toml"))]
-OURS = {"llmserve", "llmserve-kernels", "llmserve-scheduler", "llmserve-router", "llmserve-worker"}
+OURS = {"llmserve", "llmserve-api", "llmserve-kernels", "llmserve-scheduler", "llmserve-router", "llmserve-worker"}
 PY312 = {"python_version": "3.12", "python_full_version": "3.12.3"}
 # In our requirements, not needed by the GPU check: it never runs them.
 NOT_NEEDED_THERE = {
     "grpcio-tools",  # Regenerates the protobuf modules (python -m llmserve.protogen); they are committed.
     "jsonschema",  # One CPU test validates docker-compose.yml, importing it inside the test.
+    # CPU-only checks of files, never run by the GPU check: buf lint and buf curl (protos/,
+    # examples/), the Helm chart's rendering and its Kubernetes schema validation.
+    "buf-bin",
+    "helm-python-sdk",
+    "kubernetes-validate",
 }
 
 BROUGHT = read_wheel_list(REPO / "scripts/gpu-wheels.txt")

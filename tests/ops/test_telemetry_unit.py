@@ -117,6 +117,7 @@ def test_every_metric_carries_the_model_name():
     router = metrics.RouterMetrics(meter, model_name="m-router")
     router.request_finished(0.0, 0.5, 3, "length")
     router.ttft.record(0.1)
+    router.request_routed("replica-a", "cache-aware", 64)
     scheduler = metrics.SchedulerMetrics(meter)
     scheduler.model_name = "m-scheduler"  # As a worker's registration sets it.
     scheduler.stats = SimpleNamespace(
