@@ -12,6 +12,8 @@ Every op has a plain torch equivalent in the layers, used when `available()` is 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -38,6 +40,27 @@ def _build_dir() -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _exclusive(build_dir: Path):
+    """One builder per machine, by a lock the OS drops when its holder dies.
+
+    torch's extension builder guards a build with a plain `lock` file that only a clean
+    exit removes: a worker killed mid-build left it behind, and every later worker waited
+    on it forever, silently. Under this flock nobody else is building, so a `lock` file
+    found here is such a leftover and goes."""
+    with open(build_dir / "llmserve-build.flock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process to finish building the CPU kernels in %s", build_dir)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists():
+            logger.warning("removing %s, left by a CPU-kernel build that was killed", stale)
+            stale.unlink(missing_ok=True)
+        yield
+
+
 @lru_cache(maxsize=1)
 def load() -> bool:
     """Builds (once per machine) and loads the ops; False if that is impossible here."""
@@ -46,9 +69,11 @@ def load() -> bool:
     try:
         from torch.utils.cpp_extension import load as build
 
-        build(name="llmserve_cpu_kernels", sources=[str(s) for s in _SOURCES], build_directory=str(_build_dir()),
-              extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"], is_python_module=False,
-              verbose=False)
+        build_dir = _build_dir()
+        with _exclusive(build_dir):
+            build(name="llmserve_cpu_kernels", sources=[str(s) for s in _SOURCES], build_directory=str(build_dir),
+                  extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"], is_python_module=False,
+                  verbose=False)
         return True
     except Exception as err:  # No compiler, no headers: the torch path still works.
         logger.warning("CPU kernels unavailable (%s); using plain torch ops", err)
