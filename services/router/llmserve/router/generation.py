@@ -186,11 +186,13 @@ class Generation:
 
     async def _place(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, n: int, priority: int,
                      telemetry: RouterRequest, deadline_ms: int, exclude: list[Replica]):
-        """Sends the request to the replica the routing policy picks; (replica, its outputs queue)."""
+        """Sends the request to the replica the routing policy picks, not one of `exclude`
+        (those that failed it: a migration); (replica, its outputs queue)."""
+        migrated, refused = bool(exclude), []
         while True:
-            choice = self.replicas.choose(prompt_ids, exclude)
+            choice = self.replicas.choose(prompt_ids, exclude + refused)
             if choice is None:
-                reason = ("no replica is left to resume it on: " if exclude else "") + \
+                reason = ("no replica is left to resume it on: " if migrated else "") + \
                     "no worker is ready: the scheduler or worker is down"
                 raise GenerationError(grpc.StatusCode.UNAVAILABLE, reason)
             replica, expected_cached = choice
@@ -200,10 +202,10 @@ class Generation:
                 queue = await replica.link.add(request_id, prompt_ids, sampling, n=n, priority=priority,
                                                trace_context=telemetry.trace_context(), deadline_ms=deadline_ms)
             except SchedulerUnavailable:
-                self._unplace(request_id, replica)  # Refused before anything was written: try another.
-                exclude = exclude + [replica]
+                self._unplace(request_id, replica)  # Its session just ended, before the write: try another.
+                refused.append(replica)
                 continue
-            telemetry.routed(replica.name, self.replicas.policy.name, expected_cached, migrated=bool(exclude))
+            telemetry.routed(replica.name, self.replicas.policy.name, expected_cached, migrated=migrated)
             return replica, queue
 
     def _unplace(self, request_id: str, replica: Replica) -> None:
