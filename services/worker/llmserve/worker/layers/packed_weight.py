@@ -1,12 +1,14 @@
 """CPU weights reordered once, at load, into the layout of the library that multiplies
 them fastest, then held only in that layout (the dense copy is released).
 
-  float32:  on Intel CPUs, MKL's packed-GEMM format (cblas_sgemm_pack / sgemm_compute,
-            through torch's `mkl::_mkl_linear`): faster than plain MKL sgemm on the few
-            rows of a decode step and on the LM head (a long prefill gains nothing).
-            On other CPUs, oneDNN's blocked layout: MKL takes slower kernels off Intel,
-            and there oneDNN's packed products beat MKL's packed ones, decode and prefill.
-            LLMSERVE_CPU_FP32_GEMM = mkl | onednn | dense overrides the choice.
+  float32:  MKL's packed-GEMM format (cblas_sgemm_pack / sgemm_compute, through
+            torch's `mkl::_mkl_linear`) or oneDNN's blocked layout, whichever multiplies
+            decode-sized products faster on this machine: timed once per machine (CPU
+            flags + torch version) and kept in the cache directory, so every process of
+            a machine uses the same one. (MKL wins on the Intel Xeons measured so far,
+            oneDNN on the AMD EPYCs, where MKL takes slower kernels; a rule by vendor name
+            would break on the next CPU that differs.) LLMSERVE_CPU_FP32_GEMM = mkl |
+            onednn | dense overrides the choice.
   bfloat16: oneDNN's blocked layout (the reorder torch's own compiler applies to frozen
             linears), which shortens a decode step's products.
 
@@ -18,9 +20,15 @@ Anything else (GPU, float16, a torch without MKL / oneDNN) keeps its dense weigh
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
+import json
 import logging
 import os
+import platform
+import time
+from pathlib import Path
 
 import torch
 
@@ -45,30 +53,75 @@ FLOAT32_GEMM_ENV = "LLMSERVE_CPU_FP32_GEMM"
 FLOAT32_GEMMS = ("auto", "mkl", "onednn", "dense")
 
 
-def cpu_vendor() -> str:
-    """The CPU's vendor id (GenuineIntel, AuthenticAMD, ...) from /proc/cpuinfo; "" elsewhere."""
+# Decode-shaped products the choice is timed on: rows x [out, in] (a 0.5B-1B model's
+# projections at a batch of 8).
+_TIMED_SHAPES = ((8, 2048, 2048), (8, 8192, 2048), (8, 2048, 8192))
+
+
+def _time_float32_gemms() -> dict[str, float]:
+    """Seconds per round of the timed products for each packed float32 layout (the best
+    of several rounds: the least disturbed by other processes)."""
+    gen = torch.Generator().manual_seed(0)
+    cases = [(torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen)) for rows, n, k in _TIMED_SHAPES]
+    times = {}
+    for kind in ("mkl", "onednn"):
+        if not (mkl_packing_available() if kind == "mkl" else onednn_packing_available()):
+            continue
+        weights = [(x, PackedWeight.packed_as(kind, w)) for x, w in cases]
+        best = float("inf")
+        for _ in range(7):
+            start = time.perf_counter()
+            for _ in range(5):
+                for x, packed in weights:
+                    packed.matmul(x)
+            best = min(best, time.perf_counter() - start)
+        times[kind] = best
+    return times
+
+
+def _machine_key() -> str:
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
+        flags = Path("/proc/cpuinfo").read_text().split("\nflags", 1)[-1].split("\n", 1)[0]
+        model = next((line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "")
     except OSError:
-        pass
-    return ""
+        flags, model = platform.processor(), ""
+    return hashlib.sha1(f"{model}|{flags}|{torch.__version__}".encode()).hexdigest()[:16]
+
+
+def measured_float32_gemm() -> str:
+    """The faster packed float32 layout on this machine ("mkl" or "onednn"), timed by the
+    first process that asks and remembered (under a lock: processes starting together
+    must not each time it on a contended CPU and disagree)."""
+    root = Path(os.environ.get("LLMSERVE_CACHE", Path.home() / ".cache" / "llmserve")) / "cpu-gemm"
+    root.mkdir(parents=True, exist_ok=True)
+    record = root / f"{_machine_key()}.json"
+    with open(root / "lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        if record.exists():
+            return json.loads(record.read_text())["float32"]
+        times = _time_float32_gemms()
+        if not times:
+            return "dense"
+        choice = min(times, key=times.get)
+        record.write_text(json.dumps({"float32": choice, "seconds": times, "shapes": _TIMED_SHAPES}))
+        log.info("float32 CPU GEMM layout: %s (timed once on this machine: %s; %s)", choice,
+                 ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items()), record)
+        return choice
 
 
 @functools.lru_cache(maxsize=None)
 def float32_gemm() -> str:
     """Which layout float32 CPU weights take: "mkl", "onednn" or "dense" (see above).
 
-    NOTE: chosen by vendor, not timed at load: the two libraries sum in different orders,
-    and a choice that flipped between processes on a noisy host could flip a greedy
-    near-tie between an engine and its own cluster."""
+    NOTE: timed once per machine and remembered, not per process: the two libraries sum
+    in different orders, and a choice that flipped between processes on a noisy host
+    could flip a greedy near-tie between an engine and its own cluster."""
     choice = os.environ.get(FLOAT32_GEMM_ENV, "auto").strip().lower() or "auto"
     if choice not in FLOAT32_GEMMS:
         raise ValueError(f"{FLOAT32_GEMM_ENV}={choice!r}: expected one of {', '.join(FLOAT32_GEMMS)}")
     if choice == "auto":
-        choice = "mkl" if cpu_vendor() == "GenuineIntel" else "onednn"
+        choice = measured_float32_gemm()
     if choice == "mkl" and not mkl_packing_available():
         choice = "onednn"
     if choice == "onednn" and not onednn_packing_available():
@@ -124,14 +177,18 @@ class PackedWeight:
         if weight.dtype == torch.float32:
             gemm = float32_gemm()
             if gemm == "mkl" and mkl_packed_rows_agree(out_features, in_features):
-                packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS_HINT)
-                return cls("mkl", packed, out_features, in_features, weight.dtype)
+                return cls.packed_as("mkl", w)
             if gemm != "onednn":
                 return None
         if weight.dtype in (torch.float32, torch.bfloat16) and onednn_packing_available():
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS_HINT)
-            return cls("onednn", packed, out_features, in_features, weight.dtype)
+            return cls.packed_as("onednn", w)
         return None
+
+    @classmethod
+    def packed_as(cls, kind: str, w: torch.Tensor) -> PackedWeight:
+        """`w` [out, in] (contiguous, CPU) reordered for `kind`: "mkl" or "onednn"."""
+        reorder = torch.ops.mkl._mkl_reorder_linear_weight if kind == "mkl" else torch.ops.mkldnn._reorder_linear_weight
+        return cls(kind, reorder(w, PACK_ROWS_HINT), w.shape[0], w.shape[1], w.dtype)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # x: [rows, in_features] -> [rows, out_features]
