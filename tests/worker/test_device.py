@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from llmserve.worker.config import RunnerConfig
+from llmserve.worker.cpu_dtype import choose_cpu_dtype
 from llmserve.worker.device import model_dtype, resolve_device, resolve_dtype
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
@@ -26,12 +27,14 @@ def test_auto_is_the_cpu_without_a_gpu_and_cuda_is_refused_clearly():
 @pytest.mark.parametrize("saved, on_cuda", [("bfloat16", torch.bfloat16), ("float16", torch.float16),
                                             ("float32", torch.float32), (None, torch.float32),
                                             (torch.bfloat16, torch.bfloat16), ("int8", torch.float32)])
-def test_auto_dtype_is_the_checkpoints_own_on_cuda_and_float32_on_the_cpu(saved, on_cuda):
+def test_auto_dtype_is_the_checkpoints_own_on_cuda_and_float32_on_the_cpu_unless_bf16_pays(saved, on_cuda):
     config = types.SimpleNamespace(torch_dtype=saved)
     assert model_dtype(config) == on_cuda
     # resolve_dtype only reads the device's type: no GPU needed to check the CUDA rule.
     assert resolve_dtype("auto", torch.device("cuda", 0), config) == on_cuda
-    assert resolve_dtype("auto", torch.device("cpu"), config) == torch.float32
+    # The CPU: float32, unless a bfloat16 checkpoint meets a CPU that runs it fast (cpu_dtype.py).
+    on_cpu = choose_cpu_dtype(torch.bfloat16).dtype if on_cuda == torch.bfloat16 else torch.float32
+    assert resolve_dtype("auto", torch.device("cpu"), config) == on_cpu
 
 
 def test_explicit_dtypes_and_float16_only_on_cuda():

@@ -12,7 +12,7 @@ def test_the_faster_layout_is_chosen_and_remembered(tmp_path, monkeypatch):
     monkeypatch.setenv("LLMSERVE_CACHE", str(tmp_path))
     monkeypatch.setattr(packed_weight, "_time_float32_gemms", lambda: {"mkl": 0.5, "onednn": 2.0})
     assert packed_weight.measured_float32_gemm() == "mkl"
-    (record,) = (tmp_path / "cpu-gemm").glob("*.json")
+    (record,) = (tmp_path / "cpu-gemm").glob("float32-gemm-*.json")
     assert json.loads(record.read_text())["seconds"] == {"mkl": 0.5, "onednn": 2.0}
     # Later processes of this machine read the record: a noisier timing cannot flip it.
     monkeypatch.setattr(packed_weight, "_time_float32_gemms", lambda: {"mkl": 9.0, "onednn": 1.0})

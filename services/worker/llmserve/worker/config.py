@@ -15,7 +15,8 @@ from llmserve.settings import format_bytes, group, parse_bytes, positive_int, se
 
 from llmserve.worker.device import DEVICES, DTYPE_NAMES
 
-# auto: the model's own dtype on CUDA, float32 on the CPU; float16 runs on CUDA only.
+# auto: the model's own dtype on CUDA; on the CPU a bfloat16 checkpoint's bfloat16 where
+# the CPU multiplies it fast (worker/cpu_dtype.py), else float32; float16 runs on CUDA only.
 DTYPES = ("auto", *DTYPE_NAMES)
 
 
@@ -32,7 +33,9 @@ class RunnerConfig:
     device: str = setting("auto", choices=DEVICES, help="where the model and its KV cache live "
                                                         "(auto: CUDA when this process sees a GPU)")
     dtype: str = setting("auto", choices=DTYPES, help="weights, activations and KV cache dtype (auto: the "
-                                                      "model's own on CUDA, float32 on the CPU)")
+                                                      "model's own on CUDA; on the CPU, a bfloat16 checkpoint's "
+                                                      "bfloat16 where the CPU has AMX or AVX-512 BF16 and "
+                                                      "measures it faster, else float32; the reason is logged)")
     max_model_len: int | None = setting(None, help="cap on prompt + completion tokens", unset="the model's own")
     attention_backend: str = setting("auto", choices=("auto", "torch", "triton"),
                                      help="paged attention kernels (auto: triton on CUDA, torch on CPU)")

@@ -4,8 +4,10 @@
 group takes `cuda:{local_rank}`: LOCAL_RANK when a launcher (torchrun, Kubernetes) sets
 it, else its global rank modulo the GPUs this host shows.
 
-`--dtype auto` is the model's own `torch_dtype` on CUDA (float16 or bfloat16, as trained),
-float32 on the CPU (where float16 matmuls are unusably slow).
+`--dtype auto` is the model's own `torch_dtype` on CUDA (float16 or bfloat16, as trained);
+on the CPU, a bfloat16 checkpoint's own bfloat16 where this CPU multiplies it fast
+(cpu_dtype.py: its instruction sets, and a measurement), float32 otherwise (float16
+matmuls are unusably slow there). `dtype_choice` says which, and why.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 from typing import Any
 
 import torch
+
+from llmserve.worker.cpu_dtype import DtypeChoice, choose_cpu_dtype
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,16 +70,24 @@ def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"unsupported dtype {name!r}; use auto, {', '.join(DTYPE_NAMES)}")
 
 
-def resolve_dtype(name: str | torch.dtype, device: torch.device, config: Any = None) -> torch.dtype:
-    """The dtype weights, activations and the KV cache take on `device`."""
-    if name == "auto":
-        dtype = model_dtype(config) if device.type == "cuda" else torch.float32
+def dtype_choice(name: str | torch.dtype, device: torch.device, config: Any = None) -> DtypeChoice:
+    """The dtype weights, activations and the KV cache take on `device`, and why."""
+    if name == "auto" and device.type == "cuda":
+        dtype = model_dtype(config)
+        choice = DtypeChoice(dtype, f"the checkpoint's own dtype ({dtype_name(dtype)}) on CUDA")
+    elif name == "auto":
+        choice = choose_cpu_dtype(model_dtype(config))
     else:
-        dtype = dtype_from_name(name)
-    if dtype == torch.float16 and device.type != "cuda":
+        choice = DtypeChoice(dtype_from_name(name), "--dtype")
+    if choice.dtype == torch.float16 and device.type != "cuda":
         raise ValueError("float16 runs on CUDA only (CPU matmuls in float16 are unusably slow): "
                          "use --dtype bfloat16 or float32 on the CPU")
-    return dtype
+    return choice
+
+
+def resolve_dtype(name: str | torch.dtype, device: torch.device, config: Any = None) -> torch.dtype:
+    """The dtype weights, activations and the KV cache take on `device`."""
+    return dtype_choice(name, device, config).dtype
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -17,7 +17,7 @@ from llmserve.worker import kv_cache as kvc
 from llmserve.worker.attention import backend_class, install_backend
 from llmserve.worker.config import RunnerConfig
 from llmserve.worker.cuda_graphs import DecodeGraphs, capture_sizes
-from llmserve.worker.device import dtype_name, resolve_device, resolve_dtype
+from llmserve.worker.device import dtype_choice, dtype_name, resolve_device
 from llmserve.worker.input_batch import InputBatch
 from llmserve.worker.distributed import DistInit, init_parallel
 from llmserve.worker.models.decoder import head_dim_of, local_kv_heads
@@ -55,9 +55,12 @@ class ModelRunner:
         block_size = self.block_size = settings.block_size
         self.config = load_config(self.model_dir)
         # This rank's device first (a CUDA rank makes cuda:{local_rank} current), then the dtype
-        # there (auto: the checkpoint's own on CUDA, float32 on the CPU).
+        # there (auto: the checkpoint's own on CUDA; on the CPU, device.dtype_choice).
         self.device = resolve_device(settings.device, dist.rank)
-        self.dtype = resolve_dtype(settings.dtype, self.device, self.config)
+        self.dtype_choice = dtype_choice(settings.dtype, self.device, self.config)
+        self.dtype = self.dtype_choice.dtype
+        if settings.dtype == "auto":
+            logger.info("dtype %s: %s", dtype_name(self.dtype), self.dtype_choice.reason)
         # TP x PP group: join (the ranks must serve the same model the same way), then
         # build this rank's shard only. A world of 1 initializes nothing.
         self.parallel = init_parallel(

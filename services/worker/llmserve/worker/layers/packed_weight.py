@@ -28,6 +28,7 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -55,14 +56,14 @@ FLOAT32_GEMMS = ("auto", "mkl", "onednn", "dense")
 
 # Decode-shaped products the choice is timed on: rows x [out, in] (a 0.5B-1B model's
 # projections at a batch of 8).
-_TIMED_SHAPES = ((8, 2048, 2048), (8, 8192, 2048), (8, 2048, 8192))
+TIMED_SHAPES = ((8, 2048, 2048), (8, 8192, 2048), (8, 2048, 8192))
 
 
 def _time_float32_gemms() -> dict[str, float]:
     """Seconds per round of the timed products for each packed float32 layout (the best
     of several rounds: the least disturbed by other processes)."""
     gen = torch.Generator().manual_seed(0)
-    cases = [(torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen)) for rows, n, k in _TIMED_SHAPES]
+    cases = [(torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen)) for rows, n, k in TIMED_SHAPES]
     times = {}
     for kind in ("mkl", "onednn"):
         if not (mkl_packing_available() if kind == "mkl" else onednn_packing_available()):
@@ -81,33 +82,42 @@ def _time_float32_gemms() -> dict[str, float]:
 
 def _machine_key() -> str:
     try:
-        flags = Path("/proc/cpuinfo").read_text().split("\nflags", 1)[-1].split("\n", 1)[0]
-        model = next((line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), "")
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        flags = cpuinfo.split("\nflags", 1)[-1].split("\n", 1)[0]
+        model = next((line for line in cpuinfo.splitlines() if line.startswith("model name")), "")
     except OSError:
         flags, model = platform.processor(), ""
     return hashlib.sha1(f"{model}|{flags}|{torch.__version__}".encode()).hexdigest()[:16]
 
 
-def measured_float32_gemm() -> str:
-    """The faster packed float32 layout on this machine ("mkl" or "onednn"), timed by the
-    first process that asks and remembered (under a lock: processes starting together
-    must not each time it on a contended CPU and disagree)."""
+def remembered(name: str, measure: Callable[[], dict]) -> dict:
+    """`measure()`'s result for this machine (CPU model, flags, torch version): computed
+    by the first process that asks and kept in the cache directory. NOTE: under a lock,
+    so processes starting together do not each time it on a contended CPU and disagree;
+    and kept, so a noisier later run cannot flip a choice that changes numerics."""
     root = Path(os.environ.get("LLMSERVE_CACHE", Path.home() / ".cache" / "llmserve")) / "cpu-gemm"
     root.mkdir(parents=True, exist_ok=True)
-    record = root / f"{_machine_key()}.json"
-    with open(root / "lock", "w") as handle:
+    record = root / f"{name}-{_machine_key()}.json"
+    # One lock per record: a measurement may need another one first (bfloat16's is timed
+    # against float32 in the layout float32's own measurement picks).
+    with open(record.with_suffix(".lock"), "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         if record.exists():
-            return json.loads(record.read_text())["float32"]
+            return json.loads(record.read_text())
+        result = measure()
+        record.write_text(json.dumps(result))
+        log.info("%s, measured once on this machine: %s (%s)", name, result, record)
+        return result
+
+
+def measured_float32_gemm() -> str:
+    """The faster packed float32 layout on this machine: "mkl", "onednn" ("dense" if this
+    torch packs neither)."""
+    def measure() -> dict:
         times = _time_float32_gemms()
-        if not times:
-            return "dense"
-        choice = min(times, key=times.get)
-        record.write_text(json.dumps({"float32": choice, "seconds": times, "shapes": _TIMED_SHAPES}))
-        log.info("float32 CPU GEMM layout: %s (timed once on this machine: %s; %s)", choice,
-                 ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items()), record)
-        return choice
+        return {"choice": min(times, key=times.get) if times else "dense", "seconds": times}
+
+    return remembered("float32-gemm", measure)["choice"]
 
 
 @functools.lru_cache(maxsize=None)
