@@ -53,6 +53,11 @@ export interface ModelInfo {
    * Data-parallel replicas (a scheduler and its workers each) serving now behind this router.
    */
   'data_parallel_size'?: (number);
+  /**
+   * Weight quantization: "none", or "int8" (weight-only int8 linear projections, one
+   * scale per output row; activations, embeddings and the LM head keep `dtype`).
+   */
+  'quantization'?: (string);
 }
 
 /**
@@ -107,4 +112,9 @@ export interface ModelInfo__Output {
    * Data-parallel replicas (a scheduler and its workers each) serving now behind this router.
    */
   'data_parallel_size': (number);
+  /**
+   * Weight quantization: "none", or "int8" (weight-only int8 linear projections, one
+   * scale per output row; activations, embeddings and the LM head keep `dtype`).
+   */
+  'quantization': (string);
 }
