@@ -14,6 +14,7 @@ from llmserve.contract.security import SecurityOptions
 from llmserve.settings import format_bytes, group, parse_bytes, positive_int, setting
 
 from llmserve.worker.device import DEVICES, DTYPE_NAMES
+from llmserve.worker.layers.int8_weight import QUANTIZATIONS
 
 # auto: the model's own dtype on CUDA, float32 on the CPU; float16 runs on CUDA only.
 DTYPES = ("auto", *DTYPE_NAMES)
@@ -32,7 +33,12 @@ class RunnerConfig:
     device: str = setting("auto", choices=DEVICES, help="where the model and its KV cache live "
                                                         "(auto: CUDA when this process sees a GPU)")
     dtype: str = setting("auto", choices=DTYPES, help="weights, activations and KV cache dtype (auto: the "
-                                                      "model's own on CUDA, float32 on the CPU)")
+                                                      "model's own on CUDA, float32 on the CPU, bfloat16 on the "
+                                                      "CPU with --quantization int8)")
+    quantization: str = setting("none", choices=QUANTIZATIONS,
+                                help="int8: weight-only int8 (symmetric, one scale per output row) for the "
+                                     "layers' linear projections, quantized at load from the same checkpoint; "
+                                     "embeddings, norms and the LM head keep --dtype")
     max_model_len: int | None = setting(None, help="cap on prompt + completion tokens", unset="the model's own")
     attention_backend: str = setting("auto", choices=("auto", "torch", "triton"),
                                      help="paged attention kernels (auto: triton on CUDA, torch on CPU)")

@@ -5,7 +5,9 @@ group takes `cuda:{local_rank}`: LOCAL_RANK when a launcher (torchrun, Kubernete
 it, else its global rank modulo the GPUs this host shows.
 
 `--dtype auto` is the model's own `torch_dtype` on CUDA (float16 or bfloat16, as trained),
-float32 on the CPU (where float16 matmuls are unusably slow).
+float32 on the CPU (where float16 matmuls are unusably slow), but bfloat16 on the CPU with
+`--quantization int8`: torch's weight-only int8 kernel vectorizes bfloat16 activations
+only (float32 ones fall back to a dequantized product, slower than float32 itself).
 """
 
 from __future__ import annotations
@@ -66,10 +68,13 @@ def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"unsupported dtype {name!r}; use auto, {', '.join(DTYPE_NAMES)}")
 
 
-def resolve_dtype(name: str | torch.dtype, device: torch.device, config: Any = None) -> torch.dtype:
-    """The dtype weights, activations and the KV cache take on `device`."""
-    if name == "auto":
-        dtype = model_dtype(config) if device.type == "cuda" else torch.float32
+def resolve_dtype(name: str | torch.dtype, device: torch.device, config: Any = None,
+                  quantization: str = "none") -> torch.dtype:
+    """The dtype weights (but int8 ones), activations and the KV cache take on `device`."""
+    if name == "auto" and device.type == "cpu":
+        dtype = torch.bfloat16 if quantization == "int8" else torch.float32
+    elif name == "auto":
+        dtype = model_dtype(config)
     else:
         dtype = dtype_from_name(name)
     if dtype == torch.float16 and device.type != "cuda":
