@@ -96,7 +96,7 @@ def test_tiny_model_greedy_agrees_with_float32(tiny_llama_dir):
     for dtype in ("float32", "bfloat16"):  # the dequantized product, then the int8 kernel (16-row chunks)
         logits = teacher_forced_logits(load_model(tiny_llama_dir, dtype, quantization="int8"), tokens, chunk=16)
         assert agreement(logits, reference) >= 0.9, dtype
-        assert (logits - reference).abs().max() < 0.1 * reference.abs().max()
+        assert (logits - reference).abs().max() < 0.05 * reference.abs().max()  # measured: 1.2-1.7%
 
 
 def test_runner_reports_quantization_through_worker_info_and_model_info(tiny_llama_dir):
