@@ -110,6 +110,11 @@ class ModelInfo:
     block_size: int
     num_kv_blocks: int
     tensor_parallel_size: int
+    device: str = "cpu"
+    cuda_graphs: bool = False
+    data_parallel_size: int = 1
+    quantization: str = "none"
+    dtype_reason: str = ""
 
     @classmethod
     def from_pb(cls, msg: pb.ModelInfo) -> "ModelInfo":
@@ -123,6 +128,11 @@ class ModelInfo:
             block_size=msg.block_size,
             num_kv_blocks=msg.num_kv_blocks,
             tensor_parallel_size=msg.tensor_parallel_size,
+            device=msg.device or "cpu",
+            cuda_graphs=msg.cuda_graphs,
+            data_parallel_size=msg.data_parallel_size or 1,
+            quantization=msg.quantization or "none",
+            dtype_reason=msg.dtype_reason,
         )
 
 

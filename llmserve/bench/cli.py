@@ -11,12 +11,14 @@ import argparse
 from dataclasses import dataclass
 
 from llmserve.bench.overload import add_overload_arguments
+from llmserve.bench.decode_variants import VARIANTS
 from llmserve.bench.random_model import PRESETS
 from llmserve.bench.routing import add_routing_arguments
 from llmserve.bench.workloads import add_workload_flags
 from llmserve.launcher import EngineSettings
 from llmserve.settings import Command, add_flags, group, resolve
 from llmserve.worker.config import DTYPES, RunnerConfig, WorkerConfig
+from llmserve.worker.layers.int8_weight import QUANTIZATIONS
 
 
 # --grpc-security: the transports a round runs, as ClusterSpec.insecure values.
@@ -104,6 +106,28 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     decode.add_argument("--steps", type=int, default=64, help="timed decode steps per batch size and mode")
     decode.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
+    variants = bench_sub.add_parser("decode-variants", help="decode tok/s per weight format (float32, bfloat16, "
+                                                            "weight-only int8), per batch size, side by side")
+    add_flags(variants, BenchSettings)
+    variants.add_argument("--variants", nargs="+", default=["float32", "bfloat16", "int8"], choices=list(VARIANTS),
+                          help="int8: int8 weights, bfloat16 activations; int8-fp32: float32 activations")
+    variants.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16], help="decode batch sizes")
+    variants.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
+    variants.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size and variant")
+    variants.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+
+    quality = bench_sub.add_parser("quality", help="perplexity and next-token agreement with float32, teacher-forced "
+                                                   "over a fixed text, per dtype / quantization")
+    quality.add_argument("--model", default="default", help="local HF model directory, or 'default'")
+    quality.add_argument("--dtypes", nargs="*", default=["bfloat16"], choices=DTYPES[1:],
+                         help="unquantized dtypes to compare with float32 (always run, the reference)")
+    quality.add_argument("--quantization", nargs="*", default=["int8"], choices=list(QUANTIZATIONS),
+                         help="weight quantizations to compare with float32")
+    quality.add_argument("--quantized-dtype", nargs="+", default=["bfloat16"], choices=DTYPES[1:],
+                         help="activation dtypes the quantized models run in")
+    quality.add_argument("--max-tokens", type=int, default=1536, help="tokens of the text evaluated")
+    quality.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+
     kv = bench_sub.add_parser("kv-sizing", help="the KV cache the worker sizes vs what fits after start-up")
     add_flags(kv, BenchSettings)
     kv.add_argument("--output-dir", default="bench-results", help="JSON goes here")
@@ -123,6 +147,10 @@ def run_bench(args) -> int:
         from llmserve.bench.profile_step import bench_profile
 
         return bench_profile(args)
+    if args.bench_command == "quality":
+        from llmserve.bench.quality import bench_quality
+
+        return bench_quality(args)
     if args.bench_command == "make-model":
         from llmserve.bench.random_model import bench_make_model
 
@@ -138,6 +166,10 @@ def run_bench(args) -> int:
         from llmserve.bench.decode_graphs import bench_decode
 
         return bench_decode(args)
+    if args.bench_command == "decode-variants":
+        from llmserve.bench.decode_variants import bench_decode_variants
+
+        return bench_decode_variants(args)
     if args.bench_command == "kv-sizing":
         from llmserve.bench.kv_sizing import bench_kv_sizing
 
@@ -156,5 +188,5 @@ def run_bench(args) -> int:
 
 
 COMMAND = Command("bench", "benchmarks (throughput offline, serve online, routing over replicas, overload, profile a "
-                           "step, decode graphs vs eager, KV sizing, a random model)", None, run_bench,
-                  add_bench_arguments)
+                           "step, decode graphs vs eager, decode per weight format, quality vs float32, KV sizing, "
+                           "a random model)", None, run_bench, add_bench_arguments)

@@ -188,7 +188,7 @@ def engine_device_and_dtype(model_dir: Path, runner: RunnerConfig) -> tuple[torc
     from llmserve.worker.models.loader import load_config
 
     device = resolve_device(runner.device)
-    return device, resolve_dtype(runner.dtype, device, load_config(model_dir))
+    return device, resolve_dtype(runner.dtype, device, load_config(model_dir), runner.quantization)
 
 
 def bench_throughput(args) -> int:

@@ -190,6 +190,8 @@ def worker_info_to_pb(info: WorkerInfo) -> worker_pb2.WorkerInfo:
         num_cpu_blocks=info.num_cpu_blocks,
         device=info.device,
         cuda_graphs=info.cuda_graphs,
+        quantization=info.quantization,
+        dtype_reason=info.dtype_reason,
     )
 
 
@@ -208,6 +210,8 @@ def worker_info_from_pb(msg: worker_pb2.WorkerInfo) -> WorkerInfo:
         num_cpu_blocks=msg.num_cpu_blocks,
         device=msg.device or "cpu",
         cuda_graphs=msg.cuda_graphs,
+        quantization=msg.quantization or "none",
+        dtype_reason=msg.dtype_reason,
     )
 
 

@@ -53,6 +53,16 @@ export interface ModelInfo {
    * Data-parallel replicas (a scheduler and its workers each) serving now behind this router.
    */
   'data_parallel_size'?: (number);
+  /**
+   * Weight quantization: "none", or "int8" (weight-only int8 linear projections, one
+   * scale per output row; activations, embeddings and the LM head keep `dtype`).
+   */
+  'quantization'?: (string);
+  /**
+   * Why `dtype`: --dtype auto's choice and its grounds (the checkpoint's dtype, the CPU's
+   * instruction sets, a measurement), or "--dtype" when it was given.
+   */
+  'dtype_reason'?: (string);
 }
 
 /**
@@ -107,4 +117,14 @@ export interface ModelInfo__Output {
    * Data-parallel replicas (a scheduler and its workers each) serving now behind this router.
    */
   'data_parallel_size': (number);
+  /**
+   * Weight quantization: "none", or "int8" (weight-only int8 linear projections, one
+   * scale per output row; activations, embeddings and the LM head keep `dtype`).
+   */
+  'quantization': (string);
+  /**
+   * Why `dtype`: --dtype auto's choice and its grounds (the checkpoint's dtype, the CPU's
+   * instruction sets, a measurement), or "--dtype" when it was given.
+   */
+  'dtype_reason': (string);
 }

@@ -148,6 +148,8 @@ def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer,
         device=worker.device,
         cuda_graphs=worker.cuda_graphs,
         data_parallel_size=num_replicas,
+        quantization=worker.quantization,
+        dtype_reason=worker.dtype_reason,
     )
 
 

@@ -14,6 +14,7 @@ from llmserve.contract.security import SecurityOptions
 from llmserve.settings import format_bytes, group, parse_bytes, positive_int, setting
 
 from llmserve.worker.device import DEVICES, DTYPE_NAMES
+from llmserve.worker.layers.int8_weight import QUANTIZATIONS
 
 # auto: the model's own dtype on CUDA; on the CPU a bfloat16 checkpoint's bfloat16 where
 # the CPU multiplies it fast (worker/cpu_dtype.py), else float32; float16 runs on CUDA only.
@@ -36,6 +37,10 @@ class RunnerConfig:
                                                       "model's own on CUDA; on the CPU, a bfloat16 checkpoint's "
                                                       "bfloat16 where the CPU has AMX or AVX-512 BF16 and "
                                                       "measures it faster, else float32; the reason is logged)")
+    quantization: str = setting("none", choices=QUANTIZATIONS,
+                                help="int8: weight-only int8 (symmetric, one scale per output row) for the "
+                                     "layers' linear projections, quantized at load from the same checkpoint; "
+                                     "embeddings, norms and the LM head keep --dtype")
     max_model_len: int | None = setting(None, help="cap on prompt + completion tokens", unset="the model's own")
     attention_backend: str = setting("auto", choices=("auto", "torch", "triton"),
                                      help="paged attention kernels (auto: triton on CUDA, torch on CPU)")

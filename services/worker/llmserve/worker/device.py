@@ -7,7 +7,9 @@ it, else its global rank modulo the GPUs this host shows.
 `--dtype auto` is the model's own `torch_dtype` on CUDA (float16 or bfloat16, as trained);
 on the CPU, a bfloat16 checkpoint's own bfloat16 where this CPU multiplies it fast
 (cpu_dtype.py: its instruction sets, and a measurement), float32 otherwise (float16
-matmuls are unusably slow there). `dtype_choice` says which, and why.
+matmuls are unusably slow there); bfloat16 on the CPU with `--quantization int8`: torch's
+weight-only int8 kernel vectorizes bfloat16 activations only (float32 ones fall back to a
+dequantized product, slower than float32 itself). `dtype_choice` says which, and why.
 """
 
 from __future__ import annotations
@@ -70,11 +72,14 @@ def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"unsupported dtype {name!r}; use auto, {', '.join(DTYPE_NAMES)}")
 
 
-def dtype_choice(name: str | torch.dtype, device: torch.device, config: Any = None) -> DtypeChoice:
-    """The dtype weights, activations and the KV cache take on `device`, and why."""
+def dtype_choice(name: str | torch.dtype, device: torch.device, config: Any = None,
+                 quantization: str = "none") -> DtypeChoice:
+    """The dtype weights (but int8 ones), activations and the KV cache take on `device`, and why."""
     if name == "auto" and device.type == "cuda":
         dtype = model_dtype(config)
         choice = DtypeChoice(dtype, f"the checkpoint's own dtype ({dtype_name(dtype)}) on CUDA")
+    elif name == "auto" and quantization == "int8":
+        choice = DtypeChoice(torch.bfloat16, "int8 weights: torch's int8 kernel vectorizes bfloat16 activations only")
     elif name == "auto":
         choice = choose_cpu_dtype(model_dtype(config))
     else:
@@ -85,9 +90,10 @@ def dtype_choice(name: str | torch.dtype, device: torch.device, config: Any = No
     return choice
 
 
-def resolve_dtype(name: str | torch.dtype, device: torch.device, config: Any = None) -> torch.dtype:
-    """The dtype weights, activations and the KV cache take on `device`."""
-    return dtype_choice(name, device, config).dtype
+def resolve_dtype(name: str | torch.dtype, device: torch.device, config: Any = None,
+                  quantization: str = "none") -> torch.dtype:
+    """The dtype weights (but int8 ones), activations and the KV cache take on `device`."""
+    return dtype_choice(name, device, config, quantization).dtype
 
 
 def dtype_name(dtype: torch.dtype) -> str:

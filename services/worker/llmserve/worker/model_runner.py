@@ -57,8 +57,9 @@ class ModelRunner:
         # This rank's device first (a CUDA rank makes cuda:{local_rank} current), then the dtype
         # there (auto: the checkpoint's own on CUDA; on the CPU, device.dtype_choice).
         self.device = resolve_device(settings.device, dist.rank)
-        self.dtype_choice = dtype_choice(settings.dtype, self.device, self.config)
+        self.dtype_choice = dtype_choice(settings.dtype, self.device, self.config, settings.quantization)
         self.dtype = self.dtype_choice.dtype
+        self.quantization = settings.quantization
         if settings.dtype == "auto":
             logger.info("dtype %s: %s", dtype_name(self.dtype), self.dtype_choice.reason)
         # TP x PP group: join (the ranks must serve the same model the same way), then
@@ -66,8 +67,8 @@ class ModelRunner:
         self.parallel = init_parallel(
             dist,
             payload={"model_path": str(self.model_dir.resolve()), "dtype": str(self.dtype), "block_size": block_size,
-                     "device": self.device.type},
-            agree_on=("model_path", "dtype", "block_size", "device"), device=self.device)
+                     "device": self.device.type, "quantization": self.quantization},
+            agree_on=("model_path", "dtype", "block_size", "device", "quantization"), device=self.device)
         if model is not None:
             if self.parallel.world.size > 1:
                 raise ValueError("a parallel group's rank loads its own shard; it cannot share weights")
@@ -75,8 +76,12 @@ class ModelRunner:
             if (p.device, p.dtype) != (self.device, self.dtype):
                 raise ValueError(f"shared weights are {p.dtype} on {p.device}; this runner wants "
                                  f"{self.dtype} on {self.device}")
+            if getattr(model, "quantization", "none") != self.quantization:
+                raise ValueError(f"shared weights have quantization {getattr(model, 'quantization', 'none')}; "
+                                 f"this runner wants {self.quantization}")
         self.model = model if model is not None else load_model(self.model_dir, self.dtype, self.config,
-                                                                  parallel=self.parallel, device=self.device)
+                                                                  parallel=self.parallel, device=self.device,
+                                                                  quantization=self.quantization)
         self.max_model_len = self._max_model_len(settings.max_model_len)
         # "auto": Triton where the KV cache lives on CUDA, torch elsewhere.
         self.attention_backend = backend_class(settings.attention_backend, self.device)
@@ -96,8 +101,9 @@ class ModelRunner:
         self._interrupted_step_id = -1  # Set by interrupt() from the service's thread.
         self._info = self._worker_info(model_name or self.model_dir.name)
         logger.info("# KV blocks: %d (%d CPU swap blocks), max concurrency for %d-token requests: %.2fx "
-                    "(%s, %s, %s)", self.num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
+                    "(%s, %s, quantization %s, %s)", self.num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
                     self.num_kv_blocks * block_size / self.max_model_len, self.device, dtype_name(self.dtype),
+                    self.quantization,
                     "CUDA graphs" if self.graphs is not None else "eager")
 
     def _uses_graphs(self) -> bool:
@@ -162,6 +168,8 @@ class ModelRunner:
             tensor_parallel_size=self.parallel.tp.size,
             device=f"cuda ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else "cpu",
             cuda_graphs=self.graphs is not None,
+            quantization=self.quantization,
+            dtype_reason=self.dtype_choice.reason,
         )
 
     def _blocks_from_profile(self, block_bytes: int, kv_cache_memory_bytes: int | None,

@@ -9,6 +9,13 @@ With tp_size=1 every shard is the whole tensor. For tp_size>1:
 
 Fused layout of QKVParallelLinear.weight (rows, on one rank):
   [ q: num_heads*head_dim | k: num_kv_heads*head_dim | v: num_kv_heads*head_dim ]
+
+`quantization="int8"`: `weight` is int8 [out, in] and the buffer `weight_scale` [out]
+float32 (see int8_weight.py). Each weight loader quantizes the rows of the shard this
+rank keeps as it stores them, one checkpoint tensor at a time: the float weight is never
+held whole. Per-output-row scales make that exact: a row's scale depends on that row
+alone (for RowParallel, on this rank's columns of it: each rank scales its own partial
+product before the all-reduce).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmserve.worker.distributed import SINGLE, GroupHandle
+from llmserve.worker.layers.int8_weight import QUANTIZATIONS, Int8Weight, quantize_rows
 from llmserve.worker.layers.packed_weight import PackedWeight
 
 
@@ -39,13 +47,21 @@ def _copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
 class LinearBase(nn.Module):
     """y = x @ W.T (+ b). Parameters carry a `weight_loader` attribute used by the loader."""
 
-    def __init__(self, out_features: int, in_features: int, bias: bool, tp: GroupHandle):
+    def __init__(self, out_features: int, in_features: int, bias: bool, tp: GroupHandle,
+                 quantization: str = "none"):
         super().__init__()
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {quantization!r} (choices: {', '.join(QUANTIZATIONS)})")
         self.tp = tp
         self.tp_size, self.tp_rank = tp.size, tp.rank
-        # weight: [out_features (this rank), in_features (this rank)]
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.quantization = quantization
+        # weight: [out_features (this rank), in_features (this rank)], model dtype or int8
+        weight_dtype = torch.int8 if quantization == "int8" else None
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=weight_dtype), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
+        if quantization == "int8":
+            # weight_scale: [out_features] float32; a buffer, not a checkpoint entry.
+            self.register_buffer("weight_scale", torch.empty(out_features, dtype=torch.float32), persistent=False)
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
@@ -55,11 +71,27 @@ class LinearBase(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
         raise NotImplementedError
 
+    def store(self, param: nn.Parameter, shard: torch.Tensor, what: str, offset: int | None = None) -> None:
+        """Copy `shard` into `param` (into its rows [offset, offset + len(shard)) when
+        `offset` is given), quantizing those rows when the weight is int8."""
+        dst = param.data if offset is None else param.data.narrow(0, offset, shard.shape[0])
+        if param is not self.weight or self.quantization == "none":
+            _copy_checked(dst, shard, what)
+            return
+        q, scale = quantize_rows(shard)  # q: [rows, in] int8; scale: [rows]
+        _copy_checked(dst, q, what)
+        scales = self.weight_scale if offset is None else self.weight_scale.narrow(0, offset, shard.shape[0])
+        scales.copy_(scale)
+
     packed: PackedWeight | None = None  # the CPU weight in its GEMM library's layout, else None
+    int8: Int8Weight | None = None  # the int8 weight and its scales, with quantization="int8"
 
     def process_weights_after_loading(self) -> None:
         w = self.weight
-        if self.packed is not None:  # (already processed)
+        if self.packed is not None or self.int8 is not None:  # (already processed)
+            return
+        if self.quantization == "int8":
+            self.int8 = Int8Weight(w.data, self.weight_scale)
             return
         self.packed = PackedWeight.pack(w)
         if self.packed is not None:
@@ -73,6 +105,8 @@ class LinearBase(nn.Module):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         # x: [num_tokens, in_features] -> [num_tokens, out_features]
+        if self.int8 is not None:
+            return self.int8.matmul(x, bias)
         if self.packed is not None:
             return self.packed.matmul(x, bias)
         return F.linear(x, self.weight, bias)
@@ -84,30 +118,33 @@ class LinearBase(nn.Module):
 class ReplicatedLinear(LinearBase):
     """Every rank holds the full weight."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp: GroupHandle = SINGLE):
-        super().__init__(output_size, input_size, bias, tp)
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp: GroupHandle = SINGLE,
+                 quantization: str = "none"):
+        super().__init__(output_size, input_size, bias, tp, quantization)
 
     def weight_loader(self, param, loaded, shard_id=None):
-        _copy_checked(param.data, loaded, "ReplicatedLinear")
+        self.store(param, loaded, "ReplicatedLinear")
 
 
 class ColumnParallelLinear(LinearBase):
     """Output dim split across ranks; each rank returns its slice (no gather here)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp: GroupHandle = SINGLE):
-        super().__init__(_divide(output_size, tp.size), input_size, bias, tp)
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp: GroupHandle = SINGLE,
+                 quantization: str = "none"):
+        super().__init__(_divide(output_size, tp.size), input_size, bias, tp, quantization)
 
     def weight_loader(self, param, loaded, shard_id=None):
         size = param.shape[0]
-        _copy_checked(param.data, loaded.narrow(0, self.tp_rank * size, size), "ColumnParallelLinear")
+        self.store(param, loaded.narrow(0, self.tp_rank * size, size), "ColumnParallelLinear")
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel matrices fused along the output dim (gate_proj, up_proj)."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, tp: GroupHandle = SINGLE):
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, tp: GroupHandle = SINGLE,
+                 quantization: str = "none"):
         self.output_sizes = list(output_sizes)
-        super().__init__(input_size, sum(output_sizes), bias, tp)
+        super().__init__(input_size, sum(output_sizes), bias, tp, quantization)
 
     def weight_loader(self, param, loaded, shard_id=None):
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
@@ -115,7 +152,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
         shard = loaded.narrow(0, self.tp_rank * size, size)
-        _copy_checked(param.data.narrow(0, offset, size), shard, f"gate_up shard {shard_id}")
+        self.store(param, shard, f"gate_up shard {shard_id}", offset)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -129,6 +166,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         total_num_kv_heads: int,
         bias: bool = False,
         tp: GroupHandle = SINGLE,
+        quantization: str = "none",
     ):
         self.head_dim = head_dim
         self.num_heads = _divide(total_num_heads, tp.size, "Total number of attention heads")
@@ -144,7 +182,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
-        LinearBase.__init__(self, out, hidden_size, bias, tp)
+        LinearBase.__init__(self, out, hidden_size, bias, tp, quantization)
 
     def weight_loader(self, param, loaded, shard_id=None):
         if shard_id == "q":
@@ -155,7 +193,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         else:
             raise ValueError(f"QKVParallelLinear: bad shard id {shard_id!r}")
         shard = loaded.narrow(0, rank * size, size)
-        _copy_checked(param.data.narrow(0, offset, size), shard, f"qkv shard {shard_id}")
+        self.store(param, shard, f"qkv shard {shard_id}", offset)
 
     def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # qkv: [T, q_size + 2*kv_size] -> q [T, q_size], k [T, kv_size], v [T, kv_size]
@@ -165,15 +203,16 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(LinearBase):
     """Input dim split across ranks; partial sums are all-reduced over the TP group."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp: GroupHandle = SINGLE):
-        super().__init__(output_size, _divide(input_size, tp.size), bias, tp)
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp: GroupHandle = SINGLE,
+                 quantization: str = "none"):
+        super().__init__(output_size, _divide(input_size, tp.size), bias, tp, quantization)
 
     def weight_loader(self, param, loaded, shard_id=None):
         if param.dim() == 1:  # bias: full on every rank, added once after the reduce
             _copy_checked(param.data, loaded, "RowParallelLinear bias")
             return
         size = param.shape[1]
-        _copy_checked(param.data, loaded.narrow(1, self.tp_rank * size, size), "RowParallelLinear")
+        self.store(param, loaded.narrow(1, self.tp_rank * size, size), "RowParallelLinear")
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of the ranks' partial products (in place over the TP group)."""

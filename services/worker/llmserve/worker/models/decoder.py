@@ -50,16 +50,17 @@ def local_kv_heads(config: Any, tp_size: int) -> int:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: Any, qkv_bias: bool, tp: GroupHandle):
+    def __init__(self, config: Any, qkv_bias: bool, tp: GroupHandle, quantization: str = "none"):
         super().__init__()
         D = head_dim_of(config)
         bias = qkv_bias or getattr(config, "attention_bias", False)
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, D, config.num_attention_heads, config.num_key_value_heads, bias, tp
+            config.hidden_size, D, config.num_attention_heads, config.num_key_value_heads, bias, tp, quantization
         )
         self.num_heads, self.num_kv_heads, self.head_dim = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, D
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * D, config.hidden_size, getattr(config, "attention_bias", False), tp
+            config.num_attention_heads * D, config.hidden_size, getattr(config, "attention_bias", False), tp,
+            quantization
         )
         self.attn = TorchPagedAttention(self.num_heads, D, self.num_kv_heads)
 
@@ -75,23 +76,24 @@ class Attention(nn.Module):
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)); gate/up column-parallel, down row-parallel."""
 
-    def __init__(self, config: Any, tp: GroupHandle):
+    def __init__(self, config: Any, tp: GroupHandle, quantization: str = "none"):
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
         I = config.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [I, I], bias, tp)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [I, I], bias, tp, quantization)
         self.act = gated_activation(config.hidden_act)
-        self.down_proj = RowParallelLinear(I, config.hidden_size, bias, tp)
+        self.down_proj = RowParallelLinear(I, config.hidden_size, bias, tp, quantization)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))  # all-reduce #2 of the layer
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: Any, qkv_bias: bool, norm_cls: type[RMSNorm], tp: GroupHandle):
+    def __init__(self, config: Any, qkv_bias: bool, norm_cls: type[RMSNorm], tp: GroupHandle,
+                 quantization: str = "none"):
         super().__init__()
-        self.self_attn = Attention(config, qkv_bias, tp)
-        self.mlp = GatedMLP(config, tp)
+        self.self_attn = Attention(config, qkv_bias, tp, quantization)
+        self.mlp = GatedMLP(config, tp, quantization)
         self.input_layernorm = norm_cls(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = norm_cls(config.hidden_size, config.rms_norm_eps)
 
@@ -111,7 +113,7 @@ class MissingLayer(nn.Module):
 
 class DecoderModel(nn.Module):
     def __init__(self, config: Any, parallel: ParallelState, qkv_bias: bool, norm_cls: type[RMSNorm],
-                 embed_scale: float | None):
+                 embed_scale: float | None, quantization: str = "none"):
         super().__init__()
         tp = parallel.tp
         self.start, self.end = parallel.stage_layers(config.num_hidden_layers)
@@ -119,7 +121,7 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp) if self.is_first else None
         self.embed_scale = embed_scale
         self.layers = nn.ModuleList(
-            DecoderLayer(config, qkv_bias, norm_cls, tp) if self.start <= i < self.end else MissingLayer()
+            DecoderLayer(config, qkv_bias, norm_cls, tp, quantization) if self.start <= i < self.end else MissingLayer()
             for i in range(config.num_hidden_layers)
         )
         self.norm = norm_cls(config.hidden_size, config.rms_norm_eps) if self.is_last else None
@@ -163,12 +165,19 @@ class DecoderForCausalLM(nn.Module):
     def embed_scale(config: Any) -> float | None:
         return None
 
-    def __init__(self, config: Any, parallel: ParallelState | None = None):
+    def __init__(self, config: Any, parallel: ParallelState | None = None, quantization: str = "none"):
+        """`quantization="int8"`: the layers' projections (qkv, o, gate/up, down) hold int8
+        weights. NOTE: the embedding, the norms and the LM head stay in the model dtype: the
+        embedding is a row lookup (no matmul to speed up), the norms are a few vectors,
+        and the LM head's logits decide every sampled token (its errors reach the output
+        directly, not through 30 layers of residual stream), while SmolLM2's head is
+        also the tied embedding, which quantized would change the inputs too."""
         super().__init__()
         parallel = parallel or ParallelState()
         check_tensor_parallel(config, parallel.tp.size)
-        self.config, self.parallel = config, parallel
-        self.model = DecoderModel(config, parallel, self.qkv_bias, self.norm_cls, self.embed_scale(config))
+        self.config, self.parallel, self.quantization = config, parallel, quantization
+        self.model = DecoderModel(config, parallel, self.qkv_bias, self.norm_cls, self.embed_scale(config),
+                                  quantization)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = None
         if parallel.is_last_stage:

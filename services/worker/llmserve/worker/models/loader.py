@@ -101,14 +101,15 @@ def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) 
 
 
 def load_model(model_dir: Path, dtype: str | torch.dtype = "float32", config: Any = None,
-               parallel: Any = None, device: torch.device | str = "cpu") -> nn.Module:
+               parallel: Any = None, device: torch.device | str = "cpu", quantization: str = "none") -> nn.Module:
     """Build the registered class for config.json's architecture (this rank's shard when
-    `parallel`, a ParallelState, says so) on `device` and load its weights."""
+    `parallel`, a ParallelState, says so) on `device` and load its weights (the linear
+    projections quantized as they load with `quantization="int8"`)."""
     config = config if config is not None else load_config(model_dir)
     torch_dtype = dtype_from_name(dtype)
     cls = model_class(config)
     with _building(torch_dtype, torch.device(device)):
-        model = cls(config) if parallel is None else cls(config, parallel)
+        model = cls(config, parallel, quantization=quantization)
     keep = getattr(model, "local_weight_name", None)
     load_weights(model, iter_safetensors(model_dir, None if keep is None else (lambda n: keep(n) is not None)))
     return model.eval()

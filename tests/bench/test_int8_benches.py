@@ -1,0 +1,38 @@
+"""`bench decode-variants` and `bench quality` on a tiny random model: the figures they
+report are there and consistent."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from llmserve.bench.decode_variants import compare_variants
+from llmserve.bench.quality import Variant, evaluate, stdlib_docstrings
+from llmserve.worker.config import RunnerConfig
+
+
+def test_decode_variants_time_every_variant_at_every_batch(tiny_llama_dir):
+    result = compare_variants(tiny_llama_dir, RunnerConfig(), ["float32", "bfloat16", "int8"], [1, 3], context=8,
+                              steps=2)
+    assert result["variants"]["int8"] == {"dtype": "bfloat16", "quantization": "int8"}
+    for batch in (1, 3):
+        row = result["batches"][batch]
+        assert row["bfloat16"]["over_bfloat16"] == 1.0
+        for cell in row.values():
+            assert cell["tok_per_s"] == pytest.approx(batch / (cell["step_ms"] / 1000))
+
+
+def test_quality_is_measured_against_float32(tiny_llama_dir):
+    tokens = [random.Random(1).randrange(300) for _ in range(80)]
+    rows = evaluate(tiny_llama_dir, [Variant("bfloat16", "int8")], tokens)
+    assert list(rows) == ["float32", "int8 (bfloat16 activations)"]
+    assert rows["float32"]["agreement_with_float32"] == 1.0 and rows["float32"]["perplexity_change"] == 0.0
+    int8 = rows["int8 (bfloat16 activations)"]
+    assert 0.8 <= int8["agreement_with_float32"] <= 1.0 and abs(int8["perplexity_change"]) < 0.1
+
+
+def test_the_text_is_long_english_and_fixed():
+    text = stdlib_docstrings()
+    assert text == stdlib_docstrings() and len(text.split()) > 3000
+    assert text.startswith("JSON (JavaScript Object Notation)")
