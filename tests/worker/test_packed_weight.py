@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from llmserve.worker.layers.linear import ReplicatedLinear
-from llmserve.worker.layers.packed_weight import (FLOAT32_GEMM_ENV, PackedWeight, cpu_vendor, float32_gemm,
+from llmserve.worker.layers.packed_weight import (FLOAT32_GEMM_ENV, PackedWeight, float32_gemm,
                                                    mkl_packed_rows_agree, mkl_packing_available,
-                                                   onednn_packing_available)
+                                                   measured_float32_gemm, onednn_packing_available)
 
 ROW_COUNTS = [0, 1, 2, 7, 16, 33, 64, 65, 130, 512]
 
@@ -110,10 +110,9 @@ def test_lm_head_holds_one_copy_unless_tied(dtype):
     torch.testing.assert_close(tied(hidden).float(), want, rtol=2e-2, atol=2e-2 * 48**0.5)
 
 
-def test_float32_layout_follows_the_vendor_unless_overridden(float32_gemm_set):
+def test_float32_layout_follows_the_measurement_unless_overridden(float32_gemm_set):
     float32_gemm_set("auto")
-    expected = "mkl" if cpu_vendor() == "GenuineIntel" and mkl_packing_available() else "onednn"
-    assert float32_gemm() == expected
+    assert float32_gemm() == measured_float32_gemm()
     float32_gemm_set("dense")
     assert float32_gemm() == "dense" and PackedWeight.pack(torch.randn(8, 4)) is None
     float32_gemm_set("cublas")
