@@ -55,10 +55,12 @@ def test_the_random_model_is_an_hf_checkpoint(tiny_random_model):
 
 
 def test_decode_comparison_runs_both_modes_over_one_copy_of_the_weights(tiny_random_model):
-    runners = graph_and_eager_runners(tiny_random_model["dir"], RunnerConfig(device="cpu"), 2, 16, 8)
+    # float32 named: --dtype auto could take this bfloat16 checkpoint's own dtype on a CPU with BF16.
+    runners = graph_and_eager_runners(tiny_random_model["dir"], RunnerConfig(device="cpu", dtype="float32"), 2, 16, 8)
     assert runners["eager"].model is runners["graphs"].model
     assert runners["graphs"].graphs is None  # No CUDA graphs on the CPU: both run eagerly.
-    result = compare_decode(tiny_random_model["dir"], RunnerConfig(device="cpu"), [1, 2], context=16, steps=4)
+    result = compare_decode(tiny_random_model["dir"], RunnerConfig(device="cpu", dtype="float32"), [1, 2], context=16,
+                            steps=4)
     assert result["device"] == "cpu" and result["dtype"] == "float32" and not result["uses_graphs"]
     assert sorted(result["batches"]) == [1, 2]
     for batch, row in result["batches"].items():
@@ -91,8 +93,9 @@ def test_the_compile_pass_leaves_a_fresh_engine_on_the_same_runner(tiny_random_m
 
 def test_kv_sizing_on_the_cpu_takes_its_explicit_budget(tiny_random_model):
     budget = 8 * 2**20
-    result = check_kv_sizing(tiny_random_model["dir"], RunnerConfig(device="cpu", kv_cache_memory=budget,
-                                                                    swap_space=0, max_num_batched_tokens=64))
+    result = check_kv_sizing(tiny_random_model["dir"], RunnerConfig(device="cpu", dtype="float32",
+                                                                    kv_cache_memory=budget, swap_space=0,
+                                                                    max_num_batched_tokens=64))
     # tiny: 2 layers x K and V x 16 tokens x 2 KV heads x head_dim 16 x 4 bytes (float32).
     assert result["block_bytes"] == 2 * 2 * 16 * 2 * 16 * 4
     assert result["num_kv_blocks"] == budget // result["block_bytes"]
