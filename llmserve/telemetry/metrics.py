@@ -216,6 +216,20 @@ def _labelling(callback: Callable, label: ModelLabel) -> Callable:
     return observe
 
 
+class ModelNamed:
+    """A service's metrics whose `model_name` label can be set once the model is known."""
+
+    label: ModelLabel
+
+    @property
+    def model_name(self) -> str:
+        return self.label.model_name
+
+    @model_name.setter
+    def model_name(self, name: str) -> None:
+        self.label.model_name = name
+
+
 class RouterMetrics:
     def __init__(self, meter, model_name: str = ""):
         self.label = ModelLabel(model_name)
@@ -246,7 +260,7 @@ class RouterMetrics:
             self.tpot.record((now - first_token) / (num_tokens - 1))
 
 
-class SchedulerMetrics:
+class SchedulerMetrics(ModelNamed):
     """Histograms recorded as steps run; gauges read the last stats snapshot, which the
     engine loop replaces after every step (the scrape thread never touches the core)."""
 
@@ -276,14 +290,6 @@ class SchedulerMetrics:
                     [lambda options: [] if self.orphaned_blocks is None else [Observation(self.orphaned_blocks)]])
         _instrument(meter, "llmserve.requests_refused", self.label, [self._observe_refused])
 
-    @property
-    def model_name(self) -> str:
-        return self.label.model_name
-
-    @model_name.setter
-    def model_name(self, name: str) -> None:
-        self.label.model_name = name
-
     def _observe(self, attr: str) -> Callable:
         def callback(options):
             stats = self.stats
@@ -307,18 +313,10 @@ class SchedulerMetrics:
                 Observation(stats.num_preemptions_swap, {"mode": "swap"})]
 
 
-class WorkerMetrics:
+class WorkerMetrics(ModelNamed):
     def __init__(self, meter, model_name: str = ""):
         self.label = ModelLabel(model_name)  # The worker sets `model_name` once its model is loaded.
         self.step_time = _instrument(meter, "llmserve.worker_step_time", self.label)
-
-    @property
-    def model_name(self) -> str:
-        return self.label.model_name
-
-    @model_name.setter
-    def model_name(self, name: str) -> None:
-        self.label.model_name = name
 
 
 def markdown_table() -> str:

@@ -47,6 +47,15 @@ def _wait_listening(port: int, deadline_s: float = 60.0) -> None:
         grpc.channel_ready_future(ch).result(timeout=max(deadline - time.monotonic(), 1))
 
 
+def _assert_no_reflection(plain: grpc.Channel) -> None:
+    """The health port lists no services: reflection is UNIMPLEMENTED there."""
+    reflection = reflection_pb2_grpc.ServerReflectionStub(plain).ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+    with pytest.raises(grpc.RpcError) as err:
+        list(reflection)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
 def test_a_real_scheduler_answers_health_in_plaintext_and_nothing_else(credentials):
     port, health_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSERVE_")}
@@ -67,11 +76,7 @@ def test_a_real_scheduler_answers_health_in_plaintext_and_nothing_else(credentia
             with pytest.raises(grpc.RpcError) as err:
                 scheduler_pb2_grpc.SchedulerStub(plain).GetStats(scheduler_pb2.GetStatsRequest(), timeout=5)
             assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-            reflection = reflection_pb2_grpc.ServerReflectionStub(plain).ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
-            with pytest.raises(grpc.RpcError) as err:
-                list(reflection)
-            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            _assert_no_reflection(plain)
             # An unknown service name is NOT_FOUND, as on any grpc.health.v1 server.
             with pytest.raises(grpc.RpcError) as err:
                 _check(plain, "no.such.Service")
@@ -88,7 +93,7 @@ def test_a_real_scheduler_answers_health_in_plaintext_and_nothing_else(credentia
 
 def test_a_real_router_answers_health_in_plaintext_but_not_reflection_or_generate(credentials):
     """The router serves reflection and llmserve.v1.Generation on its TLS port; its health
-    port serves neither (its service takes --health-port from its command's settings)."""
+    port serves neither."""
     from llmserve.v1 import generation_pb2, generation_pb2_grpc
 
     port, health_port = free_port(), free_port()
@@ -103,11 +108,7 @@ def test_a_real_router_answers_health_in_plaintext_but_not_reflection_or_generat
         with grpc.insecure_channel(f"127.0.0.1:{health_port}") as plain:
             for service in ("", "llmserve.v1.Generation"):
                 assert _check(plain, service) == NOT_SERVING
-            reflection = reflection_pb2_grpc.ServerReflectionStub(plain).ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
-            with pytest.raises(grpc.RpcError) as err:
-                list(reflection)
-            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            _assert_no_reflection(plain)
             with pytest.raises(grpc.RpcError) as err:
                 generation_pb2_grpc.GenerationStub(plain).Tokenize(generation_pb2.TokenizeRequest(text="hi"), timeout=5)
             assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -14,7 +14,7 @@ does a bfloat16 one on a CPU where bfloat16 is not at least BF16_MIN_SPEEDUP fas
 
 from __future__ import annotations
 
-import time
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,24 +44,15 @@ def cpu_flags() -> set[str]:
 
 def _time_bf16_vs_float32() -> dict:
     """Seconds per round of decode-shaped products in float32 (this machine's layout) and
-    in bfloat16 (oneDNN packed), the best of several rounds."""
-    gen = torch.Generator().manual_seed(0)
-    shapes = packed_weight.TIMED_SHAPES
+    in bfloat16 (oneDNN packed), and the ratio."""
     times = {}
     for dtype in (torch.float32, torch.bfloat16):
-        cases = []
-        for rows, n, k in shapes:
-            x = torch.randn(rows, k, generator=gen).to(dtype)
-            w = torch.randn(n, k, generator=gen).to(dtype)
-            cases.append((x, packed_weight.PackedWeight.pack(w), w))
-        best = float("inf")
-        for _ in range(7):
-            start = time.perf_counter()
-            for _ in range(5):
-                for x, packed, w in cases:
-                    packed.matmul(x) if packed is not None else torch.nn.functional.linear(x, w)
-            best = min(best, time.perf_counter() - start)
-        times[str(dtype).removeprefix("torch.")] = best
+        products = []
+        for x, w in packed_weight.timed_cases(dtype):
+            packed = packed_weight.PackedWeight.pack(w)
+            products.append(functools.partial(packed.matmul, x) if packed is not None
+                            else functools.partial(torch.nn.functional.linear, x, w))
+        times[str(dtype).removeprefix("torch.")] = packed_weight.best_round_seconds(products)
     return {"seconds": times, "speedup": times["float32"] / times["bfloat16"]}
 
 

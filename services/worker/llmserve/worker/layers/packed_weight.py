@@ -59,24 +59,35 @@ FLOAT32_GEMMS = ("auto", "mkl", "onednn", "dense")
 TIMED_SHAPES = ((8, 2048, 2048), (8, 8192, 2048), (8, 2048, 8192))
 
 
-def _time_float32_gemms() -> dict[str, float]:
-    """Seconds per round of the timed products for each packed float32 layout (the best
-    of several rounds: the least disturbed by other processes)."""
+def timed_cases(dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(x [rows, in], w [out, in]) of TIMED_SHAPES in `dtype`, the same values every call."""
     gen = torch.Generator().manual_seed(0)
-    cases = [(torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen)) for rows, n, k in TIMED_SHAPES]
+    return [(torch.randn(rows, k, generator=gen).to(dtype), torch.randn(n, k, generator=gen).to(dtype))
+            for rows, n, k in TIMED_SHAPES]
+
+
+def best_round_seconds(products: list[Callable[[], object]]) -> float:
+    """Seconds of one round (every product 5 times), the best of 7 rounds: the round least
+    disturbed by other processes."""
+    best = float("inf")
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(5):
+            for product in products:
+                product()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _time_float32_gemms() -> dict[str, float]:
+    """Seconds per round of the timed products for each packed float32 layout."""
+    cases = timed_cases()
     times = {}
     for kind in ("mkl", "onednn"):
         if not (mkl_packing_available() if kind == "mkl" else onednn_packing_available()):
             continue
-        weights = [(x, PackedWeight.packed_as(kind, w)) for x, w in cases]
-        best = float("inf")
-        for _ in range(7):
-            start = time.perf_counter()
-            for _ in range(5):
-                for x, packed in weights:
-                    packed.matmul(x)
-            best = min(best, time.perf_counter() - start)
-        times[kind] = best
+        packed = [(x, PackedWeight.packed_as(kind, w)) for x, w in cases]
+        times[kind] = best_round_seconds([functools.partial(p.matmul, x) for x, p in packed])
     return times
 
 
