@@ -95,6 +95,11 @@ def step_records(scheduler, plan: StepPlan, result: StepResult, seconds: float) 
     kv = scheduler.kv
     allocated = (kv.num_total_blocks - kv.num_free_blocks) * kv.block_size
     num_steps = result.num_steps
+    # Rows verifying drafts ran the LM head at 1 + drafts positions but kept fewer tokens.
+    kept = {}
+    for token in result.sampled:
+        kept[token.seq_id] = kept.get(token.seq_id, 0) + 1
+    rejected = sum(1 + drafts - kept.get(seq_id, 0) for seq_id, drafts in plan.num_drafts().items())
     records = []
     for substep in range(num_steps):
         rows = [(r.num_computed_tokens + substep, r.num_scheduled_tokens)
@@ -102,7 +107,7 @@ def step_records(scheduler, plan: StepPlan, result: StepResult, seconds: float) 
         records.append(StepRecord(
             seconds=seconds / num_steps,
             num_scheduled_tokens=plan.total_scheduled_tokens,
-            num_sampled=len(result.sampled) // num_steps,
+            num_sampled=len(result.sampled) // num_steps + rejected,
             num_seqs=len(rows),
             live_tokens=live,
             allocated_slots=allocated,

@@ -32,6 +32,9 @@ class NewRequestData:
     num_computed_tokens: int  # KV already in the cache (prefix-cache hits).
     num_scheduled_tokens: int  # Tokens to compute this step.
     trace_context: dict[str, str] = field(default_factory=dict)  # W3C; empty when tracing is off.
+    # Speculative decoding: tokens drafted after token_ids, computed after its last token
+    # and counted in num_scheduled_tokens (1 + drafts); the worker samples at each.
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -40,6 +43,7 @@ class CachedRequestData:
     new_block_ids: list[int]  # Appended to the worker's copy of the block table.
     num_computed_tokens: int  # Before this step.
     num_scheduled_tokens: int
+    draft_token_ids: list[int] = field(default_factory=list)  # As NewRequestData's.
 
 
 @dataclass
@@ -64,6 +68,11 @@ class StepPlan:
         return sum(r.num_scheduled_tokens for r in self.new_requests) + sum(
             r.num_scheduled_tokens for r in self.cached_requests
         )
+
+    def num_drafts(self) -> dict[int, int]:
+        """Draft tokens per sequence id, for the sequences that carry some."""
+        return {r.seq_id: len(r.draft_token_ids) for r in (*self.new_requests, *self.cached_requests)
+                if r.draft_token_ids}
 
     @property
     def has_block_ops(self) -> bool:

@@ -155,6 +155,10 @@ def scheduler_stats_to_pb(s, worker_ready: bool) -> scheduler_pb2.SchedulerStats
         saturated=s.saturated,
         num_refused=s.num_refused,
         num_expired=s.num_expired,
+        spec_num_drafts=s.spec_num_drafts,
+        spec_num_draft_tokens=s.spec_num_draft_tokens,
+        spec_num_accepted_tokens=s.spec_num_accepted_tokens,
+        spec_accepted_per_position=s.spec_accepted_per_position,
     )
 
 
@@ -244,6 +248,7 @@ def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
                 num_computed_tokens=r.num_computed_tokens,
                 num_scheduled_tokens=r.num_scheduled_tokens,
                 trace_context=r.trace_context,
+                draft_token_ids=r.draft_token_ids,
             )
             for r in plan.new_requests
         ],
@@ -253,6 +258,7 @@ def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
                 new_block_ids=r.new_block_ids,
                 num_computed_tokens=r.num_computed_tokens,
                 num_scheduled_tokens=r.num_scheduled_tokens,
+                draft_token_ids=r.draft_token_ids,
             )
             for r in plan.cached_requests
         ],
@@ -286,6 +292,7 @@ def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
                 num_computed_tokens=r.num_computed_tokens,
                 num_scheduled_tokens=r.num_scheduled_tokens,
                 trace_context=dict(r.trace_context),
+                draft_token_ids=list(r.draft_token_ids),
             )
             for r in msg.new_requests
         ],
@@ -295,6 +302,7 @@ def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
                 new_block_ids=list(r.new_block_ids),
                 num_computed_tokens=r.num_computed_tokens,
                 num_scheduled_tokens=r.num_scheduled_tokens,
+                draft_token_ids=list(r.draft_token_ids),
             )
             for r in msg.cached_requests
         ],

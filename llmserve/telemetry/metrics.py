@@ -96,6 +96,14 @@ METRICS: tuple[MetricSpec, ...] = (
                "prompt tokens found in the prefix cache"),
     MetricSpec("llmserve.preemptions", "observable_counter", "scheduler",
                "preemptions when KV blocks ran out", labels=("mode",)),
+    MetricSpec("llmserve.spec_decode_num_drafts", "observable_counter", "scheduler",
+               "speculative decoding: sequence-steps that carried n-gram drafts"),
+    MetricSpec("llmserve.spec_decode_num_draft_tokens", "observable_counter", "scheduler",
+               "speculative decoding: draft tokens verified"),
+    MetricSpec("llmserve.spec_decode_num_accepted_tokens", "observable_counter", "scheduler",
+               "speculative decoding: draft tokens kept (acceptance rate = this / draft tokens)"),
+    MetricSpec("llmserve.spec_decode_num_accepted_tokens_per_pos", "observable_counter", "scheduler",
+               "speculative decoding: drafts whose token at `position` (0-based) was kept", labels=("position",)),
     MetricSpec("llmserve.orphaned_kv_blocks", "gauge", "scheduler",
                "KV blocks held for requests that no longer exist, from the periodic block audit (must stay 0)"),
     MetricSpec("llmserve.step_time", "histogram", "scheduler",
@@ -282,13 +290,18 @@ class SchedulerMetrics(ModelNamed):
                            ("llmserve.queued_tokens", "num_queued_tokens"),
                            ("llmserve.queued_tokens_limit", "max_queued_tokens"),
                            ("llmserve.saturated", "saturated"),
-                           ("llmserve.requests_expired", "num_expired")):
+                           ("llmserve.requests_expired", "num_expired"),
+                           ("llmserve.spec_decode_num_drafts", "spec_num_drafts"),
+                           ("llmserve.spec_decode_num_draft_tokens", "spec_num_draft_tokens"),
+                           ("llmserve.spec_decode_num_accepted_tokens", "spec_num_accepted_tokens")):
             _instrument(meter, name, self.label, [self._observe(attr)])
         _instrument(meter, "llmserve.preemptions", self.label, [self._observe_preemptions])
         self.orphaned_blocks: int | None = None  # From the periodic block audit.
         _instrument(meter, "llmserve.orphaned_kv_blocks", self.label,
                     [lambda options: [] if self.orphaned_blocks is None else [Observation(self.orphaned_blocks)]])
         _instrument(meter, "llmserve.requests_refused", self.label, [self._observe_refused])
+        _instrument(meter, "llmserve.spec_decode_num_accepted_tokens_per_pos", self.label,
+                    [self._observe_accepted_per_position])
 
     def _observe(self, attr: str) -> Callable:
         def callback(options):
@@ -304,6 +317,12 @@ class SchedulerMetrics(ModelNamed):
         if stats is None:
             return []
         return [Observation(count, {"reason": reason}) for reason, count in stats.num_refused.items()]
+
+    def _observe_accepted_per_position(self, options):
+        stats = self.stats
+        if stats is None:
+            return []
+        return [Observation(count, {"position": str(i)}) for i, count in enumerate(stats.spec_accepted_per_position)]
 
     def _observe_preemptions(self, options):
         stats = self.stats

@@ -124,7 +124,8 @@ def test_every_metric_carries_the_model_name():
         num_running=1, num_waiting=0, num_swapped=0, kv_cache_usage=0.5, prefix_cache_hit_rate=0.0,
         prefix_cache_queries=4, prefix_cache_hits=0, num_queued_requests=0, max_queued_requests=8,
         num_queued_tokens=0, max_queued_tokens=64, saturated=False, num_expired=0,
-        num_preemptions_recompute=1, num_preemptions_swap=0, num_refused={"queued_requests": 2})
+        num_preemptions_recompute=1, num_preemptions_swap=0, num_refused={"queued_requests": 2},
+        spec_num_drafts=3, spec_num_draft_tokens=9, spec_num_accepted_tokens=5, spec_accepted_per_position=(3, 2))
     scheduler.orphaned_blocks = 0
     for instrument in (scheduler.queue_time, scheduler.step_time, scheduler.step_tokens):
         instrument.record(1)

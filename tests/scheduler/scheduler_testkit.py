@@ -69,6 +69,10 @@ def draw_batching_config(draw, max_seqs: int) -> dict:
         max_num_batched_tokens=draw(st.integers(1, 16) if chunked else st.integers(24, 40)),
         enable_chunked_prefill=chunked,
         num_scheduler_steps=draw(st.sampled_from([1, 1, 2, 3, 5])),
+        # Speculative decoding: hash_token's outputs rarely repeat, so drafts are mostly
+        # rejected here (1-grams make some); test_speculative.py has accepting workers.
+        num_speculative_tokens=draw(st.sampled_from([0, 0, 1, 3])),
+        speculative_ngram_min=1,
     )
 
 
@@ -78,10 +82,13 @@ def interrupt_some_runs(plan: StepPlan) -> int:
     return 1 + (plan.step_id * 7 + 3) % plan.num_steps
 
 
-def table_fits(table_len: int, num_computed: int, block_size: int, num_scheduler_steps: int) -> bool:
+def table_fits(table_len: int, num_computed: int, block_size: int, num_scheduler_steps: int,
+               num_speculative_tokens: int = 0) -> bool:
     """A sequence's block table holds its computed tokens' slots, and no more than a
-    multi-step run's lookahead beyond them (an interrupted run leaves those slots)."""
-    return -(-num_computed // block_size) <= table_len <= -(-(num_computed + num_scheduler_steps - 1) // block_size)
+    multi-step run's lookahead beyond them (an interrupted run leaves those slots), or
+    its rejected drafts' slots."""
+    lookahead = max(num_scheduler_steps, 1 + num_speculative_tokens)
+    return -(-num_computed // block_size) <= table_len <= -(-(num_computed + lookahead - 1) // block_size)
 
 
 def sequence_tokens(sequences: dict[str, list[int]]) -> TokenFn:
@@ -128,13 +135,13 @@ class FakeWorker:
             state.seq_id = new.seq_id
             self.requests[new.seq_id] = state
             rows.append(state)
-            sampled += self._run(state, new.num_scheduled_tokens, plan)
+            sampled += self._run(state, new.num_scheduled_tokens, plan, new.draft_token_ids)
         for cached in plan.cached_requests:
             state = self.requests[cached.seq_id]
             assert state.num_computed_tokens == cached.num_computed_tokens
             state.block_ids += cached.new_block_ids
             rows.append(state)
-            sampled += self._run(state, cached.num_scheduled_tokens, plan)
+            sampled += self._run(state, cached.num_scheduled_tokens, plan, cached.draft_token_ids)
         num_steps = plan.num_steps if self.steps_to_run is None or plan.num_steps == 1 else self.steps_to_run(plan)
         if plan.num_steps > 1:
             assert len(sampled) == len(rows), "a multi-step plan schedules decodes only"
@@ -146,7 +153,10 @@ class FakeWorker:
                 sampled += self._run(state, 1, plan)
         return StepResult(step_id=plan.step_id, sampled=sampled, num_steps=num_steps)
 
-    def _run(self, state: WorkerRequest, num_tokens: int, plan: StepPlan) -> list[SampledToken]:
+    def _run(self, state: WorkerRequest, num_tokens: int, plan: StepPlan,
+             drafts: list[int] = ()) -> list[SampledToken]:
+        if drafts:
+            return self._verify(state, num_tokens, plan, list(drafts))
         assert num_tokens > 0
         step_id = plan.step_id
         bs, start = self.block_size, state.num_computed_tokens
@@ -165,6 +175,30 @@ class FakeWorker:
         state.token_ids.append(token)
         logprobs = TokenLogprobs(token, -0.5) if self.logprobs else None
         return [SampledToken(state.seq_id, token, logprobs)]
+
+    def _verify(self, state: WorkerRequest, num_tokens: int, plan: StepPlan, drafts: list[int]) -> list[SampledToken]:
+        """A row verifying drafts, as the real worker does: the last token and the
+        drafts are written, a token is sampled after each accepted prefix, and the
+        drafts are kept up to the first that differs from its sample, plus that sample."""
+        assert plan.num_steps == 1 and num_tokens == 1 + len(drafts)
+        assert state.num_computed_tokens + 1 == len(state.token_ids), "drafts follow the last sampled token"
+        bs, start = self.block_size, state.num_computed_tokens
+        assert len(state.block_ids) >= -(-(start + num_tokens) // bs), "no slots for the drafts"
+        for pos in range(start):
+            assert self.gpu.get(state.block_ids[pos // bs], [None] * bs)[pos % bs] == state.token_ids[pos]
+        for pos, token in zip(range(start, start + num_tokens), state.token_ids[start:] + drafts):
+            self.gpu.setdefault(state.block_ids[pos // bs], [None] * bs)[pos % bs] = token
+        self.num_computed_tokens += num_tokens
+        state.num_computed_tokens += 1
+        out = []
+        for draft in drafts + [None]:
+            token = self.token_fn(state, plan.step_id)
+            state.token_ids.append(token)
+            out.append(SampledToken(state.seq_id, token, TokenLogprobs(token, -0.5) if self.logprobs else None))
+            if token != draft:
+                break
+            state.num_computed_tokens += 1  # The accepted draft's KV was written above.
+        return out
 
 
 @dataclass

@@ -61,7 +61,7 @@ def check_invariants(sched: Scheduler) -> None:
     for request in sched.running:
         assert request.status is RequestStatus.RUNNING
         assert table_fits(len(tables[request.seq_id]), request.num_computed_tokens, sched.cache.block_size,
-                          sched.config.num_scheduler_steps)
+                          sched.config.num_scheduler_steps, sched.config.num_speculative_tokens)
     for request in sched.waiting:
         assert request.status is RequestStatus.WAITING and request.num_computed_tokens == 0
     for unit in sched.swapped:

@@ -30,7 +30,8 @@ def check_invariants(sched: Scheduler) -> None:
     for request in sched.running:
         assert request.status is RequestStatus.RUNNING
         table = kv.get_block_ids(request)
-        assert table_fits(len(table), request.num_computed_tokens, sched.cache.block_size, config.num_scheduler_steps)
+        assert table_fits(len(table), request.num_computed_tokens, sched.cache.block_size, config.num_scheduler_steps,
+                          config.num_speculative_tokens)
         assert held.isdisjoint(table)
         held.update(table)
         assert all(kv.pool.ref_count(b) == 1 for b in table)

@@ -31,6 +31,15 @@ class SchedulerConfig:
                                        help="decode steps one plan may run back to back on the worker (multi-step "
                                             "scheduling) while nothing waits: one plan, result and message per K tokens; "
                                             "tokens reach clients K at a time; an arrival cuts a run short after one step")
+    num_speculative_tokens: int = setting(
+        0, flag="speculative-tokens", parse=int,
+        help="speculative decoding: draft up to K tokens per decoding sequence by n-gram lookup in its own prompt "
+             "and output (vLLM's ngram method) and verify them in the same pass; output is unchanged (greedy: "
+             "identical; sampled: the same distribution); 0 = off")
+    speculative_ngram_min: int = setting(2, parse=positive_int,
+                                         help="shortest suffix (tokens) looked up for a draft")
+    speculative_ngram_max: int = setting(4, parse=positive_int,
+                                         help="longest suffix (tokens) looked up for a draft; the longest match wins")
     # NOTE: the bounds apply to requests from routers (the service); the in-process
     # engine queues whatever its caller adds. See admission.py.
     max_queued_requests: int | None = setting(
@@ -45,9 +54,14 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps", "max_queued_requests",
-                     "max_queued_tokens"):
+                     "max_queued_tokens", "speculative_ngram_min", "speculative_ngram_max"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
+        if self.speculative_ngram_min > self.speculative_ngram_max:
+            raise ValueError(f"speculative_ngram_min ({self.speculative_ngram_min}) is above speculative_ngram_max "
+                             f"({self.speculative_ngram_max})")
         object.__setattr__(self, "preemption_mode", PreemptionMode(self.preemption_mode))
 
 

@@ -8,6 +8,10 @@ the run's result comes back; tokens after a sample's stop are dropped. One plan,
 result and one output message per sample then stand for K tokens: the control plane's
 cost per token falls by K.
 
+With speculative decoding a step where any sample carries drafts is one step: the
+drafts make that sample's row more than a plain decode, and verifying them already
+yields up to 1 + drafts tokens per plan. Steps without drafts still run multi-step.
+
     K = 4, block_size = 4, a sample with positions 0..8 computed and token 9 sampled:
     positions:  [ 0 1 2 3 | 4 5 6 7 | 8 9 10 11 | 12 13 14 15 ]
                                         ^^^^^^^^^^^^^ the run computes 9..12: the table

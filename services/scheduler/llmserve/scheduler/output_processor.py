@@ -17,6 +17,7 @@ from llmserve.contract.outputs import ErrorCode, RequestOutput
 from llmserve.contract.plan import SampledToken, StepPlan, StepResult
 from llmserve.scheduler.block_audit import holders_by_block
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
+from llmserve.scheduler.ngram_drafter import NgramDrafter
 from llmserve.scheduler.queues import Queues
 from llmserve.scheduler.registry import LiveRequests
 from llmserve.scheduler.request import Request, RequestStatus, Sample
@@ -72,18 +73,34 @@ class OutputProcessor:
     def _apply_tokens(self, plan: StepPlan, result: StepResult, in_plan: list[Sample]) -> list[RequestOutput]:
         """One output per planned sample that expects a token and got some."""
         planned = set(in_plan)
-        # A multi-step result lists each sample once per step run, step by step.
+        # A multi-step result lists each sample once per step run, step by step; a
+        # speculative row lists its accepted drafts and one sampled token, in order.
         per_sample: dict[int, list[SampledToken]] = {}
         for sampled in result.sampled:
             per_sample.setdefault(sampled.seq_id, []).append(sampled)
+        num_drafts = plan.num_drafts()
         outputs = []
         for seq_id, sampled in per_sample.items():
             sample = self.live.sample(seq_id)
             if sample is None or sample not in planned or not _expects_token(sample):
                 logger.debug("ignoring token for %s", seq_id)
                 continue
-            outputs.append(self._append_tokens(sample, sampled[: plan.num_steps]))
+            drafts = num_drafts.get(seq_id, 0)
+            sampled = sampled[: max(plan.num_steps, 1 + drafts)]
+            if drafts:
+                self._count_drafts(sample, drafts, len(sampled) - 1)
+            outputs.append(self._append_tokens(sample, sampled))
         return outputs
+
+    def _count_drafts(self, sample: Sample, num_drafts: int, num_accepted: int) -> None:
+        """Speculative decoding's acceptance: counters, and the drafter's pause."""
+        counters = self.counters
+        counters.spec_drafts += 1
+        counters.spec_draft_tokens += num_drafts
+        counters.spec_accepted_tokens += num_accepted
+        for position in range(num_accepted):
+            counters.spec_accepted_per_position[position] = counters.spec_accepted_per_position.get(position, 0) + 1
+        NgramDrafter.observe(sample, num_drafts, num_accepted)
 
     # ---- tokens and stops ----
 
@@ -109,7 +126,8 @@ class OutputProcessor:
 
     def _take_tokens(self, sample: Sample, sampled: list[SampledToken]) -> tuple[list, list, RequestStatus | None]:
         """Append a step's token, or a multi-step run's tokens in order: each token after
-        the first was computed by the run's next step. Tokens after a stop are dropped.
+        the first was computed by the run's next step (or was an accepted draft, whose
+        KV the verifying pass wrote). Tokens after a stop are dropped.
         Returns the kept token ids, their logprobs and the finished status (or None)."""
         new_token_ids, logprobs = [], []
         for i, token in enumerate(sampled):

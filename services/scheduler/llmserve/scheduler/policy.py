@@ -13,6 +13,9 @@ Each step:
   3. If nothing was preempted in 1 and no swapped unit has a better key: WAITING
      samples are admitted in order while seats, the budget and free blocks allow,
      reusing their longest cached prefix (a long prompt gets a chunk).
+  4. Speculative decoding: the scheduled plain decodes, best first, take drafts
+     (ngram_drafter.py) from what is left of the token budget and the free blocks.
+     Drafts only use what no sample needed: they never delay a prompt nor preempt.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
+from llmserve.scheduler.ngram_drafter import NgramDrafter
 from llmserve.scheduler.preemption import Preemptor
 from llmserve.scheduler.queues import Queues
 from llmserve.scheduler.request import Request, Sample
@@ -50,13 +54,17 @@ class StepPolicy:
     """Chooses a step's scheduled samples and allocates their blocks."""
 
     def __init__(self, config, kv: KVCacheManager, queues: Queues, preemptor: Preemptor,
-                 counters: Counters) -> None:
-        """Schedule under `config`'s budgets (a SchedulerConfig)."""
+                 counters: Counters, max_model_len: int) -> None:
+        """Schedule under `config`'s budgets (a SchedulerConfig) for samples of at most
+        `max_model_len` tokens."""
         self.config = config
         self.kv = kv
         self.queues = queues
         self.preemptor = preemptor
         self.counters = counters
+        self.max_model_len = max_model_len
+        k = config.num_speculative_tokens
+        self.drafter = NgramDrafter(k, config.speculative_ngram_min, config.speculative_ngram_max) if k else None
 
     def choose(self) -> list[ScheduledSample]:
         """This step's samples and token counts, their blocks allocated (steps 0-3)."""
@@ -68,7 +76,9 @@ class StepPolicy:
         if self.counters.num_preemptions == start:
             budget = self._schedule_swapped(budget, scheduled)
         if self.counters.num_preemptions == after_priority and self.queues.waiting_goes_first():
-            self._schedule_waiting(budget, scheduled)
+            budget = self._schedule_waiting(budget, scheduled)
+        if self.drafter is not None:
+            self._add_drafts(budget, scheduled)
         return scheduled
 
     # ---- 0. priority ----
@@ -159,8 +169,9 @@ class StepPolicy:
 
     # ---- 3. waiting ----
 
-    def _schedule_waiting(self, budget: int, scheduled: list[ScheduledSample]) -> None:
-        """Admit waiting samples in order while seats, token budget and blocks allow."""
+    def _schedule_waiting(self, budget: int, scheduled: list[ScheduledSample]) -> int:
+        """Admit waiting samples in order while seats, token budget and blocks allow.
+        Returns the budget left."""
         while self.queues.waiting and budget > 0:
             sample = self.queues.waiting[0]
             if not self.queues.has_seats(sample):
@@ -169,6 +180,7 @@ class StepPolicy:
             if num_new is None:
                 break
             budget -= num_new
+        return budget
 
     def _admit(self, sample: Sample, budget: int, scheduled: list[ScheduledSample]) -> int | None:
         """Admit the first waiting sample with its cached prefix and a first chunk of at
@@ -187,6 +199,31 @@ class StepPolicy:
         scheduled.append(ScheduledSample(sample, num_new, new_block_ids))
         self._count_admission(sample)
         return num_new
+
+    # ---- 4. drafts ----
+
+    def _add_drafts(self, budget: int, scheduled: list[ScheduledSample]) -> None:
+        """Give the scheduled plain decodes, best first, the drafts the budget left and
+        the free blocks hold; each keeps max_tokens and max_model_len (the step's tokens
+        after its drafts are kept whole)."""
+        for item in scheduled:
+            if budget <= 0:
+                return
+            sample = item.sample
+            if item.num_tokens != 1 or sample.is_root or sample.num_uncomputed_tokens != 1:
+                continue
+            limit = min(budget, sample.sampling.max_tokens - sample.num_output_tokens - 1,
+                        self.max_model_len - sample.num_tokens - 1)
+            drafts = self.drafter.propose(sample, limit)
+            if not drafts:
+                continue
+            more = self.kv.allocate_slots(sample, 1 + len(drafts))
+            if more is None:
+                continue  # No free blocks for them: the decode goes alone.
+            item.new_block_ids = item.new_block_ids + more
+            item.num_tokens += len(drafts)
+            item.draft_token_ids = drafts
+            budget -= len(drafts)
 
     def _count_admission(self, sample: Sample) -> None:
         """The request's first admission: its prefix hits and prompt tokens (a recompute

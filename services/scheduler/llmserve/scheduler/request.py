@@ -153,6 +153,8 @@ class Sample:
     table_replaced: bool = False  # A copy-on-write replaced a table entry this step.
     # ---- worker view: kept by WorkerView only ----
     known_to_worker: bool = False  # Sent in full since the worker last dropped it.
+    # ---- speculative decoding: kept by NgramDrafter only (an ngram_drafter.NgramIndex) ----
+    ngram_index: object | None = None
 
     @property
     def label(self) -> str:

@@ -90,7 +90,7 @@ class Scheduler:
         self.worker_view = WorkerView(self.kv)
         self.counters = Counters()
         preemptor = Preemptor(config.preemption_mode, self.kv, self.queues, self.worker_view, self.counters)
-        self.policy = StepPolicy(config, self.kv, self.queues, preemptor, self.counters)
+        self.policy = StepPolicy(config, self.kv, self.queues, preemptor, self.counters, cache.max_model_len)
         self.outputs = OutputProcessor(cache.max_model_len, self.kv, self.queues, self.live, self.worker_view, self.counters)
         self._next_arrival = 0
         self.clock = clock

@@ -505,6 +505,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     s.num_swapped_out_blocks, s.num_cached_blocks, s.num_queued_requests, s.num_queued_tokens,
                     sum(s.num_refused.values()), s.num_expired,
                 )
+                if s.spec_num_drafts:
+                    logger.info("speculative decoding: %d drafted steps, %d of %d draft tokens accepted (%.1f%%), "
+                                "mean accepted length %.2f, accepted by position %s",
+                                s.spec_num_drafts, s.spec_num_accepted_tokens, s.spec_num_draft_tokens,
+                                100 * s.spec_acceptance_rate, s.spec_mean_accepted_length,
+                                list(s.spec_accepted_per_position))
 
     async def drain(self) -> None:
         """SIGTERM: refuse new requests, let running ones finish for up to the shutdown

@@ -43,10 +43,25 @@ class SchedulerStats:
     saturated: bool = False
     num_refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSAL_REASONS, 0))  # By reason.
     num_expired: int = 0  # Requests ended by their deadline.
+    # Speculative decoding (see ngram_drafter.py), lifetime.
+    spec_num_drafts: int = 0  # Sequence-steps that carried drafts.
+    spec_num_draft_tokens: int = 0  # Tokens drafted and verified.
+    spec_num_accepted_tokens: int = 0  # Of those, tokens kept.
+    spec_accepted_per_position: tuple[int, ...] = ()  # [i]: drafts whose token i was kept.
 
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted over drafted tokens (0 when nothing was drafted)."""
+        return self.spec_num_accepted_tokens / self.spec_num_draft_tokens if self.spec_num_draft_tokens else 0.0
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens a drafted sequence-step produced on average: 1 + accepted drafts."""
+        return 1 + self.spec_num_accepted_tokens / self.spec_num_drafts if self.spec_num_drafts else 0.0
 
 
 def _finished_counts() -> dict[RequestStatus, int]:
@@ -65,6 +80,10 @@ class Counters:
     generation_tokens_total: int = 0
     requests_admitted: int = 0  # Requests scheduled for the first time.
     requests_expired: int = 0  # Requests ended by their deadline.
+    spec_drafts: int = 0  # Sequence-steps that carried drafts.
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: dict[int, int] = field(default_factory=dict)  # Draft position -> times kept.
 
     @property
     def num_preemptions(self) -> int:
@@ -106,4 +125,9 @@ def snapshot(counters: Counters, queues: Queues, kv: KVCacheManager, admission: 
         saturated=admission.saturated,
         num_refused=dict(admission.refused),
         num_expired=counters.requests_expired,
+        spec_num_drafts=counters.spec_drafts,
+        spec_num_draft_tokens=counters.spec_draft_tokens,
+        spec_num_accepted_tokens=counters.spec_accepted_tokens,
+        spec_accepted_per_position=tuple(counters.spec_accepted_per_position.get(i, 0)
+                                         for i in range(len(counters.spec_accepted_per_position))),
     )

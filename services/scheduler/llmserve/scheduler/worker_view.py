@@ -12,7 +12,7 @@ block ids). Dropped ids go out in the next non-empty plan's finished_seq_ids.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
 from llmserve.contract.sampling import SamplingParams
@@ -28,6 +28,9 @@ class ScheduledSample:
     num_tokens: int
     new_block_ids: list[int]
     table_changed: bool = False  # An entry was replaced (copy-on-write): resend in full.
+    # Speculative decoding: tokens drafted after the sample's last one, counted in
+    # num_tokens (1 + drafts), counted as computed only once the worker accepts them.
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 def worker_sampling(sampling: SamplingParams) -> WorkerSamplingParams:
@@ -95,7 +98,7 @@ class WorkerView:
         else:
             sample.known_to_worker = True
             plan.new_requests.append(self._new_data(item))
-        sample.num_computed_tokens += item.num_tokens
+        sample.num_computed_tokens += item.num_tokens - len(item.draft_token_ids)
         self.kv.prefix.cache_full_blocks(sample)
 
     def _new_data(self, item: ScheduledSample) -> NewRequestData:
@@ -108,6 +111,7 @@ class WorkerView:
             block_ids=self.kv.get_block_ids(sample),
             num_computed_tokens=sample.num_computed_tokens,
             num_scheduled_tokens=item.num_tokens,
+            draft_token_ids=item.draft_token_ids,
         )
 
     @staticmethod
@@ -117,4 +121,5 @@ class WorkerView:
             new_block_ids=item.new_block_ids,
             num_computed_tokens=item.sample.num_computed_tokens,
             num_scheduled_tokens=item.num_tokens,
+            draft_token_ids=item.draft_token_ids,
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +18,9 @@ class RequestState:
     sampling: WorkerSamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    # Speculative decoding: this step's drafts, computed after token_ids' last token (set
+    # by each plan that schedules the request).
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_output_tokens(self) -> int:
@@ -31,6 +34,9 @@ class StepInputs:
     meta: AttentionMetadata
     sample_indices: torch.Tensor  # [S] long: token index whose logits are sampled
     sample_states: list[RequestState]  # [S]
+    # [S]: which of its row's sampled positions each is: 0, or 0..drafts for a row that
+    # verifies drafts (its state then appears 1 + drafts times in a row in sample_states).
+    sample_offsets: list[int] = field(default_factory=list)
 
 
 class InputBatch:
@@ -53,13 +59,14 @@ class InputBatch:
         rows = []
         for r in plan.new_requests:
             st = RequestState(r.seq_id, list(r.token_ids), r.num_prompt_tokens, r.sampling,
-                              list(r.block_ids), r.num_computed_tokens)
+                              list(r.block_ids), r.num_computed_tokens, list(r.draft_token_ids))
             self.states[r.seq_id] = st
             rows.append((st, r.num_scheduled_tokens))
         for c in plan.cached_requests:
             st = self.states[c.seq_id]
             st.block_ids.extend(c.new_block_ids)
             st.num_computed_tokens = c.num_computed_tokens
+            st.draft_token_ids = list(c.draft_token_ids)
             rows.append((st, c.num_scheduled_tokens))
         return rows
 
@@ -71,7 +78,7 @@ class InputBatch:
             raise ValueError(f"step {plan.step_id}: num_steps must be >= 1, got {steps}")
         for r in plan.new_requests:
             self._check_row(r.seq_id, seen, r.block_ids, len(r.block_ids), len(r.token_ids),
-                            r.num_computed_tokens, r.num_scheduled_tokens, steps)
+                            r.num_computed_tokens, r.num_scheduled_tokens, steps, len(r.draft_token_ids))
             if not 0 <= r.num_prompt_tokens <= len(r.token_ids):
                 raise ValueError(f"request {r.seq_id}: num_prompt_tokens {r.num_prompt_tokens} "
                                  f"outside 0..{len(r.token_ids)}")
@@ -81,10 +88,11 @@ class InputBatch:
             if c.seq_id in new_ids or st is None or c.seq_id in finished:
                 raise ValueError(f"cached request {c.seq_id!r} is unknown to this worker")
             self._check_row(c.seq_id, seen, c.new_block_ids, len(st.block_ids) + len(c.new_block_ids),
-                            len(st.token_ids), c.num_computed_tokens, c.num_scheduled_tokens, steps)
+                            len(st.token_ids), c.num_computed_tokens, c.num_scheduled_tokens, steps,
+                            len(c.draft_token_ids))
 
     def _check_row(self, rid: int, seen: set[int], block_ids: list[int], table_len: int,
-                   num_tokens: int, computed: int, scheduled: int, steps: int) -> None:
+                   num_tokens: int, computed: int, scheduled: int, steps: int, drafts: int = 0) -> None:
         if rid in seen:
             raise ValueError(f"request {rid!r} is scheduled twice in one step")
         seen.add(rid)
@@ -94,6 +102,13 @@ class InputBatch:
         end = computed + scheduled
         if scheduled < 1 or computed < 0:
             raise ValueError(f"request {rid!r}: bad token counts computed={computed} scheduled={scheduled}")
+        if drafts:
+            # Verifying drafts: the last known token and the drafts after it, in one step.
+            if steps > 1 or computed + 1 != num_tokens or scheduled != 1 + drafts:
+                raise ValueError(f"request {rid!r}: {drafts} drafts need a one-step plan computing the last "
+                                 f"token and the drafts (computed={computed} scheduled={scheduled}, knows "
+                                 f"{num_tokens}, {steps} steps)")
+            num_tokens += drafts
         if end > num_tokens:
             raise ValueError(f"request {rid!r}: tokens up to {end} scheduled but the worker knows {num_tokens}")
         if steps > 1:
@@ -110,19 +125,34 @@ class InputBatch:
 
     # ---- state -> tensors ----------------------------------------------------------
     def build_inputs(self, rows: list[tuple[RequestState, int]]) -> StepInputs:
-        # NOTE: decode rows (1 token) first: the attention backend batches them.
-        rows = sorted(rows, key=lambda r: r[1] != 1)
+        """The step's tensors. A row verifying drafts becomes 1 + drafts decode rows over
+        one block table, row j seeing the keys up to its own position (causal): the
+        backends' batched decode path computes it, every position sampled."""
+        # NOTE: decode rows (1 token, or drafts being verified) first: the attention backend batches them.
+        rows = sorted(rows, key=lambda r: r[1] != 1 and not r[0].draft_token_ids)
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
         query_lens, seq_lens, tables = [], [], []
-        sample_idx, sample_states = [], []
+        sample_idx, sample_states, sample_offsets = [], [], []
         for st, n in rows:
             c = st.num_computed_tokens
+            table = st.block_ids
+            if st.draft_token_ids:
+                ids.extend(st.token_ids[c:] + st.draft_token_ids)
+                for j, p in enumerate(range(c, c + n)):
+                    pos.append(p)
+                    slots.append(table[p // bs] * bs + p % bs)
+                    query_lens.append(1)
+                    seq_lens.append(p + 1)
+                    tables.append(table)
+                    sample_idx.append(len(ids) - n + j)
+                    sample_states.append(st)
+                    sample_offsets.append(j)
+                continue
             ids.extend(st.token_ids[c : c + n])
             pos.extend(range(c, c + n))
-            table = st.block_ids
             slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + n))
             query_lens.append(n)
             seq_lens.append(c + n)
@@ -130,10 +160,11 @@ class InputBatch:
             if c + n == len(st.token_ids):
                 sample_idx.append(len(ids) - 1)
                 sample_states.append(st)
+                sample_offsets.append(0)
         # NOTE: the four index lists go to the device as one host tensor, one copy.
         T, S = len(ids), len(sample_idx)
         packed = torch.tensor(ids + pos + slots + sample_idx, dtype=torch.long).to(self.device, non_blocking=True)
         input_ids, positions, slot_mapping, sample_indices = packed.split([T, T, T, S])
         meta = self.attention_backend.build_metadata(query_lens, seq_lens, tables, slot_mapping, bs)
         return StepInputs(input_ids=input_ids, positions=positions, meta=meta, sample_indices=sample_indices,
-                          sample_states=sample_states)
+                          sample_states=sample_states, sample_offsets=sample_offsets)

@@ -304,20 +304,36 @@ class ModelRunner:
         inp = self.batch.build_inputs(rows)
         logits = self._forward(inp)  # [S, vocab] on the last PP stage; None elsewhere
         for st, n in rows:
-            st.num_computed_tokens += n
+            st.num_computed_tokens += n - len(st.draft_token_ids)  # Drafts count once accepted.
         if not inp.sample_states:
             return []
-        states = inp.sample_states
+        states, offsets = inp.sample_states, inp.sample_offsets
         logprobs: list = [None] * len(states)
         if self.parallel.is_driver:  # sampling happens on the last stage's TP rank 0 only
-            out = self.sampler(logits, [s.sampling for s in states], [s.num_output_tokens for s in states])
+            # NOTE: position j of a row verifying drafts samples as the plain decode of its
+            # (num_output_tokens + j)-th token would: a seeded request draws the same token.
+            out = self.sampler(logits, [s.sampling for s in states],
+                               [s.num_output_tokens + j for s, j in zip(states, offsets)])
             tokens, logprobs = out.token_ids, out.logprobs
         else:
             tokens = torch.empty(len(states), dtype=torch.long, device=self.device)
         # Every rank appends the same ids: broadcast on the device, then the step's one read back.
         token_ids = self.parallel.broadcast_tensor_from_driver(tokens).tolist()
         out = []
-        for st, tok, lp in zip(states, token_ids, logprobs):
+        rejected: set[int] = set()  # Rows verifying drafts whose kept tokens are complete.
+        for st, j, tok, lp in zip(states, offsets, token_ids, logprobs):
+            if st.seq_id in rejected:
+                continue
+            if st.draft_token_ids:
+                # Keep the sample at position j; it accepts draft j when they agree, and
+                # then position j + 1's sample is next (each sampled from the target
+                # distribution, so the kept tokens are distributed as plain decoding's).
+                if j < len(st.draft_token_ids) and tok == st.draft_token_ids[j]:
+                    st.num_computed_tokens += 1
+                else:
+                    rejected.add(st.seq_id)
             st.token_ids.append(tok)
             out.append(SampledToken(st.seq_id, tok, lp))
+        for st, _ in rows:
+            st.draft_token_ids = []
         return out
