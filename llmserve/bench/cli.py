@@ -116,6 +116,16 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     variants.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size and variant")
     variants.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
+    spec = bench_sub.add_parser("speculative", help="speculative decoding (n-gram drafts, --speculative-tokens K, "
+                                                    "default 4) vs plain decoding: TPOT at batch 1 on a copying and "
+                                                    "a random workload, throughput at 64 at once, side by side")
+    add_flags(spec, BenchSettings)
+    spec.add_argument("--num-requests", type=int, default=8, help="requests per latency workload")
+    spec.add_argument("--seed", type=int, default=0, help="the random workload's seed")
+    spec.add_argument("--throughput-rounds", type=int, default=2,
+                      help="rounds of the reference workload, plain and speculative in turns (0: skip)")
+    spec.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+
     quality = bench_sub.add_parser("quality", help="perplexity and next-token agreement with float32, teacher-forced "
                                                    "over a fixed text, per dtype / quantization")
     quality.add_argument("--model", default="default", help="local HF model directory, or 'default'")
@@ -170,6 +180,10 @@ def run_bench(args) -> int:
         from llmserve.bench.decode_variants import bench_decode_variants
 
         return bench_decode_variants(args)
+    if args.bench_command == "speculative":
+        from llmserve.bench.speculative import bench_speculative
+
+        return bench_speculative(args)
     if args.bench_command == "kv-sizing":
         from llmserve.bench.kv_sizing import bench_kv_sizing
 
@@ -188,5 +202,5 @@ def run_bench(args) -> int:
 
 
 COMMAND = Command("bench", "benchmarks (throughput offline, serve online, routing over replicas, overload, profile a "
-                           "step, decode graphs vs eager, decode per weight format, quality vs float32, KV sizing, "
-                           "a random model)", None, run_bench, add_bench_arguments)
+                           "step, decode graphs vs eager, decode per weight format, speculative decoding, quality vs "
+                           "float32, KV sizing, a random model)", None, run_bench, add_bench_arguments)
