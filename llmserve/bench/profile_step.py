@@ -131,8 +131,8 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
             logits = runner.model.compute_logits(hidden[inp.sample_indices])
             t5 = time.perf_counter()
             states = inp.sample_states
-            tokens, logprobs = runner.sampler(logits, [s.sampling for s in states],
-                                              [s.num_output_tokens for s in states])
+            tokens = runner.sampler(logits, [s.sampling for s in states],
+                                    [s.num_output_tokens for s in states]).token_ids.tolist()
             t6 = time.perf_counter()
         from llmserve.contract.plan import SampledToken, StepResult
 

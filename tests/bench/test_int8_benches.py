@@ -36,3 +36,13 @@ def test_the_text_is_long_english_and_fixed():
     text = stdlib_docstrings()
     assert text == stdlib_docstrings() and len(text.split()) > 3000
     assert text.startswith("JSON (JavaScript Object Notation)")
+
+
+def test_profile_times_every_piece_of_a_decode_step(tiny_llama_dir):
+    from llmserve.bench.profile_step import profile_decode_step
+
+    report = profile_decode_step(tiny_llama_dir, "float32", batch=3, context=12, reps=2)
+    assert set(report["pieces_s"]) >= {"scheduler: schedule()", "model forward (profiled)", "sampling",
+                                       "scheduler: update_from_output()"}
+    assert all(seconds > 0 for seconds in report["pieces_s"].values())
+    assert report["forward_ops_s"] and report["plan_bytes"] > 0
