@@ -2,10 +2,11 @@
 # Builds llama.cpp's `llama-server` and `llama-quantize` once, from the llama.cpp that the
 # llama-cpp-python source distribution on PyPI vendors (no git, no other network), and
 # converts a model to GGUF at F32, BF16, Q8_0 and Q4_K_M: the baseline of
-# `llmserve bench serve --backend openai` (llama-server speaks OpenAI's API). Not run in
-# CI (~6 min to build on 2 cores).
+# `llmserve bench throughput --baseline llama-cpp`, and of `llmserve bench serve --backend
+# openai` (llama-server speaks OpenAI's API). Not run in CI (~6 min to build on 2 cores).
 #
 #   bash scripts/build_llama_cpp.sh [--model DIR] [--out DIR]
+#   llmserve bench throughput --workload reference --baseline llama-cpp --llama-cpp-quant F32 BF16 Q8_0 Q4_K_M
 #   .cache/llama.cpp/bin/llama-server -m .cache/llama.cpp/models/<name>-f32.gguf \
 #       --port 8080 -np 64 -c 65536 -t 2 &           # 64 slots, continuous batching
 #   llmserve bench serve --backend openai --target http://127.0.0.1:8080/v1 --workload reference

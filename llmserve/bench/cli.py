@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from llmserve.bench import llama_cpp
 from llmserve.bench.overload import add_overload_arguments
 from llmserve.bench.decode_variants import VARIANTS
 from llmserve.bench.random_model import PRESETS
@@ -46,12 +47,20 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
                             "(insecure), or both, one after the other in every round, to measure what TLS costs "
                             "(with --target: how to reach it, tls or insecure)")
 
-    tput = bench_sub.add_parser("throughput", help="offline: in-process engine, optionally gRPC stack and HF")
+    tput = bench_sub.add_parser("throughput", help="offline: in-process engine, optionally gRPC stack, HF "
+                                                  "and llama.cpp")
     common(tput)
     tput.add_argument("--through-grpc", action="store_true", help="also run it through a local cluster")
-    tput.add_argument("--baseline", action="append", choices=["hf", "hf-cb"], default=[],
-                      help="HF transformers in the same run: static-batch generate (hf) or its continuous "
-                           "batching (hf-cb); repeatable")
+    tput.add_argument("--baseline", action="append", choices=["hf", "hf-cb", "llama-cpp"], default=[],
+                      help="in the same run: HF transformers' static-batch generate (hf) or its continuous "
+                           "batching (hf-cb), llama.cpp's llama-server (llama-cpp, at each --llama-cpp-quant); "
+                           "repeatable")
+    tput.add_argument("--llama-cpp-quant", nargs="+", choices=llama_cpp.QUANTS, default=None,
+                      help="with --baseline llama-cpp: the GGUF precisions, each its own system (default: the "
+                           "engine's: float32 F32, bfloat16 BF16, --quantization int8 Q8_0)")
+    tput.add_argument("--llama-cpp-dir", default=llama_cpp.DEFAULT_DIR,
+                      help="with --baseline llama-cpp: where scripts/build_llama_cpp.sh put bin/llama-server and "
+                           "models/<model>-<precision>.gguf")
     tput.add_argument("--hf-batch-size", type=int, default=16)
     tput.add_argument("--repeat", type=int, default=1,
                       help="rounds, each running every system in turn; figures are each system's median round")

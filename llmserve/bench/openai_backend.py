@@ -21,9 +21,11 @@ from dataclasses import dataclass
 
 @dataclass
 class Delta:
-    """What run_load reads of a streamed message: how many tokens it brought."""
+    """What run_load reads of a streamed message: how many tokens it brought. The
+    message with the request's usage also carries its completion token count."""
 
     token_ids: list[int]
+    completion_tokens: int | None = None
 
 
 class OpenAIClient:
@@ -65,6 +67,7 @@ class OpenAIClient:
                 if chunk.choices and chunk.choices[0].text:
                     counted += 1
                     yield Delta([0])
-                if chunk.usage is not None and chunk.usage.completion_tokens > counted:
-                    yield Delta([0] * (chunk.usage.completion_tokens - counted))
-                    counted = chunk.usage.completion_tokens
+                if chunk.usage is not None:
+                    reported = chunk.usage.completion_tokens
+                    yield Delta([0] * max(0, reported - counted), completion_tokens=reported)
+                    counted = max(counted, reported)

@@ -1,6 +1,6 @@
 """`llmserve bench throughput`: one workload through the in-process engine, and in the
 same run (so ratios are side by side) optionally through a local three-process
-cluster over gRPC and through HF transformers."""
+cluster over gRPC, through HF transformers and through llama.cpp's llama-server."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from llmserve.bench import llama_cpp
 from llmserve.bench.cli import GRPC_SECURITY
 from llmserve.bench.clock import now
 from llmserve.bench.flops import ModelBytes, ModelFlops, measure_matmul_peak, measure_memory_bandwidth
@@ -138,6 +139,11 @@ def _run_baseline(baseline: str, model_dir: Path, requests: list[BenchRequest], 
                   device: torch.device) -> dict:
     from llmserve.bench import hf_baseline
 
+    if quant := llama_cpp.quant_of(baseline):
+        settings = llama_cpp.server_settings(requests, max_slots=args.engine.scheduling.max_num_seqs,
+                                             threads=torch.get_num_threads())
+        return llama_cpp.run_llama_cpp(llama_cpp.LlamaCppBuild(Path(args.llama_cpp_dir)), model_dir.name, quant,
+                                       requests, settings)
     if baseline == "hf":
         return hf_baseline.run_hf_static(model_dir, requests, batch_size=args.hf_batch_size, dtype=dtype,
                                          device=device)
@@ -147,6 +153,13 @@ def _run_baseline(baseline: str, model_dir: Path, requests: list[BenchRequest], 
         return {"error": f"{type(err).__name__}: {err}"}
 
 
+# A baseline's paired ratios: the engine's, and each gRPC system's of the same round
+# (what the issue's targets compare: our stack over gRPC against llama.cpp); with labels.
+RATIOS = {"engine_over_this": "engine/this", "grpc_over_this": "gRPC/this",
+          "grpc_plaintext_over_this": "gRPC plaintext/this"}
+_GRPC_RATIO = {"grpc": "grpc_over_this", "grpc-insecure": "grpc_plaintext_over_this"}
+
+
 def _summarize_rounds(rounds: list[dict]) -> dict:
     """The round with the median throughput, carrying every round's figure."""
     ok = [r for r in rounds if "error" not in r]
@@ -154,16 +167,27 @@ def _summarize_rounds(rounds: list[dict]) -> dict:
         return rounds[0]
     chosen = median_round(ok, key=lambda r: r["output_tokens_per_s"])
     chosen["rounds_output_tokens_per_s"] = [r["output_tokens_per_s"] for r in ok]
-    if "engine_over_this" in chosen:
-        chosen["rounds_engine_over_this"] = [r["engine_over_this"] for r in ok]
-        chosen["engine_over_this_median"] = statistics.median(chosen["rounds_engine_over_this"])
+    for ratio in RATIOS:
+        if ratio in chosen:
+            chosen[f"rounds_{ratio}"] = [r[ratio] for r in ok if ratio in r]
+            chosen[f"{ratio}_median"] = statistics.median(chosen[f"rounds_{ratio}"])
     return chosen
 
 
 def _label(system: str, hf_batch_size: int) -> str:
+    if quant := llama_cpp.quant_of(system):
+        return llama_cpp.label(quant)
     return {"engine": "llmserve in-process", "grpc": "llmserve through gRPC (TLS)",
             "grpc-insecure": "llmserve through gRPC, plaintext", "hf-cb": "HF continuous batching",
             "hf": f"HF generate, static batch {hf_batch_size}"}[system]
+
+
+def _baseline_systems(args, llama_cpp_quants: list[str]) -> list[str]:
+    """--baseline's systems in order, llama-cpp as one system per GGUF precision."""
+    systems = []
+    for baseline in dict.fromkeys(args.baseline):
+        systems += [llama_cpp.system_name(q) for q in llama_cpp_quants] if baseline == "llama-cpp" else [baseline]
+    return systems
 
 
 def _grpc_systems(args, round_index: int) -> list[str]:
@@ -198,6 +222,9 @@ def bench_throughput(args) -> int:
     requests = workload_from_args(args, model_dir)
     device, torch_dtype = engine_device_and_dtype(model_dir, args.engine.worker.runner)
     dtype = dtype_name(torch_dtype)
+    llama_cpp_quants = llama_cpp.chosen_quants(args, dtype, args.engine.worker.runner.quantization)
+    # Before the engine's minutes: a baseline that cannot run says so now.
+    llama_cpp.LlamaCppBuild(Path(args.llama_cpp_dir)).check(model_dir.name, llama_cpp_quants)
     report = {"kind": "throughput", "workload": {"name": args.workload, **summary(requests)},
               "machine": machine_info(), "device": str(device), "dtype": dtype, "command": " ".join(args.argv),
               "rounds": args.repeat, "results": {}}
@@ -222,7 +249,8 @@ def bench_throughput(args) -> int:
         result.update(roofline(engine, peak, bandwidth, torch_dtype, result))
         rounds.setdefault("engine", []).append(result)
         _print_row(f"[{round_index + 1}] {_label('engine', args.hf_batch_size)}", result)
-        systems = _grpc_systems(args, round_index) + list(args.baseline)
+        systems = _grpc_systems(args, round_index) + _baseline_systems(args, llama_cpp_quants)
+        this_round: dict[str, dict] = {}
         for system in systems:
             if system.startswith("grpc"):
                 run = run_through_grpc(model_dir, requests, args, insecure=system == "grpc-insecure")
@@ -231,11 +259,18 @@ def bench_throughput(args) -> int:
             if "error" in run:
                 print(f"[{round_index + 1}] {system}: failed: {run['error']}", flush=True)
             else:
-                run["same_tokens_as_engine"] = _same_outputs(result["outputs"], run["outputs"])
+                if "outputs" in run:  # Token ids (llama-server streams text only).
+                    run["same_tokens_as_engine"] = _same_outputs(result["outputs"], run["outputs"])
                 # Paired with this round's engine run: the host's drift between rounds
                 # cancels out of the ratio, not out of a ratio of two medians.
                 run["engine_over_this"] = result["output_tokens_per_s"] / run["output_tokens_per_s"]
+                if not system.startswith("grpc"):  # gRPC ran first in the round: pair it too.
+                    for grpc_system, ratio in _GRPC_RATIO.items():
+                        grpc_run = this_round.get(grpc_system)
+                        if grpc_run is not None and "error" not in grpc_run:
+                            run[ratio] = grpc_run["output_tokens_per_s"] / run["output_tokens_per_s"]
                 _print_row(f"[{round_index + 1}] {_label(system, args.hf_batch_size)}", run)
+            this_round[system] = run
             rounds.setdefault(system, []).append(run)
     del engine
     report["results"] = {system: _summarize_rounds(runs) for system, runs in rounds.items()}
@@ -271,11 +306,16 @@ def _print_row(label: str, result: dict) -> None:
     median of several with every round's paired ratio) also prints that ratio."""
     line = f"{label:<34} {result['output_tokens']:>6} tokens in {result['seconds']:7.1f} s = " \
            f"{result['output_tokens_per_s']:7.1f} output tok/s"
-    if "engine_over_this" in result:
-        ratio = result.get("engine_over_this_median", result["engine_over_this"])
-        rounds = ", ".join(f"{r:.2f}" for r in result.get("rounds_engine_over_this", []))
-        line += f"  engine/this {ratio:.2f}x" + (f" (median of rounds {rounds})" if rounds else "") + \
-                f", same tokens {100 * result['same_tokens_as_engine']:.0f}%"
+    ratios = []
+    for name, ratio_label in RATIOS.items():
+        if name in result:
+            ratio = result.get(f"{name}_median", result[name])
+            rounds = ", ".join(f"{r:.2f}" for r in result.get(f"rounds_{name}", []))
+            ratios.append(f"{ratio_label} {ratio:.2f}x" + (f" (median of rounds {rounds})" if rounds else ""))
+    if "same_tokens_as_engine" in result:
+        ratios.append(f"same tokens {100 * result['same_tokens_as_engine']:.0f}%")
+    if ratios:
+        line += "  " + ", ".join(ratios)
     if "kv_utilisation" in result:
         line += f"  KV utilisation {100 * result['kv_utilisation']:.1f}%, peak blocks {result['peak_blocks_in_use']}"
     print(line, flush=True)
