@@ -19,6 +19,10 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -39,6 +43,69 @@ inline void prefetch_rows(const T* p, int64_t n, int64_t block_size, int64_t row
   if (n < block_size) prefetch_bytes(p + n * row, (block_size - n) * row * sizeof(T));
 }
 
+// The arithmetic of one query head against one K row (a score) or one V row (a
+// weighted sum), in float: q is scaled once per sequence, rows are converted per use.
+template <typename T, int64_t HEAD_DIM>
+struct RowMath {
+  std::vector<float> qf;
+
+  void load_queries(const T* q, int64_t n, float scale) {
+    qf.resize(n);
+    for (int64_t i = 0; i < n; ++i) qf[i] = static_cast<float>(q[i]) * scale;
+  }
+  float dot(int64_t h, const T* k, int64_t D) const {
+    const float* qh = qf.data() + h * D;
+    float s = 0.f;
+    for (int64_t d = 0; d < D; ++d) s += qh[d] * static_cast<float>(k[d]);
+    return s;
+  }
+  static void axpy(float w, const T* v, float* ah, int64_t D) {
+    for (int64_t d = 0; d < D; ++d) ah[d] += w * static_cast<float>(v[d]);
+  }
+};
+
+#if defined(__AVX512BF16__)
+// bfloat16 on a CPU with AVX-512 BF16 (this build's -march=native says so): scores by
+// VDPBF16PS, 32 bf16 products per instruction accumulated in float, straight from
+// the cache and the query (a bf16 x bf16 product is exact in float, so this is the
+// float path's arithmetic with another summation order); the scale is applied to the
+// score. V rows widen to float by a shift (bf16 is float's top half). Measured on a
+// 2-core AMD EPYC, batch 64 x 256 tokens, 9 heads over 3 KV heads of 64: 0.61 ms per
+// layer against 0.75 for the element-by-element conversion while the cache sits in L3;
+// a whole model's steps read their K/V from DRAM and run at the same speed either way.
+template <int64_t D>
+struct Bf16RowMath {
+  static_assert(D % 32 == 0, "whole 512-bit vectors of bf16");
+  const c10::BFloat16* q = nullptr;
+  float scale = 1.f;
+
+  void load_queries(const c10::BFloat16* q_, int64_t, float scale_) {
+    q = q_;
+    scale = scale_;
+  }
+  float dot(int64_t h, const c10::BFloat16* k, int64_t) const {
+    const c10::BFloat16* qh = q + h * D;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 32) {
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qh + d), (__m512bh)_mm512_loadu_si512(k + d));
+    }
+    return _mm512_reduce_add_ps(acc) * scale;
+  }
+  static void axpy(float w, const c10::BFloat16* v, float* ah, int64_t) {
+    const __m512 weight = _mm512_set1_ps(w);
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + d));
+      const __m512 vf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+      _mm512_storeu_ps(ah + d, _mm512_fmadd_ps(weight, vf, _mm512_loadu_ps(ah + d)));
+    }
+  }
+};
+template <>
+struct RowMath<c10::BFloat16, 64> : Bf16RowMath<64> {};
+template <>
+struct RowMath<c10::BFloat16, 128> : Bf16RowMath<128> {};
+#endif
+
 // HEAD_DIM > 0 fixes the head size at compile time (fully unrolled inner loops);
 // 0 reads it from `head_dim`.
 template <typename T, int64_t HEAD_DIM>
@@ -54,14 +121,15 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
   const int64_t splits = B < 2 * at::get_num_threads() ? KVH : 1;
   const int64_t heads_per_item = KVH / splits;
   at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(H * D), acc(H * D), scores;
+    RowMath<T, HEAD_DIM> math;
+    std::vector<float> acc(H * D), scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / splits;
       const int64_t kh0 = (item % splits) * heads_per_item, kh1 = kh0 + heads_per_item;
       const int64_t len = seq_lens[b];
       const int64_t* table = tables + b * max_blocks;
       scores.assign(H * len, 0.f);
-      for (int64_t i = 0; i < H * D; ++i) qf[i] = static_cast<float>(q[b * H * D + i]) * scale;
+      math.load_queries(q + b * H * D, H * D, scale);
       const int64_t n_blocks = (len + block_size - 1) / block_size;
       // Pass 1: scores[h][p] = q_h . k_p (h over all query heads, k of its KV head).
       for (int64_t blk = 0; blk < n_blocks; ++blk) {
@@ -77,10 +145,7 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
             const T* k = base + t * row + kh * D;
             for (int64_t j = 0; j < g; ++j) {
               const int64_t h = kh * g + j;
-              const float* qh = qf.data() + h * D;
-              float s = 0.f;
-              for (int64_t d = 0; d < D; ++d) s += qh[d] * static_cast<float>(k[d]);
-              scores[h * len + first + t] = s;
+              scores[h * len + first + t] = math.dot(h, k, D);
             }
           }
         }
@@ -110,9 +175,7 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
             const T* v = base + t * row + kh * D;
             for (int64_t j = 0; j < g; ++j) {
               const int64_t h = kh * g + j;
-              const float w = scores[h * len + first + t];
-              float* ah = acc.data() + h * D;
-              for (int64_t d = 0; d < D; ++d) ah[d] += w * static_cast<float>(v[d]);
+              RowMath<T, HEAD_DIM>::axpy(scores[h * len + first + t], v, acc.data() + h * D, D);
             }
           }
         }
