@@ -1,8 +1,11 @@
-"""Reads the scheduler's public stats RPC (never its private state)."""
+"""Reads the scheduler's public stats RPC and the services' metrics endpoints (never
+their private state)."""
 
 from __future__ import annotations
 
 import asyncio
+import re
+import urllib.request
 
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.launcher import LocalCluster
@@ -32,3 +35,12 @@ async def block_audit(cluster: LocalCluster, replica: int = 0) -> scheduler_pb2.
     async with cluster.channel("scheduler", replica=replica) as channel:
         return await scheduler_pb2_grpc.SchedulerStub(channel).GetBlockAudit(scheduler_pb2.GetBlockAuditRequest(),
                                                                              timeout=10)
+
+
+def scrape(port: int) -> dict[str, float]:
+    """name{labels} -> value on a Prometheus endpoint, the model_name label every sample
+    carries left out of the key."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {re.sub(r'model_name="[^"]*",?', "", key).replace(",}", "}").replace("{}", ""): float(value)
+            for line in text.splitlines() if line and not line.startswith("#")
+            for key, _, value in [line.rpartition(" ")]}

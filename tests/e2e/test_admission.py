@@ -8,8 +8,6 @@ benchmark's business)."""
 from __future__ import annotations
 
 import asyncio
-import re
-import urllib.request
 from types import SimpleNamespace
 
 import grpc
@@ -23,7 +21,7 @@ from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.launcher import free_port
 
 from .conftest import start_cluster
-from .stats import scheduler_stats, wait_all_blocks_free
+from .stats import scheduler_stats, scrape, wait_all_blocks_free
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -81,14 +79,6 @@ async def health(cluster, service: str) -> int:
         reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
                                                                 timeout=5)
         return reply.status
-
-
-def scrape(port: int) -> dict[str, float]:
-    """name{labels} -> value, the model_name label every sample carries left out of the key."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {re.sub(r'model_name="[^"]*",?', "", key).replace(",}", "}").replace("{}", ""): float(value)
-            for line in text.splitlines() if line and not line.startswith("#")
-            for key, _, value in [line.rpartition(" ")]}
 
 
 async def stop(task: asyncio.Task) -> None:

@@ -5,15 +5,13 @@ accepted on a request that copies its prompt, counted in the stats and the metri
 from __future__ import annotations
 
 import asyncio
-import re
-import urllib.request
 
 import pytest
 
 from llmserve.launcher import free_port
 
 from .conftest import start_cluster
-from .stats import scheduler_stats, wait_all_blocks_free
+from .stats import scheduler_stats, scrape, wait_all_blocks_free
 
 PASSAGE = ("The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step. "
            "All that glitters is not gold. Actions speak louder than words.")
@@ -39,13 +37,6 @@ async def _collect(client, **kwargs):
         per_index[d.index] = (text + d.text, ids + list(d.token_ids), lps + [round(lp.logprob, 3) for lp in d.logprobs])
         finishes[d.index] = d.finish_reason or finishes.get(d.index)
     return per_index, finishes
-
-
-def _scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {re.sub(r'model_name="[^"]*",?', "", key).replace(",}", "}").replace("{}", ""): float(value)
-            for line in text.splitlines() if line and not line.startswith("#")
-            for key, _, value in [line.rpartition(" ")]}
 
 
 @pytest.mark.slow
@@ -75,7 +66,7 @@ async def test_speculation_changes_no_result_and_copies_run_ahead(cluster, specu
         assert together[1:] == [await plain.complete(p, max_tokens=24, temperature=0.0, ignore_eos=True)
                                 for p in prompts]
     stats = await wait_all_blocks_free(speculative_cluster)
-    metrics = _scrape(speculative_cluster.metrics_port)
+    metrics = scrape(speculative_cluster.metrics_port)
     assert metrics["llmserve_spec_decode_num_accepted_tokens_total"] == stats.spec_num_accepted_tokens
     assert metrics["llmserve_spec_decode_num_draft_tokens_total"] == stats.spec_num_draft_tokens
     assert metrics['llmserve_spec_decode_num_accepted_tokens_per_pos_total{position="0"}'] == \
