@@ -97,6 +97,7 @@ def speculating(k: int = 4, **config):
 
 def test_drafts_ride_with_the_decode_and_accepted_ones_arrive_in_one_output():
     sched, worker, run = speculating()
+    assert sched.stats().spec_accepted_per_position == (0, 0, 0, 0)  # every position, from the start
     sched.add_request("a", [7, 8, 9, 7, 8, 9], params(max_tokens=20))
     step(sched, worker, run)  # the prompt: samples 7
     plan = step(sched, worker, run)
