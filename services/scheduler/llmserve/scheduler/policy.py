@@ -67,7 +67,7 @@ class StepPolicy:
         self.drafter = NgramDrafter(k, config.speculative_ngram_min, config.speculative_ngram_max) if k else None
 
     def choose(self) -> list[ScheduledSample]:
-        """This step's samples and token counts, their blocks allocated (steps 0-3)."""
+        """This step's samples and token counts, their blocks allocated (steps 0-4)."""
         scheduled: list[ScheduledSample] = []
         start = self.counters.num_preemptions
         self._preempt_for_priority()
