@@ -86,7 +86,10 @@ class LlamaCppBuild:
         return self.root / "models" / f"{model_name}-{quant.lower()}.gguf"
 
     def check(self, model_name: str, quants: list[str]) -> None:
-        """Raises LlamaCppNotBuilt naming the first missing file, before anything runs."""
+        """Raises LlamaCppNotBuilt naming the first missing file, before anything runs
+        (no precisions asked for: nothing to check)."""
+        if not quants:
+            return
         for path in [self.server, *(self.gguf(model_name, q) for q in quants)]:
             if not path.is_file():
                 raise LlamaCppNotBuilt(f"--baseline llama-cpp: {path} is missing; build it with `{BUILD_COMMAND}` "
