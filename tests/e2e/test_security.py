@@ -29,7 +29,8 @@ def scheduler_log(cluster: LocalCluster) -> str:
 
 @pytest.mark.slow
 async def test_generate_needs_the_api_key_health_does_not(cluster):
-    request = pb.GenerateRequest(text="The capital of France is", params=pb.SamplingParams(max_tokens=4))
+    request = pb.GenerateRequest(text="The capital of France is",
+                                params=pb.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     async with cluster.channel(api_key=False) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         for metadata, message in ((None, "missing API key"), ((("authorization", "Bearer not-the-key"),),
