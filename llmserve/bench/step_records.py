@@ -8,6 +8,7 @@ keeps no record of its steps.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from llmserve.bench.clock import now
@@ -96,10 +97,8 @@ def step_records(scheduler, plan: StepPlan, result: StepResult, seconds: float) 
     allocated = (kv.num_total_blocks - kv.num_free_blocks) * kv.block_size
     num_steps = result.num_steps
     # Rows verifying drafts ran the LM head at 1 + drafts positions but kept fewer tokens.
-    kept = {}
-    for token in result.sampled:
-        kept[token.seq_id] = kept.get(token.seq_id, 0) + 1
-    rejected = sum(1 + drafts - kept.get(seq_id, 0) for seq_id, drafts in plan.num_drafts().items())
+    kept = Counter(token.seq_id for token in result.sampled)
+    rejected = sum(1 + drafts - kept[seq_id] for seq_id, drafts in plan.num_drafts().items())
     records = []
     for substep in range(num_steps):
         rows = [(r.num_computed_tokens + substep, r.num_scheduled_tokens)

@@ -89,8 +89,8 @@ class NgramDrafter:
         start = index.next_position
         if start >= length:
             return
-        window = _tokens(sample, max(0, start - self.max_n), length)
-        offset = max(0, start - self.max_n)
+        offset = max(0, start - self.max_n)  # The window starts max_n tokens before `start`.
+        window = _tokens(sample, offset, length)
         seen = index.last_seen
         for position in range(start, length):
             # The n-grams ending right before `position` are followed by its token.

@@ -99,7 +99,7 @@ class OutputProcessor:
         counters.spec_draft_tokens += num_drafts
         counters.spec_accepted_tokens += num_accepted
         for position in range(num_accepted):
-            counters.spec_accepted_per_position[position] = counters.spec_accepted_per_position.get(position, 0) + 1
+            counters.spec_accepted_per_position[position] += 1
         NgramDrafter.observe(sample, num_drafts, num_accepted)
 
     # ---- tokens and stops ----

@@ -88,9 +88,7 @@ class Scheduler:
         self.queues = Queues(config.max_num_seqs)
         self.live = LiveRequests()
         self.worker_view = WorkerView(self.kv)
-        self.counters = Counters()
-        # Every draft position is reported from the start (0 until a draft there is kept).
-        self.counters.spec_accepted_per_position = dict.fromkeys(range(config.num_speculative_tokens), 0)
+        self.counters = Counters(spec_accepted_per_position=[0] * config.num_speculative_tokens)
         preemptor = Preemptor(config.preemption_mode, self.kv, self.queues, self.worker_view, self.counters)
         self.policy = StepPolicy(config, self.kv, self.queues, preemptor, self.counters, cache.max_model_len)
         self.outputs = OutputProcessor(cache.max_model_len, self.kv, self.queues, self.live, self.worker_view, self.counters)

@@ -83,7 +83,9 @@ class Counters:
     spec_drafts: int = 0  # Sequence-steps that carried drafts.
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
-    spec_accepted_per_position: dict[int, int] = field(default_factory=dict)  # Draft position -> times kept.
+    # [i]: drafts whose token i was kept; one entry per draft position 0..K-1 (the scheduler
+    # sizes it), so every position is reported from the start.
+    spec_accepted_per_position: list[int] = field(default_factory=list)
 
     @property
     def num_preemptions(self) -> int:
@@ -128,6 +130,5 @@ def snapshot(counters: Counters, queues: Queues, kv: KVCacheManager, admission: 
         spec_num_drafts=counters.spec_drafts,
         spec_num_draft_tokens=counters.spec_draft_tokens,
         spec_num_accepted_tokens=counters.spec_accepted_tokens,
-        spec_accepted_per_position=tuple(counters.spec_accepted_per_position.get(i, 0)
-                                         for i in range(len(counters.spec_accepted_per_position))),
+        spec_accepted_per_position=tuple(counters.spec_accepted_per_position),
     )
