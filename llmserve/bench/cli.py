@@ -106,6 +106,7 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     prof.add_argument("--dtype", default="float32", choices=DTYPES)
     prof.add_argument("--batch", type=int, default=64)
     prof.add_argument("--context", type=int, default=256, help="prompt tokens per sequence")
+    prof.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS))
 
     decode = bench_sub.add_parser("decode", help="decode tok/s with CUDA graphs vs eager (--enforce-eager), "
                                                  "per batch size, side by side")
@@ -116,10 +117,12 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     decode.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
     variants = bench_sub.add_parser("decode-variants", help="decode tok/s per weight format (float32, bfloat16, "
-                                                            "weight-only int8), per batch size, side by side")
+                                                            "int8), per batch size, side by side")
     add_flags(variants, BenchSettings)
-    variants.add_argument("--variants", nargs="+", default=["float32", "bfloat16", "int8"], choices=list(VARIANTS),
-                          help="int8: int8 weights, bfloat16 activations; int8-fp32: float32 activations")
+    variants.add_argument("--variants", nargs="+", default=["float32", "bfloat16", "int8", "int8-wo"],
+                          choices=list(VARIANTS),
+                          help="int8: --quantization int8 (W8A8 where the CPU has VNNI), bfloat16 activations; "
+                               "int8-wo: int8-weight-only; int8-fp32: int8 with float32 activations")
     variants.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16], help="decode batch sizes")
     variants.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
     variants.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size and variant")
@@ -140,7 +143,7 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     quality.add_argument("--model", default="default", help="local HF model directory, or 'default'")
     quality.add_argument("--dtypes", nargs="*", default=["bfloat16"], choices=DTYPES[1:],
                          help="unquantized dtypes to compare with float32 (always run, the reference)")
-    quality.add_argument("--quantization", nargs="*", default=["int8"], choices=list(QUANTIZATIONS),
+    quality.add_argument("--quantization", nargs="*", default=["int8", "int8-weight-only"], choices=list(QUANTIZATIONS),
                          help="weight quantizations to compare with float32")
     quality.add_argument("--quantized-dtype", nargs="+", default=["bfloat16"], choices=DTYPES[1:],
                          help="activation dtypes the quantized models run in")

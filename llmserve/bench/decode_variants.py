@@ -1,5 +1,5 @@
 """`llmserve bench decode-variants`: decode tokens/s per weight format (float32,
-bfloat16, weight-only int8 ...), at each batch size, side by side in one run.
+bfloat16, int8 W8A8, weight-only int8 ...), at each batch size, side by side in one run.
 
 Each variant is a model runner of its own (its own weights, KV cache of exactly the
 largest batch). The timing is `decode_graphs.time_modes`: at each batch size every
@@ -18,9 +18,10 @@ from llmserve.bench.decode_graphs import SPARE_TOKENS, time_modes
 from llmserve.bench.profile_step import decode_kv_blocks
 from llmserve.bench.report import machine_info, write_json
 
-# name -> (dtype, quantization); int8 runs its activations in bfloat16 on the CPU.
+# name -> (dtype, quantization): int8 is W8A8 where the CPU has VNNI; int8-wo keeps
+# bfloat16 activations (weight-only); int8-fp32 runs int8 with float32 activations.
 VARIANTS = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "int8": ("bfloat16", "int8"),
-            "int8-fp32": ("float32", "int8")}
+            "int8-wo": ("bfloat16", "int8-weight-only"), "int8-fp32": ("float32", "int8")}
 
 
 def variant_runners(model_dir, base, names: list[str], max_batch: int, context: int, max_new_tokens: int) -> dict:

@@ -42,7 +42,7 @@ class LlamaCppNotBuilt(SystemExit):
 def default_quant(dtype: str, quantization: str) -> str:
     """The GGUF precision matching the engine's weights: float32 -> F32, bfloat16 -> BF16,
     weight-only int8 (whatever the activations) -> Q8_0."""
-    if quantization == "int8":
+    if quantization != "none":
         return "Q8_0"
     matching = {"float32": "F32", "bfloat16": "BF16"}
     if dtype not in matching:

@@ -32,6 +32,8 @@ FAMILIES = [
     ("aten::bmm", "matmul"),
     ("_linear_pointwise", "matmul"),
     ("_mkl_linear", "matmul"),
+    ("_weight_int8pack_mm", "matmul"),
+    ("w8a8_linear", "matmul"),
     ("llmserve_cpu::", "fused element-wise (C++)"),
 ]
 
@@ -67,14 +69,15 @@ def decode_kv_blocks(batch: int, context: int, max_new_tokens: int, block_size: 
 
 
 def decoding_engine(model_dir, dtype: str, batch: int, context: int, model=None,
-                    max_new_tokens: int = 1000) -> InProcessEngine:
+                    max_new_tokens: int = 1000, quantization: str = "none") -> InProcessEngine:
     """An in-process engine with `batch` sequences of `context` prompt tokens, all past
     their prefill (`prefilled_engine`). Its KV cache holds just those tokens. With `model`
     (another engine's runner's model) the weights are shared, not loaded again."""
     from llmserve.worker.config import RunnerConfig
     from llmserve.worker.model_runner import ModelRunner
 
-    settings = RunnerConfig(dtype=dtype, num_kv_blocks=decode_kv_blocks(batch, context, max_new_tokens), swap_space=0)
+    settings = RunnerConfig(dtype=dtype, num_kv_blocks=decode_kv_blocks(batch, context, max_new_tokens), swap_space=0,
+                            quantization=quantization)
     return prefilled_engine(ModelRunner(model_dir, settings, model=model), batch, context, max_new_tokens)
 
 
@@ -107,8 +110,9 @@ def time_decode_steps(model_dir, dtype: str, batches: list[int], context: int, s
     return {b: sum(t) / len(t) for b, t in times.items()}
 
 
-def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: int = 5) -> dict:
-    engine = decoding_engine(model_dir, dtype, batch, context, max_new_tokens=4 * reps + 16)
+def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: int = 5,
+                        quantization: str = "none") -> dict:
+    engine = decoding_engine(model_dir, dtype, batch, context, max_new_tokens=4 * reps + 16, quantization=quantization)
     runner, sched = engine.runner, engine.scheduler
     times: dict[str, float] = defaultdict(float)
     ops: dict[str, float] = defaultdict(float)
@@ -154,16 +158,18 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
             times[key] += dt / reps
         for evt in prof.key_averages():
             ops[_family(evt.key)] += evt.self_cpu_time_total / 1e6 / reps
-    return {"batch": batch, "context": context, "dtype": dtype, "plan_bytes": len(plan_bytes),
+    return {"batch": batch, "context": context, "dtype": dtype, "quantization": quantization, "plan_bytes": len(plan_bytes),
             "pieces_s": dict(times), "forward_ops_s": dict(ops)}
 
 
 def bench_profile(args) -> int:
     from llmserve.model_store import resolve_model_dir
 
-    report = profile_decode_step(resolve_model_dir(args.model), args.dtype, args.batch, args.context)
+    report = profile_decode_step(resolve_model_dir(args.model), args.dtype, args.batch, args.context,
+                                 quantization=args.quantization)
     total = sum(report["pieces_s"].values())
-    print(f"decode step, batch {args.batch}, context ~{args.context}, {args.dtype}: {_ms(total)}"
+    print(f"decode step, batch {args.batch}, context ~{args.context}, {args.dtype}, quantization "
+          f"{args.quantization}: {_ms(total)}"
           f" (plan on the wire: {report['plan_bytes']} bytes)")
     for key, dt in report["pieces_s"].items():
         print(f"  {key:<34}{_ms(dt)}  {100 * dt / total:5.1f}%")

@@ -54,7 +54,7 @@ class Variant:
 
     @property
     def name(self) -> str:
-        return self.dtype if self.quantization == "none" else f"{self.quantization} ({self.dtype} activations)"
+        return self.dtype if self.quantization == "none" else f"{self.quantization} ({self.dtype})"
 
 
 def teacher_forced_logits(model, token_ids: list[int], chunk: int = CHUNK_TOKENS) -> torch.Tensor:

@@ -20,5 +20,5 @@ class WorkerInfo:
     num_cpu_blocks: int = 0  # Swap space, in blocks.
     device: str = "cpu"  # "cpu", or "cuda (<GPU name>)"
     cuda_graphs: bool = False  # Decode steps replay CUDA graphs.
-    quantization: str = "none"  # "none", or "int8": weight-only int8 linear projections.
+    quantization: str = "none"  # "none", "int8" (W8A8 where the CPU has VNNI), "int8-weight-only"
     dtype_reason: str = ""  # Why `dtype`: --dtype auto's choice and its grounds, or "--dtype".

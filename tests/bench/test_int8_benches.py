@@ -25,11 +25,14 @@ def test_decode_variants_time_every_variant_at_every_batch(tiny_llama_dir):
 
 def test_quality_is_measured_against_float32(tiny_llama_dir):
     tokens = [random.Random(1).randrange(300) for _ in range(80)]
-    rows = evaluate(tiny_llama_dir, [Variant("bfloat16", "int8")], tokens)
-    assert list(rows) == ["float32", "int8 (bfloat16 activations)"]
+    rows = evaluate(tiny_llama_dir, [Variant("bfloat16", "int8-weight-only"), Variant("bfloat16", "int8")], tokens)
+    assert list(rows) == ["float32", "int8-weight-only (bfloat16)", "int8 (bfloat16)"]
     assert rows["float32"]["agreement_with_float32"] == 1.0 and rows["float32"]["perplexity_change"] == 0.0
-    int8 = rows["int8 (bfloat16 activations)"]
-    assert 0.8 <= int8["agreement_with_float32"] <= 1.0 and abs(int8["perplexity_change"]) < 0.1
+    weight_only, w8a8 = rows["int8-weight-only (bfloat16)"], rows["int8 (bfloat16)"]
+    assert 0.8 <= weight_only["agreement_with_float32"] <= 1.0 and abs(weight_only["perplexity_change"]) < 0.1
+    # W8A8 where the CPU has VNNI: this random model's 64-wide rows are a single activation
+    # group each (one scale per token), which costs it ~11% perplexity (SmolLM2: +1.0%).
+    assert 0.8 <= w8a8["agreement_with_float32"] <= 1.0 and abs(w8a8["perplexity_change"]) < 0.2
 
 
 def test_the_text_is_long_english_and_fixed():

@@ -1,6 +1,7 @@
-"""Weight-only int8 (`--quantization int8`): the quantized product against its reference
-and the float product, what the loader quantizes, a tiny model's greedy agreement with
-float32, and the setting's way to WorkerInfo and the public ModelInfo."""
+"""int8 projections (`--quantization int8`, W8A8 where the CPU has VNNI, and
+`int8-weight-only`): each quantized product against its reference and the float product,
+what the loader quantizes, a tiny model's greedy agreement with float32, and the setting's
+way to WorkerInfo and the public ModelInfo."""
 
 from __future__ import annotations
 
@@ -15,15 +16,20 @@ from safetensors.torch import load_file
 from llmserve.bench.quality import agreement, teacher_forced_logits
 from llmserve.contract.wire import worker_info_from_pb, worker_info_to_pb
 from llmserve.worker.distributed import GroupHandle
+from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker.layers.int8_weight import (
+    ACTIVATION_GROUP,
     MAX_KERNEL_ROWS,
     Int8Weight,
+    describe_quantization,
     int8_linear_reference,
     int8pack_kernel_applies,
     quantize_rows,
+    w8a8_linear_reference,
 )
 from llmserve.worker.layers.linear import QKVParallelLinear, RowParallelLinear
 from llmserve.worker.models.loader import load_model
+from tests.tiny_models import make_tiny_model
 
 PROJECTIONS = ("qkv_proj.weight", "o_proj.weight", "gate_up_proj.weight", "down_proj.weight")
 
@@ -57,8 +63,56 @@ def test_int8_product_matches_reference_and_float(dtype, rows):
     assert (got - F.linear(x, w)).abs().max() <= 0.05 * F.linear(x, w).abs().max()
 
 
-def test_loader_quantizes_exactly_the_projections(tiny_llama_dir):
-    model = load_model(tiny_llama_dir, "bfloat16", quantization="int8")
+needs_vnni = pytest.mark.skipif(not cpu_kernels.w8a8_supported(),
+                                reason="the W8A8 kernel needs a CPU with AVX-512 VNNI (and a compiler)")
+
+
+@needs_vnni
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 16, 33])
+def test_w8a8_kernel_matches_its_reference(dtype, rows):
+    # 80 output channels: one full tile of 3 blocks of 16, then 2 blocks on their own.
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(80, 192, generator=gen) * torch.rand(80, 1, generator=gen)
+    x = (torch.randn(rows, 192, generator=gen) * torch.rand(1, 192, generator=gen) * 4).to(dtype)
+    x[0, 70] = 300.0  # an outlier: it sets the scale of row 0's second group only
+    x[-1, 128:] = 0.0  # a zero group: scale 0, contributes nothing
+    q, scale = quantize_rows(w)
+    weight = Int8Weight(q, scale, quantize_activations=True)
+    assert weight.quantizes_activations and weight.q is None and torch.equal(weight.int8_rows(), q)
+    bias = torch.randn(80, generator=gen).to(dtype)
+    got = weight.matmul(x, bias)
+    want = w8a8_linear_reference(x, q, scale, bias)
+    assert got.dtype == dtype and got.shape == (rows, 80)
+    # float32: the same integer sums, scaled in another order; bfloat16: y rounded to 8 bits.
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max()
+
+
+def test_w8a8_reference_scales_each_group_of_activations_on_its_own():
+    x = torch.zeros(1, 2 * ACTIVATION_GROUP)
+    x[0, 0], x[0, 1] = 127.0, 0.4  # group 0: scale 1, so 0.4 rounds to 0
+    x[0, ACTIVATION_GROUP] = 0.4  # group 1: its own scale, 0.4 is kept exactly
+    eye = torch.eye(2 * ACTIVATION_GROUP)
+    q, scale = quantize_rows(eye)
+    y = w8a8_linear_reference(x, q, scale)
+    assert y[0, 0] == 127.0 and y[0, 1] == 0.0 and y[0, ACTIVATION_GROUP] == pytest.approx(0.4)
+    # One scale per row would have rounded group 1's 0.4 away too: that is what groups buy.
+
+
+def test_w8a8_refuses_what_it_cannot_run():
+    assert not Int8Weight(torch.zeros(16, 64, dtype=torch.int8), torch.ones(16)).quantizes_activations
+    if cpu_kernels.w8a8_supported():
+        weight = Int8Weight(torch.zeros(16, 64, dtype=torch.int8), torch.ones(16), quantize_activations=True)
+        with pytest.raises(ValueError, match="float32 or bfloat16"):
+            weight.matmul(torch.zeros(1, 64, dtype=torch.float16))
+        with pytest.raises(RuntimeError, match="multiple of 64"):
+            cpu_kernels.w8a8_pack_weight(torch.zeros(16, 40, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int8-weight-only"])
+def test_loader_quantizes_exactly_the_projections(tiny_llama_dir, quantization):
+    model = load_model(tiny_llama_dir, "bfloat16", quantization=quantization)
     int8 = {n for n, p in model.named_parameters() if p.dtype == torch.int8}
     assert int8 == {n for n, _ in model.named_parameters() if n.endswith(PROJECTIONS)}
     assert len(int8) == 4 * model.config.num_hidden_layers
@@ -70,8 +124,35 @@ def test_loader_quantizes_exactly_the_projections(tiny_llama_dir):
     qkv = model.model.layers[1].self_attn.qkv_proj
     k_q, k_scale = quantize_rows(ckpt["model.layers.1.self_attn.k_proj.weight"])
     rows = slice(qkv.q_size, qkv.q_size + qkv.kv_size)
-    assert torch.equal(qkv.weight[rows], k_q) and torch.equal(qkv.weight_scale[rows], k_scale)
+    assert torch.equal(qkv.int8.int8_rows()[rows], k_q) and torch.equal(qkv.weight_scale[rows], k_scale)
     assert qkv.int8 is not None and qkv.packed is None
+    # W8A8 exactly where asked for and runnable (the tiny model's shapes fit the kernel).
+    w8a8 = quantization == "int8" and cpu_kernels.w8a8_supported()
+    assert all(m.int8.quantizes_activations == w8a8 for m in model.modules() if getattr(m, "int8", None))
+    # The head's 300 rows are no multiple of 16: it keeps its float copy (next test: one that fits).
+    assert model.lm_head.int8 is None and model.lm_head.w_packed is not None
+    layers = 4 * model.config.num_hidden_layers
+    assert describe_quantization(model, quantization) == (
+        f"{quantization} (W8A8 in {layers if w8a8 else 0} of {layers} projections, weight-only in the rest)")
+
+
+@needs_vnni
+def test_w8a8_lm_head_multiplies_by_int8_rows_of_the_tied_embedding(tmp_path):
+    model_dir = make_tiny_model(tmp_path, "llama", True, seed=3, vocab_size=320)
+    model = load_model(model_dir, "bfloat16", quantization="int8")
+    head, embed = model.lm_head, model.model.embed_tokens
+    assert head.int8 is not None and head.w_packed is None and head.w_t.numel() == 0
+    q, scale = quantize_rows(embed.weight)
+    assert torch.equal(head.int8.int8_rows(), q) and torch.equal(head.int8.scale, scale)
+    assert embed.weight.dtype == torch.bfloat16  # the embedding still reads the float rows
+    hidden = torch.randn(5, 64).bfloat16()
+    assert torch.allclose(model.compute_logits(hidden).float(), w8a8_linear_reference(hidden, q, scale).float(),
+                          rtol=1e-2, atol=1e-2)
+    projections = 4 * model.config.num_hidden_layers + 1
+    assert describe_quantization(model, "int8") == (
+        f"int8 (W8A8 in {projections} of {projections} projections, weight-only in the rest)")
+    weight_only = load_model(model_dir, "bfloat16", quantization="int8-weight-only")
+    assert weight_only.lm_head.int8 is None and weight_only.lm_head.w_packed is not None
 
 
 def test_tensor_parallel_ranks_quantize_their_own_shard():
@@ -93,9 +174,13 @@ def test_tensor_parallel_ranks_quantize_their_own_shard():
 def test_tiny_model_greedy_agrees_with_float32(tiny_llama_dir):
     tokens = [random.Random(0).randrange(300) for _ in range(96)]
     reference = teacher_forced_logits(load_model(tiny_llama_dir, "float32"), tokens, chunk=16)
-    for dtype in ("float32", "bfloat16"):  # the dequantized product, then the int8 kernel (16-row chunks)
-        logits = teacher_forced_logits(load_model(tiny_llama_dir, dtype, quantization="int8"), tokens, chunk=16)
-        assert agreement(logits, reference) >= 0.9, dtype
+    # weight-only: the dequantized product (float32), then torch's int8 kernel (16-row
+    # chunks); int8: the W8A8 kernel where the CPU has VNNI.
+    for dtype, quantization in (("float32", "int8-weight-only"), ("bfloat16", "int8-weight-only"),
+                                ("float32", "int8"), ("bfloat16", "int8")):
+        model = load_model(tiny_llama_dir, dtype, quantization=quantization)
+        logits = teacher_forced_logits(model, tokens, chunk=16)
+        assert agreement(logits, reference) >= 0.9, (dtype, quantization)
         assert (logits - reference).abs().max() < 0.05 * reference.abs().max()  # measured: 1.2-1.7%
 
 
@@ -123,4 +208,4 @@ def test_the_setting_parses_and_is_documented(capsys):
         build_parser().parse_args(["worker", "--quantization", "int4"])
     with pytest.raises(SystemExit):
         build_parser().parse_args(["worker", "--help"])
-    assert "--quantization {none,int8}" in capsys.readouterr().out
+    assert "--quantization {none,int8,int8-weight-only}" in capsys.readouterr().out

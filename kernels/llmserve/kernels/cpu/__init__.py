@@ -25,7 +25,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp"]
+_SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp", _CSRC / "int8_linear.cpp"]
 
 
 def _build_dir() -> Path:
@@ -114,3 +114,19 @@ def rotary_neox_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: i
     """In place on the first `heads` heads of each row of x [T, >= heads*D] (e.g. the q and
     k heads of a fused qkv output); cos, sin [T, D/2]."""
     torch.ops.llmserve_cpu.rotary_neox_(x, cos, sin, heads, head_dim)
+
+
+def w8a8_supported() -> bool:
+    """True when the kernels were built with AVX-512 VNNI, which the W8A8 int8 GEMM needs."""
+    return load() and bool(torch.ops.llmserve_cpu.w8a8_supported())
+
+
+def w8a8_pack_weight(q: torch.Tensor) -> torch.Tensor:
+    """q [N, K] int8 (N % 16 == 0, K % 64 == 0) -> [N/16, K/4, 16, 4] uint8 holding q + 128."""
+    return torch.ops.llmserve_cpu.w8a8_pack_weight(q)
+
+
+def w8a8_linear(x: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32/bfloat16, quantized per row and group of 64 columns; packed from
+    w8a8_pack_weight; w_scale [N] float32 -> y [M, N] in x's dtype."""
+    return torch.ops.llmserve_cpu.w8a8_linear(x, packed, w_scale)

@@ -54,8 +54,9 @@ export interface ModelInfo {
    */
   'data_parallel_size'?: (number);
   /**
-   * Weight quantization: "none", or "int8" (weight-only int8 linear projections, one
-   * scale per output row; activations, embeddings and the LM head keep `dtype`).
+   * Weight quantization: "none", "int8" (int8 linear projections, one scale per output
+   * row; on CPUs with AVX-512 VNNI their input activations are quantized too, one scale
+   * per 64 columns: W8A8) or "int8-weight-only"; embeddings and the LM head keep `dtype`.
    */
   'quantization'?: (string);
   /**
@@ -118,8 +119,9 @@ export interface ModelInfo__Output {
    */
   'data_parallel_size': (number);
   /**
-   * Weight quantization: "none", or "int8" (weight-only int8 linear projections, one
-   * scale per output row; activations, embeddings and the LM head keep `dtype`).
+   * Weight quantization: "none", "int8" (int8 linear projections, one scale per output
+   * row; on CPUs with AVX-512 VNNI their input activations are quantized too, one scale
+   * per 64 columns: W8A8) or "int8-weight-only"; embeddings and the LM head keep `dtype`.
    */
   'quantization': (string);
   /**

@@ -38,9 +38,11 @@ class RunnerConfig:
                                                       "bfloat16 where the CPU has AMX or AVX-512 BF16 and "
                                                       "measures it faster, else float32; the reason is logged)")
     quantization: str = setting("none", choices=QUANTIZATIONS,
-                                help="int8: weight-only int8 (symmetric, one scale per output row) for the "
-                                     "layers' linear projections, quantized at load from the same checkpoint; "
-                                     "embeddings, norms and the LM head keep --dtype")
+                                help="int8: int8 weights (symmetric, one scale per output row) for the "
+                                     "layers' linear projections, quantized at load from the same checkpoint, "
+                                     "and activations quantized per 64 columns on the fly where the CPU has "
+                                     "AVX-512 VNNI (W8A8; else weight-only); int8-weight-only: never quantize "
+                                     "activations; embeddings, norms and the LM head keep --dtype")
     max_model_len: int | None = setting(None, help="cap on prompt + completion tokens", unset="the model's own")
     attention_backend: str = setting("auto", choices=("auto", "torch", "triton"),
                                      help="paged attention kernels (auto: triton on CUDA, torch on CPU)")

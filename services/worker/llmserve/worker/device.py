@@ -78,8 +78,9 @@ def dtype_choice(name: str | torch.dtype, device: torch.device, config: Any = No
     if name == "auto" and device.type == "cuda":
         dtype = model_dtype(config)
         choice = DtypeChoice(dtype, f"the checkpoint's own dtype ({dtype_name(dtype)}) on CUDA")
-    elif name == "auto" and quantization == "int8":
-        choice = DtypeChoice(torch.bfloat16, "int8 weights: torch's int8 kernel vectorizes bfloat16 activations only")
+    elif name == "auto" and quantization in ("int8", "int8-weight-only"):
+        choice = DtypeChoice(torch.bfloat16, "int8 weights: bfloat16 activations (torch's weight-only int8 kernel "
+                                             "vectorizes bfloat16 only; under W8A8 the rest of the step runs bfloat16)")
     elif name == "auto":
         choice = choose_cpu_dtype(model_dtype(config))
     else:

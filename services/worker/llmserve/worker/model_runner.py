@@ -19,6 +19,7 @@ from llmserve.worker.config import RunnerConfig
 from llmserve.worker.cuda_graphs import DecodeGraphs, capture_sizes
 from llmserve.worker.device import dtype_choice, dtype_name, resolve_device
 from llmserve.worker.input_batch import InputBatch
+from llmserve.worker.layers.int8_weight import describe_quantization
 from llmserve.worker.distributed import DistInit, init_parallel
 from llmserve.worker.models.decoder import head_dim_of, local_kv_heads
 from llmserve.worker.pipeline import forward_step
@@ -103,7 +104,7 @@ class ModelRunner:
         logger.info("# KV blocks: %d (%d CPU swap blocks), max concurrency for %d-token requests: %.2fx "
                     "(%s, %s, quantization %s, %s)", self.num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
                     self.num_kv_blocks * block_size / self.max_model_len, self.device, dtype_name(self.dtype),
-                    self.quantization,
+                    describe_quantization(self.model, self.quantization),
                     "CUDA graphs" if self.graphs is not None else "eager")
 
     def _uses_graphs(self) -> bool:

@@ -10,8 +10,9 @@ With tp_size=1 every shard is the whole tensor. For tp_size>1:
 Fused layout of QKVParallelLinear.weight (rows, on one rank):
   [ q: num_heads*head_dim | k: num_kv_heads*head_dim | v: num_kv_heads*head_dim ]
 
-`quantization="int8"`: `weight` is int8 [out, in] and the buffer `weight_scale` [out]
-float32 (see int8_weight.py). Each weight loader quantizes the rows of the shard this
+`quantization="int8"` (or "int8-weight-only"): `weight` is int8 [out, in] and the buffer
+`weight_scale` [out] float32 (see int8_weight.py); where the W8A8 kernel runs, `weight`
+is emptied after loading and the kernel's packed copy is the weight. Each weight loader quantizes the rows of the shard this
 rank keeps as it stores them, one checkpoint tensor at a time: the float weight is never
 held whole. Per-output-row scales make that exact: a row's scale depends on that row
 alone (for RowParallel, on this rank's columns of it: each rank scales its own partial
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmserve.worker.distributed import SINGLE, GroupHandle
-from llmserve.worker.layers.int8_weight import QUANTIZATIONS, Int8Weight, quantize_rows
+from llmserve.worker.layers.int8_weight import QUANTIZATIONS, Int8Weight, is_int8, quantize_rows, w8a8_applies
 from llmserve.worker.layers.packed_weight import PackedWeight
 
 
@@ -56,10 +57,10 @@ class LinearBase(nn.Module):
         self.tp_size, self.tp_rank = tp.size, tp.rank
         self.quantization = quantization
         # weight: [out_features (this rank), in_features (this rank)], model dtype or int8
-        weight_dtype = torch.int8 if quantization == "int8" else None
+        weight_dtype = torch.int8 if is_int8(quantization) else None
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=weight_dtype), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
-        if quantization == "int8":
+        if is_int8(quantization):
             # weight_scale: [out_features] float32; a buffer, not a checkpoint entry.
             self.register_buffer("weight_scale", torch.empty(out_features, dtype=torch.float32), persistent=False)
         if bias:
@@ -84,14 +85,17 @@ class LinearBase(nn.Module):
         scales.copy_(scale)
 
     packed: PackedWeight | None = None  # the CPU weight in its GEMM library's layout, else None
-    int8: Int8Weight | None = None  # the int8 weight and its scales, with quantization="int8"
+    int8: Int8Weight | None = None  # the int8 weight and its scales, with an int8 quantization
 
     def process_weights_after_loading(self) -> None:
         w = self.weight
         if self.packed is not None or self.int8 is not None:  # (already processed)
             return
-        if self.quantization == "int8":
-            self.int8 = Int8Weight(w.data, self.weight_scale)
+        if is_int8(self.quantization):
+            w8a8 = w8a8_applies(w.data, self.quantization)
+            self.int8 = Int8Weight(w.data, self.weight_scale, quantize_activations=w8a8)
+            if w8a8:  # held once: the packed copy is the weight
+                w.data = torch.empty(0, dtype=w.dtype)
             return
         self.packed = PackedWeight.pack(w)
         if self.packed is not None:

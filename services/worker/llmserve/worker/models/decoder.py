@@ -166,12 +166,12 @@ class DecoderForCausalLM(nn.Module):
         return None
 
     def __init__(self, config: Any, parallel: ParallelState | None = None, quantization: str = "none"):
-        """`quantization="int8"`: the layers' projections (qkv, o, gate/up, down) hold int8
-        weights. NOTE: the embedding, the norms and the LM head stay in the model dtype: the
-        embedding is a row lookup (no matmul to speed up), the norms are a few vectors,
-        and the LM head's logits decide every sampled token (its errors reach the output
-        directly, not through 30 layers of residual stream), while SmolLM2's head is
-        also the tied embedding, which quantized would change the inputs too."""
+        """`quantization="int8"` / "int8-weight-only": the layers' projections (qkv, o,
+        gate/up, down) hold int8 weights (int8_weight.py). The LM head multiplies by an int8
+        copy only under W8A8 (see ParallelLMHead: torch's weight-only kernel is slower than
+        the bfloat16 head). NOTE: the embedding and the norms stay in the model dtype: the
+        embedding is a row lookup (no matmul to speed up; a tied head's int8 copy leaves
+        the inputs unchanged), the norms are a few vectors."""
         super().__init__()
         parallel = parallel or ParallelState()
         check_tensor_parallel(config, parallel.tp.size)
@@ -182,7 +182,8 @@ class DecoderForCausalLM(nn.Module):
         self.lm_head = None
         if parallel.is_last_stage:
             tied_to = self.model.embed_tokens if self.tied else None  # None on later stages: own copy
-            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, parallel.tp, tied_to=tied_to)
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, parallel.tp, tied_to=tied_to,
+                                          quantization=quantization)
 
     @property
     def num_local_layers(self) -> int:
