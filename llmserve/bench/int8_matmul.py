@@ -8,7 +8,10 @@ layer shapes (576 hidden, 1536 intermediate) and a larger model's (2048 / 8192),
   bfloat16 packed  oneDNN's blocked bfloat16 weight (what bfloat16 runs)
   int8, fp32 x     torch.ops.aten._weight_int8pack_mm with float32 activations
   int8, bf16 x     the same with bfloat16 activations (what int8 runs at decode)
-  int8 dequant     W dequantized to bfloat16 per call, then F.linear (int8's prefill path)
+  int8 dequant     W dequantized to bfloat16 per call, then F.linear (weight-only int8's
+                   prefill path)
+  int8 W8A8        our VNNI kernel, bfloat16 x quantized per 64 columns (what int8 runs
+                   where the CPU has AVX-512 VNNI); "-" where it does not
 Each cell is the fastest of `reps` calls in microseconds: on a shared machine the fastest
 call is the one nobody interrupted.
 """
@@ -22,12 +25,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from llmserve.worker.layers.int8_weight import dequantize, quantize_rows
+from llmserve.kernels import cpu as cpu_kernels
+from llmserve.worker.layers.int8_weight import Int8Weight, dequantize, quantize_rows
 
-# (out, in): qkv, o, gate_up, down of SmolLM2-135M; gate_up and down of a 2048/8192 model.
-SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536), (16384, 2048), (2048, 8192))
-ROWS = (1, 4, 16)
-COLUMNS = ("float32 packed", "bfloat16 packed", "int8, fp32 x", "int8, bf16 x", "int8 dequant")
+# (out, in): qkv, o, gate_up, down, LM head of SmolLM2-135M; gate_up and down of a
+# 2048/8192 model.
+SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576), (16384, 2048), (2048, 8192))
+ROWS = (1, 4, 16, 64)
+COLUMNS = ("float32 packed", "bfloat16 packed", "int8, fp32 x", "int8, bf16 x", "int8 dequant", "int8 W8A8")
 
 
 def fastest_us(fn: Callable[[], object], reps: int) -> float:
@@ -48,11 +53,15 @@ def products(w: torch.Tensor, x: torch.Tensor) -> dict[str, Callable[[], object]
     bf16 = torch.ops.mkldnn._reorder_linear_weight(w.bfloat16(), 64)
     q, scale = quantize_rows(w)
     xb, scale_b = x.bfloat16(), scale.bfloat16()
-    return {"float32 packed": lambda: linear(x, f32, None, "none", [], ""),
-            "bfloat16 packed": lambda: linear(xb, bf16, None, "none", [], ""),
-            "int8, fp32 x": lambda: torch.ops.aten._weight_int8pack_mm(x, q, scale),
-            "int8, bf16 x": lambda: torch.ops.aten._weight_int8pack_mm(xb, q, scale_b),
-            "int8 dequant": lambda: F.linear(xb, dequantize(q, scale, torch.bfloat16))}
+    fns = {"float32 packed": lambda: linear(x, f32, None, "none", [], ""),
+           "bfloat16 packed": lambda: linear(xb, bf16, None, "none", [], ""),
+           "int8, fp32 x": lambda: torch.ops.aten._weight_int8pack_mm(x, q, scale),
+           "int8, bf16 x": lambda: torch.ops.aten._weight_int8pack_mm(xb, q, scale_b),
+           "int8 dequant": lambda: F.linear(xb, dequantize(q, scale, torch.bfloat16))}
+    if cpu_kernels.w8a8_supported():
+        w8a8 = Int8Weight(q, scale, quantize_activations=True)
+        fns["int8 W8A8"] = lambda: w8a8.matmul(xb)
+    return fns
 
 
 def main() -> None:
@@ -63,16 +72,19 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     print(f"torch {torch.__version__}, {args.threads} thread(s), fastest of {args.reps} calls, us")
-    print(f"{'out x in':>13} {'rows':>4} " + " ".join(f"{c:>15}" for c in COLUMNS) + f" {'int8/bf16':>9}")
+    print(f"{'out x in':>13} {'rows':>4} " + " ".join(f"{c:>15}" for c in COLUMNS)
+          + f" {'aten/bf16':>9} {'W8A8/bf16':>9}")
     for out_features, in_features in SHAPES:
         w = torch.randn(out_features, in_features, generator=gen)
         for rows in ROWS:
             fns = products(w, torch.randn(rows, in_features, generator=gen))
             reps = args.reps if out_features * in_features < 5e6 else 10  # the large shapes: ms per call
             us = {name: fastest_us(fn, reps) for name, fn in fns.items()}
-            speedup = us["bfloat16 packed"] / us["int8, bf16 x"]
-            print(f"{out_features:>6} x {in_features:<4} {rows:>4} " + " ".join(f"{us[c]:>15.1f}" for c in COLUMNS)
-                  + f" {speedup:>8.2f}x", flush=True)
+            nan = float("nan")
+            print(f"{out_features:>6} x {in_features:<4} {rows:>4} "
+                  + " ".join(f"{us.get(c, nan):>15.1f}" for c in COLUMNS)
+                  + f" {us['bfloat16 packed'] / us['int8, bf16 x']:>8.2f}x"
+                  + f" {us['bfloat16 packed'] / us.get('int8 W8A8', nan):>8.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,9 @@ def test_w8a8_kernel_matches_its_reference(dtype, rows):
     # float32: the same integer sums, scaled in another order; bfloat16: y rounded to 8 bits.
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max()
+    # Each row is quantized and summed on its own, in a fixed order: a row's product does
+    # not depend on the rows batched beside it, bit for bit.
+    assert torch.equal(got[-1:], weight.matmul(x[-1:], bias)) and torch.equal(got[:1], weight.matmul(x[:1], bias))
 
 
 def test_w8a8_reference_scales_each_group_of_activations_on_its_own():
@@ -169,6 +172,23 @@ def test_tensor_parallel_ranks_quantize_their_own_shard():
     row = RowParallelLinear(4, 2, tp=GroupHandle.detached(2, 1), quantization="int8")
     row.weight_loader(row.weight, w)
     assert row.weight_scale.tolist() == pytest.approx([1.0 / 127, 0.2 / 127])
+
+
+@needs_vnni
+def test_row_parallel_ranks_run_w8a8_on_their_own_columns():
+    # in 128 split over 2 ranks: each rank quantizes its 64 columns of W and of x (one
+    # activation group), and its partial product is W8A8 of those; the all-reduce sums them.
+    gen = torch.Generator().manual_seed(5)
+    w, x = torch.randn(32, 128, generator=gen), torch.randn(3, 128, generator=gen)
+    for rank in (0, 1):
+        row = RowParallelLinear(128, 32, tp=GroupHandle.detached(2, rank), quantization="int8")
+        row.weight_loader(row.weight, w)
+        row.process_weights_after_loading()
+        assert row.int8.quantizes_activations and row.weight.numel() == 0  # the packed copy is the weight
+        columns = slice(64 * rank, 64 * (rank + 1))
+        q, scale = quantize_rows(w[:, columns])
+        torch.testing.assert_close(row.matmul(x[:, columns], None), w8a8_linear_reference(x[:, columns], q, scale),
+                                   rtol=1e-5, atol=1e-5)
 
 
 def test_tiny_model_greedy_agrees_with_float32(tiny_llama_dir):

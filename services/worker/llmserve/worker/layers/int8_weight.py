@@ -116,6 +116,8 @@ class Int8Weight:
         if quantize_activations:
             from llmserve.kernels import cpu as cpu_kernels
 
+            if not cpu_kernels.w8a8_supported():  # (also builds and loads the kernels)
+                raise ValueError("int8 W8A8 needs the CPU kernels built with AVX-512 VNNI")
             self.w8a8_packed = cpu_kernels.w8a8_pack_weight(q)
         else:
             self.q = q.contiguous()  # [out, in] int8
