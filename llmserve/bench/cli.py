@@ -180,6 +180,7 @@ def run_bench(args) -> int:
     args.engine = resolve(BenchSettings, args).engine
     runner = args.engine.worker.runner
     args.model, args.dtype, args.kv_cache_memory = args.engine.worker.model, runner.dtype, runner.kv_cache_memory
+    args.quantization = runner.quantization
     if args.bench_command == "throughput":
         from llmserve.bench.throughput import bench_throughput
 

@@ -82,7 +82,7 @@ def decoding_engine(model_dir, dtype: str, batch: int, context: int, model=None,
 
 
 def time_decode_steps(model_dir, dtype: str, batches: list[int], context: int, steps: int = 40,
-                      chunks: int = 4) -> dict[int, float]:
+                      chunks: int = 4, quantization: str = "none") -> dict[int, float]:
     """Mean seconds of a whole in-process decode step (schedule, forward, sample, update;
     no profiler) at each batch size, at a mean context of `context` tokens.
 
@@ -96,7 +96,8 @@ def time_decode_steps(model_dir, dtype: str, batches: list[int], context: int, s
     # NOTE: one copy of the weights for every batch size (the engines differ in KV only).
     start, model, engines = max(1, context - steps // 2), None, {}
     for b in batches:
-        engines[b] = decoding_engine(model_dir, dtype, b, start, model=model, max_new_tokens=steps + 8)
+        engines[b] = decoding_engine(model_dir, dtype, b, start, model=model, max_new_tokens=steps + 8,
+                                     quantization=quantization)
         model = engines[b].runner.model
     times: dict[int, list[float]] = {b: [] for b in batches}
     for engine in engines.values():

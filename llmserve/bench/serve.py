@@ -210,7 +210,8 @@ def bench_serve(args) -> int:
     rounds = by_run[runs[0]]
     metrics = summarize_rounds(rounds)
     report = {"kind": "serve", "workload": {"name": args.workload, **summary(requests)}, "machine": machine_info(),
-              "dtype": args.dtype, "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
+              "dtype": args.dtype, "quantization": args.quantization, "request_rate": args.request_rate,
+              "max_concurrency": args.max_concurrency,
               "command": " ".join(args.argv), "rounds": len(rounds), "grpc_security": args.grpc_security,
               "backend": args.backend, "metrics": metrics}
     if len(backends) > 1:
@@ -332,7 +333,7 @@ def serve_round(model_dir, requests: list[BenchRequest], args, insecure: bool = 
             by_backend[backend] = metrics
     for metrics in by_backend.values():
         if args.launch and metrics["completed"] and len(backends) == 1:
-            compare_with_decode_step(metrics, model_dir, args.dtype, requests)
+            compare_with_decode_step(metrics, model_dir, args.dtype, requests, args.quantization)
         if args.repeat > 1:
             print_metrics(metrics)
     return by_backend
@@ -371,7 +372,8 @@ def batches_to_time(token_share: dict[int, float], coverage: float = 0.95, most:
     return {b: share / covered for b, share in sorted(chosen.items())}
 
 
-def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: list[BenchRequest]) -> None:
+def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: list[BenchRequest],
+                             quantization: str = "none") -> None:
     """Times in-process decode steps at the run's batch sizes and mean context (same
     machine, right after the run) and sets TPOT median / their mix: what serving through
     the cluster, with arrivals and prefills in between, adds per token.
@@ -404,7 +406,7 @@ def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: lis
     # NOTE: at least 16 steps per batch size, in four interleaved chunks (drift).
     per_batch = max(16, 160 // len(weights) // 4 * 4)
     at_batch = {b: 1000 * t for b, t in time_decode_steps(model_dir, dtype, sorted(weights), context,
-                                                           steps=per_batch).items()}
+                                                           steps=per_batch, quantization=quantization).items()}
     step_ms = sum(w * at_batch[b] for b, w in weights.items())
     metrics["decode_step_ms"] = {"batch": batch, "context": context, "mean": step_ms,
                                  "at_batch": {str(b): ms for b, ms in at_batch.items()},

@@ -5,7 +5,6 @@ the gRPC stack and HF transformers."""
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 
@@ -196,3 +195,22 @@ def test_bench_serve_backend_both_needs_launch():
     args.argv = ["llmserve", "bench", "serve"]
     with pytest.raises(SystemExit, match="--backend both needs --launch"):
         run_bench(args)
+
+
+def test_bench_serve_times_the_in_process_step_with_the_cluster_quantization(monkeypatch):
+    # The cluster served int8: the in-process step it is set against must be int8 too.
+    from llmserve.bench import profile_step, serve
+    from llmserve.bench.workloads import BenchRequest
+
+    seen = {}
+
+    def fake_time_decode_steps(model_dir, dtype, batches, context, steps, quantization="none"):
+        seen.update(dtype=dtype, quantization=quantization)
+        return {b: 0.01 for b in batches}
+
+    monkeypatch.setattr(profile_step, "time_decode_steps", fake_time_decode_steps)
+    metrics = {"mean_concurrency": 2.0, "tpot_ms": {"median": 20.0}}
+    requests = [BenchRequest(prompt_token_ids=[1] * 10, output_len=4)]
+    serve.compare_with_decode_step(metrics, "model", "bfloat16", requests, "int8")
+    assert seen == {"dtype": "bfloat16", "quantization": "int8"}
+    assert metrics["tpot_median_over_decode_step"] == pytest.approx(2.0)
