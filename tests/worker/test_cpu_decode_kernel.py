@@ -36,8 +36,10 @@ def dense_reference(q, cache, tables, seq_lens, block_size):
 
 @pytest.mark.skipif(not cpu_kernels.load(), reason="no C++ compiler for the CPU kernels")
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("g", [1, 3, 4])
-@pytest.mark.parametrize("block_size,head_dim", [(16, 64), (32, 128)])
+# g = 6 and 7: more query heads per KV head than the tiled kernel keeps in registers at once
+# (5 at D=64, 2 at D=128); block 8: fewer rows than one 16-row score tile; D=96: no tile.
+@pytest.mark.parametrize("g", [1, 3, 4, 6, 7])
+@pytest.mark.parametrize("block_size,head_dim", [(16, 64), (32, 128), (8, 64), (16, 96)])
 # Many sequences: one work item per sequence; one: split by KV head across threads.
 @pytest.mark.parametrize("seq_lens", [[1, 17, 40, 129, 5], [300]])
 def test_cpu_decode_kernel_matches_gather_path_and_dense(dtype, tol, g, block_size, head_dim, seq_lens):

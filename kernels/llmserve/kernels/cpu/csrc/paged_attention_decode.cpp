@@ -19,13 +19,14 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -106,6 +107,117 @@ template <>
 struct RowMath<c10::BFloat16, 128> : Bf16RowMath<128> {};
 #endif
 
+#if defined(__AVX512F__)
+// Register-tiled block math for float32 and bfloat16 with D = 64 or 128 on AVX-512: one
+// block of a KV head at a time, its rows read from L1 by each query head that shares
+// them (the block came in from memory once).
+//   scores: 16 rows' dot products stay 16 vectors until one transpose-and-add network
+//           (~3 instructions a row) sums each to its lane of one result vector, where a
+//           horizontal sum per score costs ~8.
+//   values: the weighted sums of up to `kValueHeads` query heads stay in registers over
+//           the block's rows (each V row widened once for all of them), where the
+//           row-at-a-time path loads and stores a head's accumulator for every row.
+// Measured on the 2-core AMD EPYC (Zen 4, AVX-512 BF16), batch 64 x 256 tokens, 9 heads
+// over 3 KV heads of 64, one layer: bfloat16 0.62 -> 0.28 ms (blocks spread over 258 MB:
+// 0.68 -> 0.33 ms); float32 unchanged at ~0.7-0.8 ms, already bound by memory bandwidth.
+template <typename T>
+inline __m512 load16(const T* p);
+template <>
+inline __m512 load16<float>(const float* p) { return _mm512_loadu_ps(p); }
+template <>
+inline __m512 load16<c10::BFloat16>(const c10::BFloat16* p) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// r[t] = sum of the 16 lanes of a[t], t < 16.
+inline __m512 sum_lanes16(__m512 (&a)[16]) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit group: [a0+a2, b0+b2, a1+a3, b1+b3] of rows 2i, 2i+1
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per 128-bit group: rows 4i..4i+3, each its group's sum
+    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // Add the 4 groups: group k of the result holds rows 4k..4k+3.
+  const __m512 e01 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+  const __m512 e23 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, 0x88), _mm512_shuffle_f32x4(e01, e23, 0xDD));
+}
+
+template <typename T, int64_t D>
+struct TiledMath {
+  static constexpr int kValueHeads = D == 64 ? 5 : 2;  // accumulators: heads x D/16 <= 20 registers
+
+  // One query head's 16-lane partial products with row k (summed by sum_lanes16).
+  // q: the head's query in float (T = float) or as stored (bfloat16).
+  static inline __m512 partial_dot(const T* q, const float* qf, const T* k) {
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; d += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + d), (__m512bh)_mm512_loadu_si512(k + d));
+      return acc;
+    }
+#endif
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qf + d), load16<T>(k + d), acc);
+    return acc;
+  }
+
+  // out[t] = scale * q . k_t for the n <= 16 rows k_t = k0 + t * row.
+  static inline void scores16(const T* q, const float* qf, const T* k0, int64_t row, int64_t n, float scale,
+                              float* out) {
+    __m512 a[16];
+    for (int t = 0; t < 16; ++t) a[t] = t < n ? partial_dot(q, qf, k0 + t * row) : _mm512_setzero_ps();
+    const __m512 r = _mm512_mul_ps(sum_lanes16(a), _mm512_set1_ps(scale));
+    _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n) - 1), r);
+  }
+
+  // acc[j] += sum_t w[j][t] * v_t for HEADS query heads j (acc[j] = acc0 + j * D, w[j] =
+  // w0 + j * w_stride) and the n rows v_t = v0 + t * row.
+  template <int HEADS>
+  static inline void weighted_rows(const float* w0, int64_t w_stride, const T* v0, int64_t row, int64_t n,
+                                   float* acc0) {
+    constexpr int C = D / 16;
+    __m512 acc[HEADS][C];
+    for (int j = 0; j < HEADS; ++j)
+      for (int c = 0; c < C; ++c) acc[j][c] = _mm512_loadu_ps(acc0 + j * D + 16 * c);
+    for (int64_t t = 0; t < n; ++t) {
+      __m512 v[C];
+      for (int c = 0; c < C; ++c) v[c] = load16<T>(v0 + t * row + 16 * c);
+      for (int j = 0; j < HEADS; ++j) {
+        const __m512 w = _mm512_set1_ps(w0[j * w_stride + t]);
+        for (int c = 0; c < C; ++c) acc[j][c] = _mm512_fmadd_ps(w, v[c], acc[j][c]);
+      }
+    }
+    for (int j = 0; j < HEADS; ++j)
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc0 + j * D + 16 * c, acc[j][c]);
+  }
+
+  // The g query heads of one KV head, in groups of at most kValueHeads.
+  static inline void weighted_rows_all(const float* w0, int64_t w_stride, const T* v0, int64_t row, int64_t n,
+                                       float* acc0, int64_t g) {
+    int64_t j = 0;
+    for (; j + kValueHeads <= g; j += kValueHeads)
+      weighted_rows<kValueHeads>(w0 + j * w_stride, w_stride, v0, row, n, acc0 + j * D);
+    switch (g - j) {
+      case 4: weighted_rows<4>(w0 + j * w_stride, w_stride, v0, row, n, acc0 + j * D); break;
+      case 3: weighted_rows<3>(w0 + j * w_stride, w_stride, v0, row, n, acc0 + j * D); break;
+      case 2: weighted_rows<2>(w0 + j * w_stride, w_stride, v0, row, n, acc0 + j * D); break;
+      case 1: weighted_rows<1>(w0 + j * w_stride, w_stride, v0, row, n, acc0 + j * D); break;
+      default: break;
+    }
+  }
+};
+
+template <typename T, int64_t D>
+constexpr bool kTiled = (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) && (D == 64 || D == 128);
+#else
+template <typename T, int64_t D>
+constexpr bool kTiled = false;
+#endif
+
 // HEAD_DIM > 0 fixes the head size at compile time (fully unrolled inner loops);
 // 0 reads it from `head_dim`.
 template <typename T, int64_t HEAD_DIM>
@@ -122,15 +234,23 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
   const int64_t heads_per_item = KVH / splits;
   at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
     RowMath<T, HEAD_DIM> math;
-    std::vector<float> acc(H * D), scores;
+    std::vector<float> acc(H * D), scores, qf(H * D);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / splits;
       const int64_t kh0 = (item % splits) * heads_per_item, kh1 = kh0 + heads_per_item;
       const int64_t len = seq_lens[b];
       const int64_t* table = tables + b * max_blocks;
       scores.assign(H * len, 0.f);
-      math.load_queries(q + b * H * D, H * D, scale);
+      const T* qb = q + b * H * D;
+      if constexpr (kTiled<T, HEAD_DIM>) {
+        for (int64_t i = 0; i < H * D; ++i) qf[i] = static_cast<float>(qb[i]);
+      } else {
+        math.load_queries(qb, H * D, scale);
+      }
       const int64_t n_blocks = (len + block_size - 1) / block_size;
+      // Tiled path: one call per (KV head, query head) per block; the next block's rows
+      // are prefetched a share per call, spread over the block's work as below.
+      const int64_t calls = (kh1 - kh0) * g;
       // Pass 1: scores[h][p] = q_h . k_p (h over all query heads, k of its KV head).
       for (int64_t blk = 0; blk < n_blocks; ++blk) {
         const T* base = kv + table[blk] * block_size * row;
@@ -139,6 +259,24 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
                                            : kv + v_offset + table[0] * block_size * row;
         const int64_t first = blk * block_size, n = std::min(block_size, len - first);
         prefetch_rows(next, n, block_size, row);
+#if defined(__AVX512F__)
+        if constexpr (kTiled<T, HEAD_DIM>) {
+          const int64_t share = (n + calls - 1) / calls;
+          int64_t call = 0;
+          for (int64_t kh = kh0; kh < kh1; ++kh) {
+            for (int64_t j = 0; j < g; ++j, ++call) {
+              const int64_t r0 = std::min(n, call * share), r1 = std::min(n, r0 + share);
+              prefetch_bytes(next + r0 * row, (r1 - r0) * row * sizeof(T));
+              const int64_t h = kh * g + j;
+              for (int64_t c0 = 0; c0 < n; c0 += 16) {
+                TiledMath<T, HEAD_DIM>::scores16(qb + h * D, qf.data() + h * D, base + c0 * row + kh * D, row,
+                                                 std::min<int64_t>(16, n - c0), scale, scores.data() + h * len + first + c0);
+              }
+            }
+          }
+          continue;
+        }
+#endif
         for (int64_t t = 0; t < n; ++t) {
           prefetch_bytes(next + t * row, row * sizeof(T));  // spread over the block's work
           for (int64_t kh = kh0; kh < kh1; ++kh) {
@@ -169,6 +307,20 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
                                                                              : nullptr;
         const int64_t first = blk * block_size, n = std::min(block_size, len - first);
         if (next != nullptr) prefetch_rows(next, n, block_size, row);
+#if defined(__AVX512F__)
+        if constexpr (kTiled<T, HEAD_DIM>) {
+          const int64_t share = (n + (kh1 - kh0) - 1) / (kh1 - kh0);
+          for (int64_t kh = kh0; kh < kh1; ++kh) {
+            if (next != nullptr) {
+              const int64_t r0 = std::min(n, (kh - kh0) * share), r1 = std::min(n, r0 + share);
+              prefetch_bytes(next + r0 * row, (r1 - r0) * row * sizeof(T));
+            }
+            TiledMath<T, HEAD_DIM>::weighted_rows_all(scores.data() + kh * g * len + first, len, base + kh * D, row, n,
+                                                      acc.data() + kh * g * D, g);
+          }
+          continue;
+        }
+#endif
         for (int64_t t = 0; t < n; ++t) {
           if (next != nullptr) prefetch_bytes(next + t * row, row * sizeof(T));
           for (int64_t kh = kh0; kh < kh1; ++kh) {
