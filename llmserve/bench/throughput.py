@@ -298,6 +298,10 @@ def bench_throughput(args) -> int:
     plot_throughput({**report, "results": {k: v for k, v in report["results"].items() if "error" not in v}},
                     out / f"throughput-{args.workload}-{dtype}-{stamp}.png")
     print(f"wrote {out}/throughput-{args.workload}-{dtype}-{stamp}.{{json,png}}", flush=True)
+    failed = [system for system, runs in rounds.items() if any("error" in run for run in runs)]
+    if failed:  # The others' figures stand (written above); a script must still see the failure.
+        print(f"bench throughput: {', '.join(failed)} failed (see above)", flush=True)
+        return 1
     return 0
 
 

@@ -202,3 +202,21 @@ def test_bench_serve_load_over_the_openai_client_counts_each_token_once(tmp_path
     assert [t.error for t in timings] == [""] * 3
     assert [len(t.token_times) for t in timings] == [len(t.delta_times) for t in timings] == \
         [r.output_len for r in requests]
+
+
+def test_bench_throughput_exits_non_zero_when_a_system_fails(tiny_llama_dir, tmp_path, monkeypatch, capsys):
+    """A failed baseline leaves the other systems' figures written, and the exit status
+    says that something failed."""
+    from llmserve.bench import throughput
+    from llmserve.bench.cli import run_bench
+
+    monkeypatch.setattr(throughput, "measure_matmul_peak", lambda *a, **k: 1e11)
+    monkeypatch.setattr(throughput, "measure_memory_bandwidth", lambda *a, **k: 1e10)
+    monkeypatch.setattr(throughput, "_run_baseline", lambda *a, **k: {"error": "RuntimeError: no server"})
+    out = tmp_path / "out"
+    args = parse(["--model", str(tiny_llama_dir), "--dtype", "float32", *SMALL, "--baseline", "hf",
+                  "--output-dir", str(out)])
+    assert run_bench(args) == 1
+    assert "bench throughput: hf failed (see above)" in capsys.readouterr().out
+    report = json.loads(next(out.glob("throughput-*.json")).read_text())
+    assert report["results"]["engine"]["output_tokens"] > 0 and "error" in report["results"]["hf"]

@@ -112,6 +112,22 @@ def test_drafts_ride_with_the_decode_and_accepted_ones_arrive_in_one_output():
     assert stats.spec_accepted_per_position == (1, 1, 1, 1) and stats.spec_mean_accepted_length == 5.0
 
 
+def test_no_drafts_in_a_step_that_schedules_more_sequences_than_disable_by_batch_size():
+    sched, worker, run = speculating(speculative_disable_by_batch_size=1)
+    sched.add_request("a", [7, 8, 9, 7, 8, 9], params(max_tokens=20))
+    sched.add_request("b", [5, 6, 5, 6], params(max_tokens=3))
+    step(sched, worker, run)  # both prompts
+    plan = step(sched, worker, run)  # 2 decoding: above 1, no drafts though both repeat
+    assert len(plan.cached_requests) == 2 and not any(r.draft_token_ids for r in plan.cached_requests)
+    while "b" not in run.finish:
+        step(sched, worker, run)
+    plan = step(sched, worker, run)  # a alone: it drafts again
+    [row] = plan.cached_requests
+    assert row.draft_token_ids
+    run_until_done(sched, worker, run)
+    assert sched.kv.num_free_blocks == sched.kv.num_total_blocks
+
+
 def test_speculation_changes_no_token_and_frees_every_block():
     expected = {}
     for k in (0, 1, 3, 6):

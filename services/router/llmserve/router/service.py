@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 
-import grpc
 import prometheus_client
 
 from llmserve.contract import wire

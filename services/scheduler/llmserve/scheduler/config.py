@@ -40,6 +40,10 @@ class SchedulerConfig:
                                          help="shortest suffix (tokens) looked up for a draft")
     speculative_ngram_max: int = setting(4, parse=positive_int,
                                          help="longest suffix (tokens) looked up for a draft; the longest match wins")
+    speculative_disable_by_batch_size: int | None = setting(
+        None, parse=positive_int, unset="never",
+        help="no drafts in a step that schedules more than N sequences: a full batch is compute-bound, so rejected "
+             "drafts' extra rows cost it the most and accepted ones save it the least (vLLM's setting of this name)")
     # NOTE: the bounds apply to requests from routers (the service); the in-process
     # engine queues whatever its caller adds. See admission.py.
     max_queued_requests: int | None = setting(
@@ -54,7 +58,8 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps", "max_queued_requests",
-                     "max_queued_tokens", "speculative_ngram_min", "speculative_ngram_max"):
+                     "max_queued_tokens", "speculative_ngram_min", "speculative_ngram_max",
+                     "speculative_disable_by_batch_size"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_speculative_tokens < 0:

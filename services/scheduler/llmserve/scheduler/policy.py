@@ -77,7 +77,7 @@ class StepPolicy:
             budget = self._schedule_swapped(budget, scheduled)
         if self.counters.num_preemptions == after_priority and self.queues.waiting_goes_first():
             budget = self._schedule_waiting(budget, scheduled)
-        if self.drafter is not None:
+        if self.drafter is not None and self._drafts_pay_off(scheduled):
             self._add_drafts(budget, scheduled)
         return scheduled
 
@@ -201,6 +201,11 @@ class StepPolicy:
         return num_new
 
     # ---- 4. drafts ----
+
+    def _drafts_pay_off(self, scheduled: list[ScheduledSample]) -> bool:
+        """False above --speculative-disable-by-batch-size scheduled sequences."""
+        cap = self.config.speculative_disable_by_batch_size
+        return cap is None or len(scheduled) <= cap
 
     def _add_drafts(self, budget: int, scheduled: list[ScheduledSample]) -> None:
         """Give the scheduled plain decodes, best first, the drafts the budget left and

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
+from llmserve.contract.plan import StepPlan, WorkerSamplingParams
 from llmserve.worker.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 
 
