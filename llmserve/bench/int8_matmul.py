@@ -11,7 +11,9 @@ layer shapes (576 hidden, 1536 intermediate) and a larger model's (2048 / 8192),
   int8 dequant     W dequantized to bfloat16 per call, then F.linear (weight-only int8's
                    prefill path)
   int8 W8A8        our VNNI kernel, bfloat16 x quantized per 64 columns (what int8 runs
-                   where the CPU has AVX-512 VNNI); "-" where it does not
+                   where the CPU has AVX-512 VNNI); nan where it does not
+  bfloat16 tiles   our AVX-512 BF16 kernel (what bfloat16 runs where it times faster than
+                   oneDNN's); nan where the CPU has no AVX-512 BF16
 Each cell is the fastest of `reps` calls in microseconds: on a shared machine the fastest
 call is the one nobody interrupted.
 """
@@ -32,7 +34,8 @@ from llmserve.worker.layers.int8_weight import Int8Weight, dequantize, quantize_
 # 2048/8192 model.
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576), (16384, 2048), (2048, 8192))
 ROWS = (1, 4, 16, 64)
-COLUMNS = ("float32 packed", "bfloat16 packed", "int8, fp32 x", "int8, bf16 x", "int8 dequant", "int8 W8A8")
+COLUMNS = ("float32 packed", "bfloat16 packed", "int8, fp32 x", "int8, bf16 x", "int8 dequant", "int8 W8A8",
+           "bfloat16 tiles")
 
 
 def fastest_us(fn: Callable[[], object], reps: int) -> float:
@@ -61,6 +64,9 @@ def products(w: torch.Tensor, x: torch.Tensor) -> dict[str, Callable[[], object]
     if cpu_kernels.w8a8_supported():
         w8a8 = Int8Weight(q, scale, quantize_activations=True)
         fns["int8 W8A8"] = lambda: w8a8.matmul(xb)
+    if cpu_kernels.bf16_tiles_supported():
+        tiles = cpu_kernels.bf16_pack_weight(w.bfloat16())
+        fns["bfloat16 tiles"] = lambda: cpu_kernels.bf16_linear(xb, tiles)
     return fns
 
 
@@ -73,7 +79,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     print(f"torch {torch.__version__}, {args.threads} thread(s), fastest of {args.reps} calls, us")
     print(f"{'out x in':>13} {'rows':>4} " + " ".join(f"{c:>15}" for c in COLUMNS)
-          + f" {'aten/bf16':>9} {'W8A8/bf16':>9}")
+          + f" {'aten/bf16':>9} {'W8A8/bf16':>9} {'tiles/bf16':>10}")
     for out_features, in_features in SHAPES:
         w = torch.randn(out_features, in_features, generator=gen)
         for rows in ROWS:
@@ -84,7 +90,8 @@ def main() -> None:
             print(f"{out_features:>6} x {in_features:<4} {rows:>4} "
                   + " ".join(f"{us.get(c, nan):>15.1f}" for c in COLUMNS)
                   + f" {us['bfloat16 packed'] / us['int8, bf16 x']:>8.2f}x"
-                  + f" {us['bfloat16 packed'] / us.get('int8 W8A8', nan):>8.2f}x", flush=True)
+                  + f" {us['bfloat16 packed'] / us.get('int8 W8A8', nan):>8.2f}x"
+                  + f" {us['bfloat16 packed'] / us.get('bfloat16 tiles', nan):>9.2f}x", flush=True)
 
 
 if __name__ == "__main__":

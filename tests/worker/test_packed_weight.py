@@ -1,14 +1,14 @@
 """Packed CPU weights multiply like the dense weight at every row count, with and
-without bias, for both libraries (float32: MKL or oneDNN, by CPU vendor; bfloat16:
-oneDNN)."""
+without bias, for every layout (float32: MKL or oneDNN; bfloat16: oneDNN or our tiles),
+each chosen by a timing per machine."""
 
 import pytest
 import torch
 
 from llmserve.worker.layers.linear import ReplicatedLinear
-from llmserve.worker.layers.packed_weight import (FLOAT32_GEMM_ENV, PackedWeight, float32_gemm,
-                                                   mkl_packed_rows_agree, mkl_packing_available,
-                                                   measured_float32_gemm, onednn_packing_available)
+from llmserve.worker.layers.packed_weight import (BFLOAT16_GEMM_ENV, FLOAT32_GEMM_ENV, PackedWeight, bfloat16_gemm,
+                                                   float32_gemm, mkl_packed_rows_agree, mkl_packing_available,
+                                                   measured_float32_gemm, onednn_packing_available, tiles_available)
 
 ROW_COUNTS = [0, 1, 2, 7, 16, 33, 64, 65, 130, 512]
 
@@ -54,16 +54,47 @@ def test_mkl_row_count_reuse_is_checked_per_shape():
     assert mkl_packed_rows_agree.cache_info().hits == info.hits + 1
 
 
-@pytest.mark.skipif(not onednn_packing_available(), reason="this torch has no oneDNN weight reorder")
-@pytest.mark.parametrize("rows", [1, 5, 64, 200])
-def test_onednn_packed_bfloat16_matches_dense(rows):
+@pytest.fixture
+def bfloat16_gemm_set(monkeypatch):
+    """Sets LLMSERVE_CPU_BF16_GEMM for one test (the choice is cached per process)."""
+    def choose(kind: str) -> None:
+        monkeypatch.setenv(BFLOAT16_GEMM_ENV, kind)
+        bfloat16_gemm.cache_clear()
+    yield choose
+    monkeypatch.delenv(BFLOAT16_GEMM_ENV, raising=False)
+    bfloat16_gemm.cache_clear()
+
+
+AVAILABLE_BFLOAT16_GEMMS = [k for k, ok in (("tiles", tiles_available()), ("onednn", onednn_packing_available()))
+                            if ok]
+
+
+@pytest.mark.parametrize("kind", AVAILABLE_BFLOAT16_GEMMS)
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 16, 33, 64, 200])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_bfloat16_matches_dense(kind, rows, with_bias, bfloat16_gemm_set):
+    bfloat16_gemm_set(kind)
+    # 80 output channels: one full 48-channel tile of ours, then 2 blocks of 16 on their own.
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(80, 48, generator=gen).bfloat16()
     x = torch.randn(rows, 48, generator=gen).bfloat16()
+    b = torch.randn(80, generator=gen).bfloat16() if with_bias else None
     packed = PackedWeight.pack(w)
-    assert packed is not None and packed.kind == "onednn"
-    want = x.float() @ w.float().t()
-    torch.testing.assert_close(packed.matmul(x).float(), want, rtol=2e-2, atol=5e-2)
+    assert packed is not None and packed.kind == kind
+    want = x.float() @ w.float().t() + (0 if b is None else b.float())
+    got = packed.matmul(x, b)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 80)
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=5e-2)
+    if kind == "tiles" and rows > 1:  # a row's product does not depend on its neighbours
+        assert torch.equal(got[-1:], packed.matmul(x[-1:], b))
+
+
+@pytest.mark.skipif(not tiles_available(), reason="our bfloat16 kernel needs AVX-512 BF16")
+def test_shapes_our_bfloat16_kernel_cannot_take_keep_onednn(bfloat16_gemm_set):
+    bfloat16_gemm_set("tiles")
+    assert PackedWeight.pack(torch.randn(80, 48).bfloat16()).kind == "tiles"
+    assert PackedWeight.pack(torch.randn(300, 48).bfloat16()).kind == "onednn"  # 300 rows: no 16-channel blocks
+    assert PackedWeight.pack(torch.randn(80, 47).bfloat16()).kind == "onednn"  # odd depth: no bf16 pairs
 
 
 def test_other_dtypes_stay_dense():
@@ -108,6 +139,30 @@ def test_lm_head_holds_one_copy_unless_tied(dtype):
     tied.process_weights_after_loading()  # a second call keeps the first copy
     assert embed.weight.shape == (300, 48) and torch.equal(embed(torch.tensor([7])), w[7:8])
     torch.testing.assert_close(tied(hidden).float(), want, rtol=2e-2, atol=2e-2 * 48**0.5)
+
+
+def test_bfloat16_layout_follows_the_measurement_unless_overridden(bfloat16_gemm_set, tmp_path, monkeypatch):
+    from llmserve.worker.layers import packed_weight
+
+    monkeypatch.setenv("LLMSERVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(packed_weight, "_time_bfloat16_gemms", lambda: {"tiles": 2.0, "onednn": 1.0})
+    bfloat16_gemm_set("auto")
+    assert bfloat16_gemm() == "onednn"  # the faster one, measured once and remembered
+    monkeypatch.setattr(packed_weight, "_time_bfloat16_gemms", lambda: {"tiles": 1.0, "onednn": 2.0})
+    bfloat16_gemm.cache_clear()
+    assert bfloat16_gemm() == "onednn"  # a later, noisier timing cannot flip it
+    bfloat16_gemm_set("dense")
+    assert bfloat16_gemm() == "dense" and PackedWeight.pack(torch.randn(16, 4).bfloat16()) is None
+    bfloat16_gemm_set("amx")
+    with pytest.raises(ValueError, match="LLMSERVE_CPU_BF16_GEMM"):
+        bfloat16_gemm()
+
+
+def test_bfloat16_timing_runs_every_layout_here():
+    from llmserve.worker.layers import packed_weight
+
+    times = packed_weight._time_bfloat16_gemms()
+    assert set(times) == set(AVAILABLE_BFLOAT16_GEMMS) and all(t > 0 for t in times.values())
 
 
 def test_float32_layout_follows_the_measurement_unless_overridden(float32_gemm_set):

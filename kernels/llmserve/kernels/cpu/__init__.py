@@ -25,7 +25,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp", _CSRC / "int8_linear.cpp"]
+_SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp", _CSRC / "int8_linear.cpp",
+            _CSRC / "bf16_linear.cpp"]
 
 
 def _build_dir() -> Path:
@@ -33,7 +34,7 @@ def _build_dir() -> Path:
     # and on the sources, so an edited kernel is rebuilt rather than loaded stale.
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
     cpu_key = hashlib.sha1(flags.split("\nflags", 1)[-1].split("\n", 1)[0].encode()).hexdigest()[:10]
-    src_key = hashlib.sha1(b"".join(s.read_bytes() for s in _SOURCES)).hexdigest()[:10]
+    src_key = hashlib.sha1(b"".join(s.read_bytes() for s in sorted(_CSRC.iterdir()))).hexdigest()[:10]
     root = Path(os.environ.get("LLMSERVE_CACHE", Path.home() / ".cache" / "llmserve"))
     path = root / "torch_extensions" / f"{torch.__version__}-{cpu_key}-{src_key}"
     path.mkdir(parents=True, exist_ok=True)
@@ -130,3 +131,18 @@ def w8a8_linear(x: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor) ->
     """x [M, K] float32/bfloat16, quantized per row and group of 64 columns; packed from
     w8a8_pack_weight; w_scale [N] float32 -> y [M, N] in x's dtype."""
     return torch.ops.llmserve_cpu.w8a8_linear(x, packed, w_scale)
+
+
+def bf16_tiles_supported() -> bool:
+    """True when the kernels were built with AVX-512 BF16, which bf16_linear needs."""
+    return load() and bool(torch.ops.llmserve_cpu.bf16_tiles_supported())
+
+
+def bf16_pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """w [N, K] bfloat16 (N % 16 == 0, K even) -> [N/16, K/2, 16, 2] bfloat16."""
+    return torch.ops.llmserve_cpu.bf16_pack_weight(w)
+
+
+def bf16_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x [M, K] bfloat16 @ W.T for W packed by bf16_pack_weight -> y [M, N] bfloat16."""
+    return torch.ops.llmserve_cpu.bf16_linear(x, packed)

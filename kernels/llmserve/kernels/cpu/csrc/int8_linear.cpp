@@ -25,9 +25,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
+
+#include "gemm_tiles.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#include <immintrin.h>
 #define LLMSERVE_W8A8 1
 #else
 #define LLMSERVE_W8A8 0
@@ -36,9 +38,7 @@
 namespace {
 
 constexpr int64_t kGroup = 64;   // activation columns per scale
-constexpr int64_t kBlockN = 16;  // output channels per 512-bit accumulator
-constexpr int64_t kRowTile = 4;  // rows sharing each loaded weight vector
-constexpr int64_t kTileBlocks = 3;  // blocks per full tile: 4 rows x 3 blocks = 12 accumulators
+constexpr int64_t kBlockN = 16;  // output channels per packed block (gemm_tiles.h)
 
 bool w8a8_supported() { return LLMSERVE_W8A8 == 1; }
 
@@ -96,63 +96,51 @@ void quantize_activations(const T* x, int64_t M, int64_t K, int8_t* xq, float* x
   });
 }
 
-inline void store_row(float* y, __m512 v) { _mm512_storeu_ps(y, v); }
+// One tile: y[m0:m0+MT, 16*b0 : 16*(b0+NB)].
+template <typename T>
+struct W8A8Tile {
+  const int8_t* xq;
+  const float* x_scale;
+  const int32_t* comp;
+  const uint8_t* w;
+  const float* w_scale;
+  T* y;
+  int64_t N, K;
 
-inline void store_row(at::BFloat16* y, __m512 v) {
-  // float32 -> bfloat16, round to nearest even (what torch's .to(bfloat16) does)
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
-}
-
-// y[m0:m0+MT, 16*b0 : 16*(b0+NB)] for one tile: MT rows x NB blocks of 16 channels.
-template <int MT, int NB, typename T>
-inline void w8a8_tile(const int8_t* xq, const float* x_scale, const int32_t* comp, const uint8_t* w,
-                      const float* w_scale, T* y, int64_t N, int64_t K, int64_t m0, int64_t b0) {
-  const int64_t G = K / kGroup, K4 = K / 4;
-  __m512 acc[MT][NB];
-  for (int m = 0; m < MT; ++m)
-    for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < G; ++g) {
-    __m512i dot[MT][NB];
+  template <int MT, int NB>
+  void run(int64_t m0, int64_t b0) const {
+    const int64_t G = K / kGroup, K4 = K / 4;
+    __m512 acc[MT][NB];
     for (int m = 0; m < MT; ++m)
-      for (int b = 0; b < NB; ++b) dot[m][b] = _mm512_setzero_si512();
-    for (int64_t k4 = g * (kGroup / 4); k4 < (g + 1) * (kGroup / 4); ++k4) {
-      __m512i wv[NB];
-      for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_si512(w + ((b0 + b) * K4 + k4) * 64);
+      for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      __m512i dot[MT][NB];
+      for (int m = 0; m < MT; ++m)
+        for (int b = 0; b < NB; ++b) dot[m][b] = _mm512_setzero_si512();
+      for (int64_t k4 = g * (kGroup / 4); k4 < (g + 1) * (kGroup / 4); ++k4) {
+        __m512i wv[NB];
+        for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_si512(w + ((b0 + b) * K4 + k4) * 64);
+        for (int m = 0; m < MT; ++m) {
+          int32_t four;
+          std::memcpy(&four, xq + (m0 + m) * K + 4 * k4, 4);
+          const __m512i xv = _mm512_set1_epi32(four);
+          for (int b = 0; b < NB; ++b) dot[m][b] = _mm512_dpbusd_epi32(dot[m][b], wv[b], xv);
+        }
+      }
       for (int m = 0; m < MT; ++m) {
-        int32_t four;
-        std::memcpy(&four, xq + (m0 + m) * K + 4 * k4, 4);
-        const __m512i xv = _mm512_set1_epi32(four);
-        for (int b = 0; b < NB; ++b) dot[m][b] = _mm512_dpbusd_epi32(dot[m][b], wv[b], xv);
+        const __m512i c = _mm512_set1_epi32(comp[(m0 + m) * G + g]);
+        const __m512 s = _mm512_set1_ps(x_scale[(m0 + m) * G + g]);
+        for (int b = 0; b < NB; ++b)
+          acc[m][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[m][b], c)), s, acc[m][b]);
       }
     }
-    for (int m = 0; m < MT; ++m) {
-      const __m512i c = _mm512_set1_epi32(comp[(m0 + m) * G + g]);
-      const __m512 s = _mm512_set1_ps(x_scale[(m0 + m) * G + g]);
-      for (int b = 0; b < NB; ++b)
-        acc[m][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[m][b], c)), s, acc[m][b]);
+    for (int b = 0; b < NB; ++b) {
+      const __m512 ws = _mm512_loadu_ps(w_scale + (b0 + b) * kBlockN);
+      for (int m = 0; m < MT; ++m)
+        llmserve_tiles::store_row(y + (m0 + m) * N + (b0 + b) * kBlockN, _mm512_mul_ps(acc[m][b], ws));
     }
   }
-  for (int b = 0; b < NB; ++b) {
-    const __m512 ws = _mm512_loadu_ps(w_scale + (b0 + b) * kBlockN);
-    for (int m = 0; m < MT; ++m) store_row(y + (m0 + m) * N + (b0 + b) * kBlockN, _mm512_mul_ps(acc[m][b], ws));
-  }
-}
-
-template <int NB, typename T>
-inline void w8a8_columns(const int8_t* xq, const float* x_scale, const int32_t* comp, const uint8_t* w,
-                         const float* w_scale, T* y, int64_t M, int64_t N, int64_t K, int64_t b0) {
-  int64_t m0 = 0;
-  for (; m0 + kRowTile <= M; m0 += kRowTile) w8a8_tile<4, NB>(xq, x_scale, comp, w, w_scale, y, N, K, m0, b0);
-  switch (M - m0) {
-    case 3: w8a8_tile<3, NB>(xq, x_scale, comp, w, w_scale, y, N, K, m0, b0); break;
-    case 2: w8a8_tile<2, NB>(xq, x_scale, comp, w, w_scale, y, N, K, m0, b0); break;
-    case 1: w8a8_tile<1, NB>(xq, x_scale, comp, w, w_scale, y, N, K, m0, b0); break;
-    default: break;
-  }
-}
+};
 
 template <typename T>
 void w8a8_gemm(const T* x, const uint8_t* w, const float* w_scale, T* y, int64_t M, int64_t N, int64_t K) {
@@ -161,22 +149,7 @@ void w8a8_gemm(const T* x, const uint8_t* w, const float* w_scale, T* y, int64_t
   std::vector<float> x_scale(M * G);
   std::vector<int32_t> comp(M * G);
   quantize_activations(x, M, K, xq.data(), x_scale.data(), comp.data());
-  const int64_t blocks = N / kBlockN;
-  const int64_t tiles = (blocks + kTileBlocks - 1) / kTileBlocks;
-  // Small products stay on one thread: a fork costs ~10 us, as much as 2^18 VNNI MACs.
-  const int64_t macs_per_tile = M * K * kBlockN * kTileBlocks;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(macs_per_tile, 1));
-  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t b0 = t * kTileBlocks;
-      if (b0 + kTileBlocks <= blocks) {
-        w8a8_columns<kTileBlocks>(xq.data(), x_scale.data(), comp.data(), w, w_scale, y, M, N, K, b0);
-      } else {
-        for (int64_t b = b0; b < blocks; ++b)
-          w8a8_columns<1>(xq.data(), x_scale.data(), comp.data(), w, w_scale, y, M, N, K, b);
-      }
-    }
-  });
+  llmserve_tiles::for_each_tile(W8A8Tile<T>{xq.data(), x_scale.data(), comp.data(), w, w_scale, y, N, K}, M, N, K);
 }
 
 #endif  // LLMSERVE_W8A8

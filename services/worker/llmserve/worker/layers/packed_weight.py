@@ -10,7 +10,11 @@ them fastest, then held only in that layout (the dense copy is released).
             would break on the next CPU that differs.) LLMSERVE_CPU_FP32_GEMM = mkl |
             onednn | dense overrides the choice.
   bfloat16: oneDNN's blocked layout (the reorder torch's own compiler applies to frozen
-            linears), which shortens a decode step's products.
+            linears), or, where the CPU kernels were built with AVX-512 BF16, the
+            16-channel blocks of our register-tiled kernel (llmserve_cpu::bf16_linear),
+            whichever multiplies decode-sized products faster: timed and remembered the
+            same way. LLMSERVE_CPU_BF16_GEMM = tiles | onednn | dense overrides it. A
+            shape our kernel cannot take (out % 16, odd in) keeps oneDNN's layout.
 
 The figures behind these choices: docs/benchmarks.md, "Design measurements quoted from
 the code".
@@ -52,6 +56,20 @@ def mkl_packing_available() -> bool:
 
 FLOAT32_GEMM_ENV = "LLMSERVE_CPU_FP32_GEMM"
 FLOAT32_GEMMS = ("auto", "mkl", "onednn", "dense")
+BFLOAT16_GEMM_ENV = "LLMSERVE_CPU_BF16_GEMM"
+BFLOAT16_GEMMS = ("auto", "tiles", "onednn", "dense")
+TILE_BLOCK = 16  # output channels per block of our bfloat16 layout (gemm_tiles.h)
+
+
+def tiles_available() -> bool:
+    """True when our bfloat16 GEMM kernel was built for this CPU (AVX-512 BF16)."""
+    from llmserve.kernels import cpu as cpu_kernels
+
+    return cpu_kernels.bf16_tiles_supported()
+
+
+def tiles_fit(out_features: int, in_features: int) -> bool:
+    return out_features % TILE_BLOCK == 0 and in_features % 2 == 0
 
 
 # Decode-shaped products the choice is timed on: rows x [out, in] (a 0.5B-1B model's
@@ -85,6 +103,18 @@ def _time_float32_gemms() -> dict[str, float]:
     times = {}
     for kind in ("mkl", "onednn"):
         if not (mkl_packing_available() if kind == "mkl" else onednn_packing_available()):
+            continue
+        packed = [(x, PackedWeight.packed_as(kind, w)) for x, w in cases]
+        times[kind] = best_round_seconds([functools.partial(p.matmul, x) for x, p in packed])
+    return times
+
+
+def _time_bfloat16_gemms() -> dict[str, float]:
+    """Seconds per round of the timed products for each packed bfloat16 layout."""
+    cases = timed_cases(torch.bfloat16)
+    times = {}
+    for kind in ("tiles", "onednn"):
+        if not (tiles_available() if kind == "tiles" else onednn_packing_available()):
             continue
         packed = [(x, PackedWeight.packed_as(kind, w)) for x, w in cases]
         times[kind] = best_round_seconds([functools.partial(p.matmul, x) for x, p in packed])
@@ -150,6 +180,26 @@ def float32_gemm() -> str:
     return choice
 
 
+@functools.lru_cache(maxsize=None)
+def bfloat16_gemm() -> str:
+    """Which layout bfloat16 CPU weights take: "tiles", "onednn" or "dense" (see above);
+    timed once per machine and remembered, like float32_gemm()."""
+    choice = os.environ.get(BFLOAT16_GEMM_ENV, "auto").strip().lower() or "auto"
+    if choice not in BFLOAT16_GEMMS:
+        raise ValueError(f"{BFLOAT16_GEMM_ENV}={choice!r}: expected one of {', '.join(BFLOAT16_GEMMS)}")
+    if choice == "auto":
+        def measure() -> dict:
+            times = _time_bfloat16_gemms()
+            return {"choice": min(times, key=times.get) if times else "dense", "seconds": times}
+
+        choice = remembered("bfloat16-gemm", measure)["choice"]
+    if choice == "tiles" and not tiles_available():
+        choice = "onednn"
+    if choice == "onednn" and not onednn_packing_available():
+        choice = "dense"
+    return choice
+
+
 def _mkl_linear(x: torch.Tensor, packed: torch.Tensor, shape: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     # NOTE: `_mkl_linear` takes the packed path only when its last argument equals the
     # input's row count, and otherwise multiplies by `shape` (here a stride-0 stand-in that
@@ -183,8 +233,8 @@ class PackedWeight:
     """y = x @ W.T (+ b) for a CPU weight W [out_features, in_features] held packed."""
 
     def __init__(self, kind: str, packed: torch.Tensor, out_features: int, in_features: int, dtype: torch.dtype):
-        self.kind = kind  # "mkl" | "onednn"
-        self.packed = packed  # opaque (mkldnn layout) tensor
+        self.kind = kind  # "mkl" | "onednn" | "tiles"
+        self.packed = packed  # opaque (mkldnn layout) tensor, or [out/16, in/2, 16, 2] for "tiles"
         self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
         self._shape = torch.zeros(1, dtype=dtype).expand(out_features, in_features)  # no storage
 
@@ -201,13 +251,23 @@ class PackedWeight:
                 return cls.packed_as("mkl", w)
             if gemm != "onednn":
                 return None
+        if weight.dtype == torch.bfloat16:
+            gemm = bfloat16_gemm()
+            if gemm == "tiles" and tiles_fit(out_features, in_features):
+                return cls.packed_as("tiles", w)
+            if gemm == "dense":
+                return None
         if weight.dtype in (torch.float32, torch.bfloat16) and onednn_packing_available():
             return cls.packed_as("onednn", w)
         return None
 
     @classmethod
     def packed_as(cls, kind: str, w: torch.Tensor) -> PackedWeight:
-        """`w` [out, in] (contiguous, CPU) reordered for `kind`: "mkl" or "onednn"."""
+        """`w` [out, in] (contiguous, CPU) reordered for `kind`: "mkl", "onednn" or "tiles"."""
+        if kind == "tiles":
+            from llmserve.kernels import cpu as cpu_kernels
+
+            return cls(kind, cpu_kernels.bf16_pack_weight(w), w.shape[0], w.shape[1], w.dtype)
         reorder = torch.ops.mkl._mkl_reorder_linear_weight if kind == "mkl" else torch.ops.mkldnn._reorder_linear_weight
         return cls(kind, reorder(w, PACK_ROWS_HINT), w.shape[0], w.shape[1], w.dtype)
 
@@ -216,4 +276,9 @@ class PackedWeight:
         x = x.contiguous()
         if self.kind == "mkl":
             return _mkl_linear(x, self.packed, self._shape, bias)
+        if self.kind == "tiles":
+            from llmserve.kernels import cpu as cpu_kernels
+
+            y = cpu_kernels.bf16_linear(x, self.packed)
+            return y if bias is None else y + bias
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")

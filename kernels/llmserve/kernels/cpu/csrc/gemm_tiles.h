@@ -1,0 +1,70 @@
+// The register-tiled GEMM driver shared by our CPU linear kernels (int8_linear.cpp,
+// bf16_linear.cpp): y [M, N] = x [M, K] @ W.T with W packed in blocks of 16 output
+// channels, so that one 64-byte load feeds a whole block.
+//
+// A tile is kRowTile rows x kTileBlocks blocks (4 x 48 columns: 12 accumulators plus the
+// weight and broadcast registers, well inside AVX-512's 32). Tiles of columns run in
+// parallel; inside one, its rows run in tiles of 4 while its weights stay in L1/L2.
+// Each kernel supplies the tile's arithmetic: `tile.template run<MT, NB>(m0, b0)` writes
+// rows [m0, m0 + MT) x blocks [b0, b0 + NB).
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+namespace llmserve_tiles {
+
+constexpr int64_t kBlockN = 16;     // output channels per 512-bit accumulator
+constexpr int64_t kRowTile = 4;     // rows sharing each loaded weight vector
+constexpr int64_t kTileBlocks = 3;  // blocks per full tile
+
+inline void store_row(float* y, __m512 v) { _mm512_storeu_ps(y, v); }
+
+inline void store_row(c10::BFloat16* y, __m512 v) {
+  // float32 -> bfloat16, round to nearest even (what torch's .to(bfloat16) does)
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+
+template <int NB, class Tile>
+inline void run_columns(const Tile& tile, int64_t M, int64_t b0) {
+  int64_t m0 = 0;
+  for (; m0 + kRowTile <= M; m0 += kRowTile) tile.template run<kRowTile, NB>(m0, b0);
+  switch (M - m0) {
+    case 3: tile.template run<3, NB>(m0, b0); break;
+    case 2: tile.template run<2, NB>(m0, b0); break;
+    case 1: tile.template run<1, NB>(m0, b0); break;
+    default: break;
+  }
+}
+
+// Every tile of y [M, N] (N % kBlockN == 0) for products of depth K.
+template <class Tile>
+void for_each_tile(const Tile& tile, int64_t M, int64_t N, int64_t K) {
+  const int64_t blocks = N / kBlockN;
+  const int64_t tiles = (blocks + kTileBlocks - 1) / kTileBlocks;
+  // Small products stay on one thread: a fork costs ~10 us, as much as 2^18 int8 MACs.
+  const int64_t macs_per_tile = M * K * kBlockN * kTileBlocks;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(macs_per_tile, 1));
+  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b0 = t * kTileBlocks;
+      if (b0 + kTileBlocks <= blocks) {
+        run_columns<kTileBlocks>(tile, M, b0);
+      } else {
+        for (int64_t b = b0; b < blocks; ++b) run_columns<1>(tile, M, b);
+      }
+    }
+  });
+}
+
+}  // namespace llmserve_tiles
+#endif  // __AVX512F__
