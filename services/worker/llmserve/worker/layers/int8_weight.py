@@ -11,7 +11,7 @@ so that W ~= q * scale[:, None] (half the bytes of bfloat16, a quarter of float3
       x is quantized per row and per group of ACTIVATION_GROUP columns (symmetric, one
       float scale each) and the int8 x int8 products sum in int32 (llmserve_cpu's
       w8a8_linear, int8_linear.cpp). Prefill and decode both run it: measured 1.4-5x
-      faster than the bfloat16 GEMM at 1 to 1024 rows (docs/benchmarks.md). Groups, not
+      faster than oneDNN's bfloat16 GEMM at 1 to 1024 rows (docs/benchmarks.md). Groups, not
       one scale per row: SmolLM2-135M's perplexity moves +1.0% with groups of 64 and
       +3.6% with a scale per row.
   weight-only, everywhere else and with `--quantization int8-weight-only`:
