@@ -13,15 +13,20 @@ from llmserve.worker.layers.packed_weight import (BFLOAT16_GEMM_ENV, FLOAT32_GEM
 ROW_COUNTS = [0, 1, 2, 7, 16, 33, 64, 65, 130, 512]
 
 
+def layout_setter(monkeypatch, env: str, choice):
+    """Sets `env` for one test, clearing the per-process cache of `choice`."""
+    def choose(kind: str) -> None:
+        monkeypatch.setenv(env, kind)
+        choice.cache_clear()
+    yield choose
+    monkeypatch.delenv(env, raising=False)
+    choice.cache_clear()
+
+
 @pytest.fixture
 def float32_gemm_set(monkeypatch):
     """Sets LLMSERVE_CPU_FP32_GEMM for one test (the choice is cached per process)."""
-    def choose(kind: str) -> None:
-        monkeypatch.setenv(FLOAT32_GEMM_ENV, kind)
-        float32_gemm.cache_clear()
-    yield choose
-    monkeypatch.delenv(FLOAT32_GEMM_ENV, raising=False)
-    float32_gemm.cache_clear()
+    yield from layout_setter(monkeypatch, FLOAT32_GEMM_ENV, float32_gemm)
 
 
 AVAILABLE_FLOAT32_GEMMS = [k for k, ok in (("mkl", mkl_packing_available()), ("onednn", onednn_packing_available()))
@@ -57,12 +62,7 @@ def test_mkl_row_count_reuse_is_checked_per_shape():
 @pytest.fixture
 def bfloat16_gemm_set(monkeypatch):
     """Sets LLMSERVE_CPU_BF16_GEMM for one test (the choice is cached per process)."""
-    def choose(kind: str) -> None:
-        monkeypatch.setenv(BFLOAT16_GEMM_ENV, kind)
-        bfloat16_gemm.cache_clear()
-    yield choose
-    monkeypatch.delenv(BFLOAT16_GEMM_ENV, raising=False)
-    bfloat16_gemm.cache_clear()
+    yield from layout_setter(monkeypatch, BFLOAT16_GEMM_ENV, bfloat16_gemm)
 
 
 AVAILABLE_BFLOAT16_GEMMS = [k for k, ok in (("tiles", tiles_available()), ("onednn", onednn_packing_available()))

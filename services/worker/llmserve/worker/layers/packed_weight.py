@@ -97,28 +97,25 @@ def best_round_seconds(products: list[Callable[[], object]]) -> float:
     return best
 
 
-def _time_float32_gemms() -> dict[str, float]:
-    """Seconds per round of the timed products for each packed float32 layout."""
-    cases = timed_cases()
+def _time_layouts(dtype: torch.dtype, available: dict[str, Callable[[], bool]]) -> dict[str, float]:
+    """Seconds per round of the timed products in `dtype` for each packed layout whose
+    availability check passes here."""
+    cases = timed_cases(dtype)
     times = {}
-    for kind in ("mkl", "onednn"):
-        if not (mkl_packing_available() if kind == "mkl" else onednn_packing_available()):
+    for kind, is_available in available.items():
+        if not is_available():
             continue
         packed = [(x, PackedWeight.packed_as(kind, w)) for x, w in cases]
         times[kind] = best_round_seconds([functools.partial(p.matmul, x) for x, p in packed])
     return times
+
+
+def _time_float32_gemms() -> dict[str, float]:
+    return _time_layouts(torch.float32, {"mkl": mkl_packing_available, "onednn": onednn_packing_available})
 
 
 def _time_bfloat16_gemms() -> dict[str, float]:
-    """Seconds per round of the timed products for each packed bfloat16 layout."""
-    cases = timed_cases(torch.bfloat16)
-    times = {}
-    for kind in ("tiles", "onednn"):
-        if not (tiles_available() if kind == "tiles" else onednn_packing_available()):
-            continue
-        packed = [(x, PackedWeight.packed_as(kind, w)) for x, w in cases]
-        times[kind] = best_round_seconds([functools.partial(p.matmul, x) for x, p in packed])
-    return times
+    return _time_layouts(torch.bfloat16, {"tiles": tiles_available, "onednn": onednn_packing_available})
 
 
 def _machine_key() -> str:
