@@ -44,69 +44,6 @@ inline void prefetch_rows(const T* p, int64_t n, int64_t block_size, int64_t row
   if (n < block_size) prefetch_bytes(p + n * row, (block_size - n) * row * sizeof(T));
 }
 
-// The arithmetic of one query head against one K row (a score) or one V row (a
-// weighted sum), in float: q is scaled once per sequence, rows are converted per use.
-template <typename T, int64_t HEAD_DIM>
-struct RowMath {
-  std::vector<float> qf;
-
-  void load_queries(const T* q, int64_t n, float scale) {
-    qf.resize(n);
-    for (int64_t i = 0; i < n; ++i) qf[i] = static_cast<float>(q[i]) * scale;
-  }
-  float dot(int64_t h, const T* k, int64_t D) const {
-    const float* qh = qf.data() + h * D;
-    float s = 0.f;
-    for (int64_t d = 0; d < D; ++d) s += qh[d] * static_cast<float>(k[d]);
-    return s;
-  }
-  static void axpy(float w, const T* v, float* ah, int64_t D) {
-    for (int64_t d = 0; d < D; ++d) ah[d] += w * static_cast<float>(v[d]);
-  }
-};
-
-#if defined(__AVX512BF16__)
-// bfloat16 on a CPU with AVX-512 BF16 (this build's -march=native says so): scores by
-// VDPBF16PS, 32 bf16 products per instruction accumulated in float, straight from
-// the cache and the query (a bf16 x bf16 product is exact in float, so this is the
-// float path's arithmetic with another summation order); the scale is applied to the
-// score. V rows widen to float by a shift (bf16 is float's top half). Measured on a
-// 2-core AMD EPYC, batch 64 x 256 tokens, 9 heads over 3 KV heads of 64: 0.61 ms per
-// layer against 0.75 for the element-by-element conversion while the cache sits in L3;
-// a whole model's steps read their K/V from DRAM and run at the same speed either way.
-template <int64_t D>
-struct Bf16RowMath {
-  static_assert(D % 32 == 0, "whole 512-bit vectors of bf16");
-  const c10::BFloat16* q = nullptr;
-  float scale = 1.f;
-
-  void load_queries(const c10::BFloat16* q_, int64_t, float scale_) {
-    q = q_;
-    scale = scale_;
-  }
-  float dot(int64_t h, const c10::BFloat16* k, int64_t) const {
-    const c10::BFloat16* qh = q + h * D;
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 32) {
-      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qh + d), (__m512bh)_mm512_loadu_si512(k + d));
-    }
-    return _mm512_reduce_add_ps(acc) * scale;
-  }
-  static void axpy(float w, const c10::BFloat16* v, float* ah, int64_t) {
-    const __m512 weight = _mm512_set1_ps(w);
-    for (int64_t d = 0; d < D; d += 16) {
-      const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + d));
-      const __m512 vf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-      _mm512_storeu_ps(ah + d, _mm512_fmadd_ps(weight, vf, _mm512_loadu_ps(ah + d)));
-    }
-  }
-};
-template <>
-struct RowMath<c10::BFloat16, 64> : Bf16RowMath<64> {};
-template <>
-struct RowMath<c10::BFloat16, 128> : Bf16RowMath<128> {};
-#endif
-
 #if defined(__AVX512F__)
 // Register-tiled block math for float32 and bfloat16 with D = 64 or 128 on AVX-512: one
 // block of a KV head at a time, its rows read from L1 by each query head that shares
@@ -150,7 +87,8 @@ struct TiledMath {
   static constexpr int kValueHeads = D == 64 ? 5 : 2;  // accumulators: heads x D/16 <= 20 registers
 
   // One query head's 16-lane partial products with row k (summed by sum_lanes16).
-  // q: the head's query in float (T = float) or as stored (bfloat16).
+  // bfloat16 with AVX-512 BF16: VDPBF16PS on q as stored (a bf16 x bf16 product is exact
+  // in float); otherwise q in float (qf) times the row widened to float.
   static inline __m512 partial_dot(const T* q, const float* qf, const T* k) {
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
@@ -233,8 +171,7 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
   const int64_t splits = B < 2 * at::get_num_threads() ? KVH : 1;
   const int64_t heads_per_item = KVH / splits;
   at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
-    RowMath<T, HEAD_DIM> math;
-    std::vector<float> acc(H * D), scores, qf(H * D);
+    std::vector<float> qf(H * D), acc(H * D), scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / splits;
       const int64_t kh0 = (item % splits) * heads_per_item, kh1 = kh0 + heads_per_item;
@@ -242,15 +179,10 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
       const int64_t* table = tables + b * max_blocks;
       scores.assign(H * len, 0.f);
       const T* qb = q + b * H * D;
-      if constexpr (kTiled<T, HEAD_DIM>) {
-        for (int64_t i = 0; i < H * D; ++i) qf[i] = static_cast<float>(qb[i]);
-      } else {
-        math.load_queries(qb, H * D, scale);
-      }
+      // The tiled path scales each score; the row-at-a-time path scales q once.
+      const float q_scale = kTiled<T, HEAD_DIM> ? 1.f : scale;
+      for (int64_t i = 0; i < H * D; ++i) qf[i] = static_cast<float>(qb[i]) * q_scale;
       const int64_t n_blocks = (len + block_size - 1) / block_size;
-      // Tiled path: one call per (KV head, query head) per block; the next block's rows
-      // are prefetched a share per call, spread over the block's work as below.
-      const int64_t calls = (kh1 - kh0) * g;
       // Pass 1: scores[h][p] = q_h . k_p (h over all query heads, k of its KV head).
       for (int64_t blk = 0; blk < n_blocks; ++blk) {
         const T* base = kv + table[blk] * block_size * row;
@@ -261,6 +193,9 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
         prefetch_rows(next, n, block_size, row);
 #if defined(__AVX512F__)
         if constexpr (kTiled<T, HEAD_DIM>) {
+          // One call per (KV head, query head); each prefetches its share of the next
+          // block's rows, spread over the block's work as below.
+          const int64_t calls = (kh1 - kh0) * g;
           const int64_t share = (n + calls - 1) / calls;
           int64_t call = 0;
           for (int64_t kh = kh0; kh < kh1; ++kh) {
@@ -283,7 +218,10 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
             const T* k = base + t * row + kh * D;
             for (int64_t j = 0; j < g; ++j) {
               const int64_t h = kh * g + j;
-              scores[h * len + first + t] = math.dot(h, k, D);
+              const float* qh = qf.data() + h * D;
+              float s = 0.f;
+              for (int64_t d = 0; d < D; ++d) s += qh[d] * static_cast<float>(k[d]);
+              scores[h * len + first + t] = s;
             }
           }
         }
@@ -327,7 +265,9 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
             const T* v = base + t * row + kh * D;
             for (int64_t j = 0; j < g; ++j) {
               const int64_t h = kh * g + j;
-              RowMath<T, HEAD_DIM>::axpy(scores[h * len + first + t], v, acc.data() + h * D, D);
+              const float w = scores[h * len + first + t];
+              float* ah = acc.data() + h * D;
+              for (int64_t d = 0; d < D; ++d) ah[d] += w * static_cast<float>(v[d]);
             }
           }
         }
