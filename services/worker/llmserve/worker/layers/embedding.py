@@ -94,10 +94,10 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def _w8a8_copy(self, w: torch.Tensor) -> Int8Weight | None:
         """W [shard_size, hidden] as W8A8 int8 rows, with quantization="int8" where the kernel runs."""
-        if self.quantization != "int8":
+        if not w8a8_applies(w, self.quantization):
             return None
         q, scale = quantize_rows(w)
-        return Int8Weight(q, scale, quantize_activations=True) if w8a8_applies(q, self.quantization) else None
+        return Int8Weight(q, scale, quantize_activations=True)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, hidden] -> logits [S, vocab] on every TP rank (shards all-gathered,

@@ -86,11 +86,12 @@ def w8a8_linear_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     return int8_linear_reference(x_dequantized, q, scale, bias).to(x.dtype)
 
 
-def w8a8_applies(q: torch.Tensor, quantization: str) -> bool:
-    """True when the W8A8 kernel runs this weight q [out, in] (see the module doc)."""
-    if quantization != "int8" or q.device.type != "cpu":
+def w8a8_applies(w: torch.Tensor, quantization: str) -> bool:
+    """True when the W8A8 kernel runs this weight w [out, in] (float or already int8; see
+    the module doc)."""
+    if quantization != "int8" or w.device.type != "cpu":
         return False
-    if q.shape[0] % W8A8_BLOCK or q.shape[1] % ACTIVATION_GROUP:
+    if w.shape[0] % W8A8_BLOCK or w.shape[1] % ACTIVATION_GROUP:
         return False
     from llmserve.kernels import cpu as cpu_kernels
 

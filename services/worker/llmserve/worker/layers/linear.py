@@ -12,11 +12,11 @@ Fused layout of QKVParallelLinear.weight (rows, on one rank):
 
 `quantization="int8"` (or "int8-weight-only"): `weight` is int8 [out, in] and the buffer
 `weight_scale` [out] float32 (see int8_weight.py); where the W8A8 kernel runs, `weight`
-is emptied after loading and the kernel's packed copy is the weight. Each weight loader quantizes the rows of the shard this
-rank keeps as it stores them, one checkpoint tensor at a time: the float weight is never
-held whole. Per-output-row scales make that exact: a row's scale depends on that row
-alone (for RowParallel, on this rank's columns of it: each rank scales its own partial
-product before the all-reduce).
+is emptied after loading and the kernel's packed copy is the weight. Each weight loader
+quantizes the rows of the shard this rank keeps as it stores them, one checkpoint tensor
+at a time: the float weight is never held whole. Per-output-row scales make that exact:
+a row's scale depends on that row alone (for RowParallel, on this rank's columns of it:
+each rank scales its own partial product before the all-reduce).
 """
 
 from __future__ import annotations

@@ -148,14 +148,28 @@ def remembered(name: str, measure: Callable[[], dict]) -> dict:
         return result
 
 
+def _measured_layout(name: str, time_layouts: Callable[[], dict[str, float]]) -> str:
+    """The layout with the fastest round in `time_layouts()`, timed once per machine and
+    remembered under `name` ("dense" when no layout can be packed here)."""
+    def measure() -> dict:
+        times = time_layouts()
+        return {"choice": min(times, key=times.get) if times else "dense", "seconds": times}
+
+    return remembered(name, measure)["choice"]
+
+
+def _layout_setting(env: str, choices: tuple[str, ...]) -> str:
+    """The layout `env` asks for ("auto" when unset)."""
+    choice = os.environ.get(env, "auto").strip().lower() or "auto"
+    if choice not in choices:
+        raise ValueError(f"{env}={choice!r}: expected one of {', '.join(choices)}")
+    return choice
+
+
 def measured_float32_gemm() -> str:
     """The faster packed float32 layout on this machine: "mkl", "onednn" ("dense" if this
     torch packs neither)."""
-    def measure() -> dict:
-        times = _time_float32_gemms()
-        return {"choice": min(times, key=times.get) if times else "dense", "seconds": times}
-
-    return remembered("float32-gemm", measure)["choice"]
+    return _measured_layout("float32-gemm", lambda: _time_float32_gemms())
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,9 +179,7 @@ def float32_gemm() -> str:
     NOTE: timed once per machine and remembered, not per process: the two libraries sum
     in different orders, and a choice that flipped between processes on a noisy host
     could flip a greedy near-tie between an engine and its own cluster."""
-    choice = os.environ.get(FLOAT32_GEMM_ENV, "auto").strip().lower() or "auto"
-    if choice not in FLOAT32_GEMMS:
-        raise ValueError(f"{FLOAT32_GEMM_ENV}={choice!r}: expected one of {', '.join(FLOAT32_GEMMS)}")
+    choice = _layout_setting(FLOAT32_GEMM_ENV, FLOAT32_GEMMS)
     if choice == "auto":
         choice = measured_float32_gemm()
     if choice == "mkl" and not mkl_packing_available():
@@ -181,15 +193,9 @@ def float32_gemm() -> str:
 def bfloat16_gemm() -> str:
     """Which layout bfloat16 CPU weights take: "tiles", "onednn" or "dense" (see above);
     timed once per machine and remembered, like float32_gemm()."""
-    choice = os.environ.get(BFLOAT16_GEMM_ENV, "auto").strip().lower() or "auto"
-    if choice not in BFLOAT16_GEMMS:
-        raise ValueError(f"{BFLOAT16_GEMM_ENV}={choice!r}: expected one of {', '.join(BFLOAT16_GEMMS)}")
+    choice = _layout_setting(BFLOAT16_GEMM_ENV, BFLOAT16_GEMMS)
     if choice == "auto":
-        def measure() -> dict:
-            times = _time_bfloat16_gemms()
-            return {"choice": min(times, key=times.get) if times else "dense", "seconds": times}
-
-        choice = remembered("bfloat16-gemm", measure)["choice"]
+        choice = _measured_layout("bfloat16-gemm", lambda: _time_bfloat16_gemms())
     if choice == "tiles" and not tiles_available():
         choice = "onednn"
     if choice == "onednn" and not onednn_packing_available():
