@@ -159,8 +159,8 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
             times[key] += dt / reps
         for evt in prof.key_averages():
             ops[_family(evt.key)] += evt.self_cpu_time_total / 1e6 / reps
-    return {"batch": batch, "context": context, "dtype": dtype, "quantization": quantization, "plan_bytes": len(plan_bytes),
-            "pieces_s": dict(times), "forward_ops_s": dict(ops)}
+    return {"batch": batch, "context": context, "dtype": dtype, "quantization": quantization,
+            "plan_bytes": len(plan_bytes), "pieces_s": dict(times), "forward_ops_s": dict(ops)}
 
 
 def bench_profile(args) -> int:
