@@ -35,6 +35,13 @@ class BenchSettings:
     engine: EngineSettings = group(_bench_engine)
 
 
+@dataclass(frozen=True)
+class KvSizingSettings:
+    """kv-sizing checks the worker's own sizing, so it keeps the worker's defaults: no
+    1 GiB budget, the profiled one on CUDA and a share of the RAM on the CPU."""
+    engine: EngineSettings = group(EngineSettings)
+
+
 def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
 
@@ -151,7 +158,7 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     quality.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
     kv = bench_sub.add_parser("kv-sizing", help="the KV cache the worker sizes vs what fits after start-up")
-    add_flags(kv, BenchSettings)
+    add_flags(kv, KvSizingSettings)
     kv.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
     make = bench_sub.add_parser("make-model", help="a random-weight Llama HF directory of a realistic shape "
@@ -177,7 +184,7 @@ def run_bench(args) -> int:
         from llmserve.bench.random_model import bench_make_model
 
         return bench_make_model(args)
-    args.engine = resolve(BenchSettings, args).engine
+    args.engine = resolve(KvSizingSettings if args.bench_command == "kv-sizing" else BenchSettings, args).engine
     runner = args.engine.worker.runner
     args.model, args.dtype, args.kv_cache_memory = args.engine.worker.model, runner.dtype, runner.kv_cache_memory
     args.quantization = runner.quantization

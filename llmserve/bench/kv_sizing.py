@@ -7,7 +7,7 @@ independently once start-up is over:
   CUDA: fits = total x gpu_memory_utilization - (device memory in use - the KV cache)
         (in use = total - free from the driver: weights, graph pool, CUDA context,
         cuBLAS/Triton workspaces, other processes)
-  CPU:  fits = --kv-cache-memory (the budget is explicit there)
+  CPU:  fits = --kv-cache-memory (the budget is explicit there; required)
 
 Within 5% is the target: the profiling forward's activation peak (freed once start-up is
 over) and rounding down to whole blocks are all that should separate the two. A short
@@ -112,8 +112,13 @@ def check_kv_sizing(model_dir, settings) -> dict:
 
 def bench_kv_sizing(args) -> int:
     from llmserve.model_store import resolve_model_dir
+    from llmserve.worker.device import resolve_device
 
-    result = check_kv_sizing(resolve_model_dir(args.model), args.engine.worker.runner)
+    runner_settings = args.engine.worker.runner
+    if resolve_device(runner_settings.device).type != "cuda" and runner_settings.kv_cache_memory is None:
+        print("bench kv-sizing: on the CPU the KV budget is explicit: pass --kv-cache-memory", flush=True)
+        return 2
+    result = check_kv_sizing(resolve_model_dir(args.model), runner_settings)
     for line in result["log_lines"]:
         print(f"worker: {line}", flush=True)
     print(f"KV cache: {result['num_kv_blocks']} blocks x {result['block_bytes']} B = "

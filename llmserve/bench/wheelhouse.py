@@ -113,7 +113,14 @@ def wheel_problems(folder: Path, python_version: str, image: set[str]) -> list[s
     those one wheel asks of another) that neither another wheel there nor the image meets."""
     wheels = {name: (version, reqs) for name, version, reqs in map(wheel_metadata, sorted(folder.glob("*.whl")))}
     env = {"python_version": python_version, "python_full_version": f"{python_version}.0"}
-    wanted_extras = {canonical(r.name): r.extras for _, reqs in wheels.values() for r in reqs if r.extras}
+    # Extras one wheel asks of another in its own unconditional requirements; fastapi's
+    # `uvicorn[standard]; extra == "standard"` asks nothing unless fastapi[standard] is wanted.
+    wanted_extras = {
+        canonical(r.name): r.extras
+        for _, reqs in wheels.values()
+        for r in reqs
+        if r.extras and (r.marker is None or r.marker.evaluate({**env, "extra": ""}))
+    }
     found = []
     for name, (version, reqs) in wheels.items():
         extras = {"", *wanted_extras.get(name, ())}

@@ -208,3 +208,17 @@ def test_summary_fails_a_step_that_left_no_report(tmp_path):
     rows = {row.check: row for row in gpu_summary.summarize(tmp_path)}
     assert rows["CUDA graphs vs eager decode"].result == "FAIL"
     assert rows["CUDA graphs vs eager decode"].figure == "timed out: see logs/decode.log"
+
+
+def test_kv_sizing_keeps_the_worker_s_own_budget_and_asks_for_one_on_the_cpu(tiny_random_model, capsys, tmp_path):
+    """Other benches cap the KV cache at 1 GiB; kv-sizing checks the worker's own sizing,
+    so on CUDA it must profile (no cap), and on the CPU an explicit budget is required."""
+    from llmserve.cli import main
+
+    code = main(["bench", "kv-sizing", "--model", str(tiny_random_model["dir"]), "--device", "cpu",
+                 "--output-dir", str(tmp_path)])
+    assert code == 2 and "pass --kv-cache-memory" in capsys.readouterr().out
+    assert main(["bench", "kv-sizing", "--model", str(tiny_random_model["dir"]), "--device", "cpu",
+                 "--dtype", "float32", "--kv-cache-memory", "4MiB", "--swap-space", "0",
+                 "--output-dir", str(tmp_path)]) == 0
+    assert "fits after start-up: 0.004 GiB" in capsys.readouterr().out

@@ -137,9 +137,12 @@ def test_check_wheels_reads_each_wheel_s_own_requirements_for_the_target_python(
     from llmserve.bench.wheelhouse import wheel_problems
 
     _fake_wheel(tmp_path, "alpha", "1.0", ["beta>=2", "numpy", "gamma", 'delta; python_version < "3.11"',
-                                           "epsilon[extra1]"])
+                                           "epsilon[extra1]", 'theta[extra2]; extra == "fancy"'])
     _fake_wheel(tmp_path, "beta", "1.5", [])
     _fake_wheel(tmp_path, "epsilon", "1.0", ['zeta; extra == "extra1"', 'eta; extra == "other"'])
+    # Nobody wants alpha[fancy], so theta's extra2 is not wanted either (fastapi's
+    # `uvicorn[standard]; extra == "standard"` is this case).
+    _fake_wheel(tmp_path, "theta", "1.0", ['iota; extra == "extra2"'])
     assert wheel_problems(tmp_path, "3.12", {"numpy"}) == [
         "alpha 1.0 requires beta>=2: the wheelhouse has 1.5",
         "alpha 1.0 requires gamma: neither in the wheelhouse nor in the image",

@@ -78,5 +78,5 @@ async def test_cluster_on_device_streams_the_engine_tokens(served_model, tmp_pat
         assert len(ids) == GEN and ids == want[f"r{i}"].output_token_ids, i
         assert text == tok.decode(ids, skip_special_tokens=True), i
     log = (tmp_path / "worker.log").read_text()
-    where = f"{engine.runner.device}, float32, {'CUDA graphs' if ON_CUDA else 'eager'})"
+    where = f"({engine.runner.device}, float32, quantization none, {'CUDA graphs' if ON_CUDA else 'eager'})"
     assert "# KV blocks: 64" in log and where in log, log[-2000:]

@@ -13,6 +13,7 @@ import torch
 from llmserve.contract.plan import StepPlan
 from llmserve.worker import kv_cache as kvc
 from llmserve.worker.config import RunnerConfig
+from llmserve.worker.cpu_dtype import choose_cpu_dtype
 from llmserve.worker.model_runner import ModelRunner
 from tests.worker.conftest import PlanDriver
 
@@ -54,7 +55,8 @@ def test_auto_dtype_is_the_checkpoints_own_on_cuda(tiny_llama_dir, tmp_path):
     (model_dir / "config.json").write_text(json.dumps(config))
     runner = ModelRunner(model_dir, RunnerConfig(device=DEVICE.type, num_kv_blocks=16, swap_space=0,
                                                  max_num_seqs=4))
-    want = torch.bfloat16 if ON_CUDA else torch.float32
+    # On the CPU, auto decides from the host's instruction sets (choose_cpu_dtype).
+    want = torch.bfloat16 if ON_CUDA else choose_cpu_dtype(torch.bfloat16).dtype
     assert runner.dtype == want and runner.info.dtype == str(want).removeprefix("torch.")
     assert all(c.dtype == want for c in runner.kv_caches)
     assert {p.dtype for p in runner.model.parameters() if p.numel()} == {want}
