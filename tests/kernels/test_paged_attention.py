@@ -59,8 +59,9 @@ def test_decode(kvh, g, block_size, head_dim, dtype, device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_splits", [2, 3, 8])
 def test_decode_split_k(num_splits, dtype, device):
-    # 8 splits over at most 7 blocks: some splits are empty and must weigh nothing
-    case = make_case([3, 64, 99], [1] * 3, 1, 3, 64, 16, dtype, device, seed=num_splits)
+    # Each sequence's 64-key tiles are shared by the splits: 333 keys are 6 tiles (2 or 3
+    # splits each take several), and the short ones leave splits empty, weighing nothing.
+    case = make_case([3, 64, 99, 333], [1] * 4, 1, 3, 64, 16, dtype, device, seed=num_splits)
     out = torch.full_like(case.q, float("nan"))
     paged_attention_decode(case.q, case.kv_cache, case.block_tables, case.seq_lens, case.scale,
                            num_splits=num_splits, out=out)

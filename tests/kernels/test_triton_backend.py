@@ -52,10 +52,14 @@ def test_metadata_tensors():
 
 
 def test_decode_split_heuristic():
-    assert decode_num_splits(64, 3, 100_000) == 1  # enough programs already
-    assert decode_num_splits(1, 3, 512) == 1  # short context
-    assert decode_num_splits(1, 3, 8192) == 16
-    assert decode_num_splits(4, 3, 2048) == 4
+    # 132 SMs (an H100 / H200): about 4 programs (rows x kv heads x splits) per SM.
+    assert decode_num_splits(64, 8, 100_000, 132) == 2
+    assert decode_num_splits(256, 8, 100_000, 132) == 1  # enough programs already
+    assert decode_num_splits(1, 8, 300, 132) == 1  # short context: one split of its keys
+    assert decode_num_splits(1, 8, 2048, 132) == 4  # splits of >= 512 keys
+    assert decode_num_splits(1, 3, 8192, 132) == 16  # at most 16
+    assert decode_num_splits(8, 8, 0, 132) == 9  # unknown length (a CUDA graph): occupancy alone
+    assert decode_num_splits(1, 2, 0, 1) == 2  # the interpreter counts as one SM
 
 
 def test_selector(monkeypatch):

@@ -7,10 +7,12 @@ Key position p of sequence i lives in block block_tables[i, p // block_size], ro
 p % block_size. Query head h reads kv head h // G, G = num_heads // num_kv_heads.
 
   decode program (seq, kv_head, split):            prefill program (seq, q_tile, kv_head):
-    q   [G, D]  the G heads sharing one kv head        rows r = (query r // G, head r % G)
-    for each block of this split:                       q [BLOCK_M, D] (Q_PER_TILE queries x G)
-      K, V [block_size, D] loaded ONCE for G heads      for each block up to the tile's last
-      online softmax (m, l, acc) in fp32                position: K, V loaded once, 2 dots
+    q [16+, D]: the G heads sharing one kv head,       rows r = (query r // G, head r % G)
+      zero rows up to tl.dot's 16                       q [BLOCK_M, D] (Q_PER_TILE queries x G)
+    for each tile of 64 keys in this split's share     for each block up to the tile's last
+    of the sequence: K, V [64, D] gathered from their  position: K, V loaded once, 2 dots
+    blocks, loaded ONCE for G heads, 2 dots, online
+    softmax (m, l, acc) in fp32
 """
 
 from __future__ import annotations
@@ -29,57 +31,67 @@ _NEG: tl.constexpr = tl.constexpr(-1.0e30)  # finite "minus infinity" for runnin
 # ----------------------------------------------------------------------------------------
 # Decode
 # ----------------------------------------------------------------------------------------
+# Keys per decode iteration (several blocks gathered at once; a larger block is one tile).
+DECODE_TILE = 64
+
+
 @triton.jit
 def _decode_kernel(
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    scale, blocks_per_split,
+    scale,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
-    NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLIT: tl.constexpr,
+    NUM_HEADS: tl.constexpr, G: tl.constexpr, M_PAD: tl.constexpr,
+    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    n_blocks = tl.cdiv(seq_len, BLOCK_SIZE)
-    blk_lo = split * blocks_per_split
-    blk_hi = tl.minimum(blk_lo + blocks_per_split, n_blocks)
+    # This sequence's own tiles, shared evenly by the splits: the split count can stay
+    # fixed (a CUDA graph's) whatever the context lengths; a split past the end is empty.
+    n_tiles = tl.cdiv(seq_len, TILE)
+    per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+    tile_lo = split * per_split
+    tile_hi = tl.minimum(tile_lo + per_split, n_tiles)
 
-    g = tl.arange(0, G_PAD)
+    g = tl.arange(0, M_PAD)
     d = tl.arange(0, D_PAD)
-    t = tl.arange(0, BLOCK_SIZE)
+    t = tl.arange(0, TILE)
     g_mask = g < G
     d_mask = d < D
     heads = kvh * G + g
-    # q: [G_PAD, D_PAD], pre-scaled
+    # q: [M_PAD, D_PAD], rows past G zero: tl.dot needs 16 rows, the GQA group has G.
     q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32) * scale
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
 
-    m = tl.full([G_PAD], _NEG, tl.float32)
-    l = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    for blk in range(blk_lo, blk_hi):
-        block_id = tl.load(block_tables_ptr + seq * stride_bt + blk).to(tl.int64)
-        t_mask = blk * BLOCK_SIZE + t < seq_len
-        kv_off = block_id * stride_cb + t[:, None] * stride_cs + kvh * stride_ch + d[None, :]
+    m = tl.full([M_PAD], _NEG, tl.float32)
+    l = tl.zeros([M_PAD], tl.float32)
+    acc = tl.zeros([M_PAD, D_PAD], tl.float32)
+    for tile in range(tile_lo, tile_hi):
+        # A tile gathers TILE keys from TILE / BLOCK_SIZE blocks: one load of many rows
+        # in flight, not one block's round trip per iteration.
+        pos = tile * TILE + t  # [TILE]
+        t_mask = pos < seq_len
+        block_id = tl.load(block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        kv_off = block_id[:, None] * stride_cb + (pos % BLOCK_SIZE)[:, None] * stride_cs + kvh * stride_ch + d[None, :]
         kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)  # [BS, D]
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)  # [BS, D]
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, BS]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # [TILE, D_PAD]
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # [TILE, D_PAD]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [M_PAD, TILE] fp32
         s = tl.where(t_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
 
     if SPLIT:
         # partials: acc [B, H, S, D] (unnormalised), m and l [B, H, S]
-        row = (seq * NUM_HEADS + heads) * NUM_SPLITS + split  # [G_PAD]
+        row = (seq * NUM_HEADS + heads) * NUM_SPLITS + split  # [M_PAD]
         tl.store(part_acc_ptr + row[:, None] * D + d[None, :], acc, mask=g_mask[:, None] & d_mask[None, :])
         tl.store(part_m_ptr + row, m, mask=g_mask)
         tl.store(part_l_ptr + row, l, mask=g_mask)
@@ -141,8 +153,9 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     """q: [B, H, D] (one token per sequence, already in the cache); block_tables
     [B, max_blocks]; seq_lens [B] (>= 1, context including this token) -> out [B, H, D].
-    num_splits > 1: flash-decoding, each split covers ceil(max_blocks / num_splits) blocks,
-    partial (acc, max, sum) in fp32, then one reduction launch."""
+    num_splits > 1: flash-decoding, each sequence's tiles of DECODE_TILE keys shared evenly
+    by the splits (so one split count serves any context length), partial (acc, max, sum)
+    in fp32, then one reduction launch."""
     B = q.shape[0] if q.dim() == 3 else -1
     H, KVH, bs = _check_cache_args(q, kv_cache, block_tables, seq_lens, B, 1)
     out = _check_out(out, q)
@@ -154,22 +167,24 @@ def paged_attention_decode(
     G = H // KVH
     max_blocks = block_tables.shape[1]
     num_splits = min(num_splits, max(1, max_blocks))
-    blocks_per_split = triton.cdiv(max_blocks, num_splits)
     kc, vc = kv_cache[0], kv_cache[1]
     split = num_splits > 1
     if split:
-        part_acc = torch.empty(B, H, num_splits, D, dtype=torch.float32, device=q.device)
-        part_m = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
-        part_l = torch.empty_like(part_m)
+        # One allocation (host time counts in eager steps): acc [B, H, S, D], m, l [B, H, S].
+        part = torch.empty(B * H * num_splits * (D + 2), dtype=torch.float32, device=q.device)
+        n = B * H * num_splits
+        part_acc, part_m, part_l = part[: n * D], part[n * D : n * (D + 1)], part[n * (D + 1) :]
     else:
         part_acc = part_m = part_l = out  # unused
     _decode_kernel[(B, KVH, num_splits)](
         out, part_acc, part_m, part_l, q, kc, vc, block_tables, seq_lens,
-        float(scale), blocks_per_split,
+        float(scale),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), block_tables.stride(0),
-        NUM_HEADS=H, G=G, G_PAD=next_pow2(G), D=D, D_PAD=next_pow2(D), BLOCK_SIZE=bs,
-        NUM_SPLITS=num_splits, SPLIT=split, num_warps=4,
+        NUM_HEADS=H, G=G, M_PAD=max(16, next_pow2(G)), D=D, D_PAD=max(16, next_pow2(D)), BLOCK_SIZE=bs,
+        TILE=max(DECODE_TILE, bs), NUM_SPLITS=num_splits, SPLIT=split,
+        # NOTE: fp32 inputs would default to tf32 on GPU (~1e-3 error): ask for ieee.
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
     )
     if split:
         _decode_reduce_kernel[(B, H)](

@@ -10,9 +10,10 @@ captured size, its inputs are copied into the graph's static buffers, the graph 
 Padding rows write no KV (slot -1: the cache-write kernel skips them) and attend over one
 key of block 0 (seq_len 1): finite garbage that nothing reads. Every row's computation is
 independent of the others', so the real rows' results are those of an eager step of the
-same kernels, up to the GEMM library's choice of kernel for the padded row count (the
-decode attention kernel runs unsplit in graphs: a split count that varies with context
-length would need a graph per count).
+same kernels, up to the GEMM library's choice of kernel for the padded row count and the
+decode attention's split count (in a graph it is chosen from the padded batch alone, as
+the kernel shares each sequence's keys among the splits whatever its length; an eager
+step also caps it by the context length).
 
 Only the model's forward to the final norm is captured; the LM head and sampling run
 eagerly on the real rows. The graph needs the Triton attention backend (its metadata is
@@ -71,7 +72,8 @@ class DecodeGraphs:
             decode_block_table=None, decode_mask=None, prefills=[],
             block_table=self.block_table[:size], seq_lens_t=self.seq_lens[:size],
             cu_seqlens_q=self.cu_seqlens_q[:size + 1], max_prefill_query_len=0,
-            # NOTE: 0 keeps the decode kernel unsplit (see the module docstring).
+            # NOTE: 0 = unknown: the split count depends on the batch size alone (see the
+            # module docstring).
             max_decode_seq_len=0,
         )
 

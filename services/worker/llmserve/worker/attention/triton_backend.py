@@ -7,17 +7,40 @@ their slots, then attends causally. Per layer: one cache-write launch, one decod
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadata, row_layout
 
-# NOTE: flash-decoding only pays when (decode rows x kv heads) leaves the GPU's SMs idle
-# and contexts are long; each split then covers at least _SPLIT_MIN_TOKENS keys.
+# NOTE: flash-decoding pays when (decode rows x kv heads) programs leave the GPU's SMs
+# short of work: each program walks its share of a sequence's keys serially, one
+# latency-bound round trip per 64-key tile. Split until there are about
+# _PROGRAMS_PER_SM programs per SM. An eager step (lengths known) also keeps each split
+# at least _SPLIT_MIN_TOKENS keys long: the reduction's launch costs host time there,
+# ~40 us, which a short context's attention does not win back; a graph's does not.
+_PROGRAMS_PER_SM = 4
 _SPLIT_MIN_TOKENS = 512
 _SPLIT_MAX = 16
-_SPLIT_TARGET_PROGRAMS = 128
+
+
+@functools.lru_cache(maxsize=None)
+def multiprocessor_count(device: torch.device) -> int:
+    """SMs of a CUDA device; 1 elsewhere (Triton's interpreter on the CPU)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def decode_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Splits of the decode attention kernel. max_seq_len 0 means unknown (a CUDA graph
+    serves every context length: the kernel divides each sequence's keys among the splits)."""
+    programs = num_decodes * num_kv_heads
+    splits = min(_SPLIT_MAX, -(-_PROGRAMS_PER_SM * num_sms // programs))
+    if max_seq_len:
+        splits = min(splits, max_seq_len // _SPLIT_MIN_TOKENS)
+    return max(1, splits)
 
 
 @dataclass(kw_only=True)  # kw_only: the base may grow fields with defaults
@@ -28,16 +51,7 @@ class TritonAttentionMetadata(AttentionMetadata):
     seq_lens_t: torch.Tensor  # [N] int32
     cu_seqlens_q: torch.Tensor  # [N + 1] int32 (absolute token offsets)
     max_prefill_query_len: int  # over rows num_decodes..N-1 (0 if none)
-    max_decode_seq_len: int  # over rows 0..num_decodes-1 (0 if none)
-
-
-def decode_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int) -> int:
-    programs = num_decodes * num_kv_heads
-    if programs >= _SPLIT_TARGET_PROGRAMS or max_seq_len < 2 * _SPLIT_MIN_TOKENS:
-        return 1
-    by_len = max_seq_len // _SPLIT_MIN_TOKENS
-    by_occupancy = -(-_SPLIT_TARGET_PROGRAMS // programs)
-    return max(1, min(_SPLIT_MAX, by_len, by_occupancy))
+    max_decode_seq_len: int  # over rows 0..num_decodes-1 (0 if none, or unknown: in a CUDA graph)
 
 
 class TritonPagedAttention(AttentionBackend):
@@ -78,7 +92,7 @@ class TritonPagedAttention(AttentionBackend):
         out = torch.empty_like(q)
         B, N = meta.num_decodes, len(meta.seq_lens)
         if B:
-            splits = decode_num_splits(B, self.num_kv_heads, meta.max_decode_seq_len)
+            splits = decode_num_splits(B, self.num_kv_heads, meta.max_decode_seq_len, multiprocessor_count(q.device))
             paged_attention_decode(q[:B], kv_cache, meta.block_table[:B], meta.seq_lens_t[:B], self.scale,
                                    num_splits=splits, out=out[:B])
         if N > B:
