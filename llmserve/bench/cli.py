@@ -38,7 +38,7 @@ class BenchSettings:
 @dataclass(frozen=True)
 class KvSizingSettings:
     """kv-sizing checks the worker's own sizing, so it keeps the worker's defaults: no
-    1 GiB budget, the profiled one on CUDA and a share of the RAM on the CPU."""
+    1 GiB budget, the profiled one on CUDA (on the CPU it asks for --kv-cache-memory)."""
     engine: EngineSettings = group(EngineSettings)
 
 

@@ -18,8 +18,8 @@ from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadat
 # short of work: each program walks its share of a sequence's keys serially, one
 # latency-bound round trip per 64-key tile. Split until there are about
 # _PROGRAMS_PER_SM programs per SM. An eager step (lengths known) also keeps each split
-# at least _SPLIT_MIN_TOKENS keys long: the reduction's launch costs host time there,
-# ~40 us, which a short context's attention does not win back; a graph's does not.
+# at least _SPLIT_MIN_TOKENS keys long: there the reduction's launch costs ~40 us of host
+# time, which a short context's attention does not win back (a graph replays it for free).
 _PROGRAMS_PER_SM = 4
 _SPLIT_MIN_TOKENS = 512
 _SPLIT_MAX = 16
