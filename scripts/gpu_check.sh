@@ -8,6 +8,7 @@
 #   - decode tok/s with CUDA graphs vs --enforce-eager at batch 1, 2, 4, 8 (target: >= 1.5x),
 #   - the engine vs HF static-batch generate on the reference workload (target: >= 3x),
 #     with MFU against a bf16 matmul peak and the roofline floor, both measured in the run,
+#   - where a decode step's GPU time goes at batch 8 and 64 (bench profile, by kernel family),
 # then print one summary table. Exits non-zero when any check fails.
 #
 #   bash scripts/gpu_check.sh [--wheelhouse DIR] [--quick] [--device cuda|cpu]
@@ -91,7 +92,7 @@ fi
 
 # Our own outputs only: a previous run's reports would be read as this run's.
 mkdir -p "$RESULTS/logs" "$SCRATCH"
-rm -rf "$RESULTS"/{kv-sizing,decode,throughput} "$RESULTS"/logs/*.log
+rm -rf "$RESULTS"/{kv-sizing,decode,throughput,profile} "$RESULTS"/logs/*.log
 rm -f "$RESULTS"/{steps.tsv,gpu-tests.xml,random-model.json,summary.md,summary.json,environment.txt}
 
 # run_step NAME SECONDS CMD...: CMD's output to logs/NAME.log, its exit code and time to
@@ -186,11 +187,13 @@ if [ "$DEVICE" = cuda ]; then
   # under 1 GiB) leaves HF's generate the other half in the same process.
   TPUT=(--workload reference --gpu-memory-utilization 0.5 --repeat "$([ "$QUICK" = 1 ] && echo 1 || echo 3)")
   KV=()
+  PROFILE=(--batch 8 64 --context 256)
 else
   PRESET=tiny DTYPE=float32
   DECODE=(--batch 1 2 --context 32 --steps 8)
   TPUT=(--workload random --num-requests 8 --input-len 8 40 --output-len 4 16 --hf-batch-size 4)
   KV=(--kv-cache-memory 64MiB)
+  PROFILE=(--batch 2 --context 32)
 fi
 MODEL=$SCRATCH/model-$PRESET
 BENCH=("$PY" -m llmserve.cli --log-level INFO bench)
@@ -220,6 +223,8 @@ print("triton", triton.__version__); print("transformers", transformers.__versio
   run_step decode 300 "${BENCH[@]}" decode "${COMMON[@]}" "${DECODE[@]}" --output-dir "$RESULTS/decode"
   run_step throughput 420 "${BENCH[@]}" throughput "${COMMON[@]}" "${TPUT[@]}" --baseline hf \
     --output-dir "$RESULTS/throughput"
+  run_step profile 180 "${BENCH[@]}" profile --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
+    "${PROFILE[@]}" --output-dir "$RESULTS/profile"
 fi
 
 echo "gpu_check: done in $(( $(date +%s) - T0 )) s; logs and reports in $RESULTS"

@@ -19,6 +19,7 @@ from llmserve.bench.workloads import add_workload_flags
 from llmserve.launcher import EngineSettings
 from llmserve.settings import Command, add_flags, group, resolve
 from llmserve.worker.config import DTYPES, RunnerConfig, WorkerConfig
+from llmserve.worker.device import DEVICES
 from llmserve.worker.layers.int8_weight import QUANTIZATIONS
 
 
@@ -111,9 +112,13 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     prof = bench_sub.add_parser("profile", help="where the time of one decode step goes")
     prof.add_argument("--model", default="default", help="local HF model directory, or 'default'")
     prof.add_argument("--dtype", default="float32", choices=DTYPES)
-    prof.add_argument("--batch", type=int, default=64)
+    prof.add_argument("--batch", type=int, nargs="+", default=[64], help="decode batch sizes, one profile each")
     prof.add_argument("--context", type=int, default=256, help="prompt tokens per sequence")
     prof.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS))
+    prof.add_argument("--device", default="auto", choices=DEVICES,
+                      help="cpu: a step's pieces timed one by one; cuda: whole steps (graphs on), GPU time by "
+                           "kernel family (auto: cuda when visible)")
+    prof.add_argument("--output-dir", default=None, help="write the figures as JSON here too")
 
     decode = bench_sub.add_parser("decode", help="decode tok/s with CUDA graphs vs eager (--enforce-eager), "
                                                  "per batch size, side by side")

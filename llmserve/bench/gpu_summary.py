@@ -168,6 +168,23 @@ def throughput_rows(results: Path, steps: dict) -> list[Row]:
     return rows
 
 
+def profile_rows(results: Path, steps: dict) -> list[Row]:
+    """INFO: where a decode step's time goes, per profiled batch size (its three costliest
+    kernel families' shares)."""
+    report = latest_report(results / "profile")
+    if report is None:
+        return [_missing("decode step profile", "profile", steps)]
+    rows = []
+    for r in report["reports"]:
+        busy = sum(r["families_s"].values()) or 1.0
+        top = sorted(r["families_s"].items(), key=lambda kv: -kv[1])[:3]
+        rows.append(Row(f"decode step profile, batch {r['batch']}", "INFO",
+                        f"{1000 * r['step_s']:.2f} ms a step ({'CUDA graphs' if r['uses_graphs'] else 'eager'}, "
+                        f"context {r['context']}); kernel time: "
+                        + ", ".join(f"{name} {100 * t / busy:.0f}%" for name, t in top)))
+    return rows
+
+
 def summarize(results: Path) -> list[Row]:
     steps = read_steps(results)
     device = next((r["device"] for r in (latest_report(results / d) for d in ("kv-sizing", "decode", "throughput"))
@@ -180,6 +197,7 @@ def summarize(results: Path) -> list[Row]:
         kv_row(results, steps),
         *decode_rows(results, steps),
         *throughput_rows(results, steps),
+        *profile_rows(results, steps),
     ]
 
 

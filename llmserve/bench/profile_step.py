@@ -1,15 +1,18 @@
 """`llmserve bench profile`: where the time of one decode step goes.
 
-Builds a batch of decoding requests in the in-process engine, then times the pieces
-of a step separately: plan building (scheduler), plan/result protobuf round trips (what
-crosses gRPC), input building, the model forward by operator family (torch profiler),
-LM head, and sampling.
+Builds a batch of decoding requests in the in-process engine. On the CPU it times the
+pieces of a step separately: plan building (scheduler), plan/result protobuf round trips
+(what crosses gRPC), input building, the model forward by operator family (torch
+profiler), LM head, and sampling. On CUDA the forward replays a CUDA graph and kernels
+run asynchronously, so pieces timed on the host would mislead: there it times whole
+engine steps unprofiled, then sums each kernel family's GPU time over profiled steps.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
@@ -34,12 +37,34 @@ FAMILIES = [
     ("_mkl_linear", "matmul"),
     ("_weight_int8pack_mm", "matmul"),
     ("w8a8_linear", "matmul"),
+    ("bf16_linear", "matmul"),
     ("llmserve_cpu::", "fused element-wise (C++)"),
 ]
 
 
-def _family(name: str) -> str:
-    for fragment, family in FAMILIES:
+# GPU kernel name fragments -> family, first match wins (Triton kernels by our names,
+# cuBLAS's by theirs).
+CUDA_FAMILIES = [
+    ("_decode_kernel", "attention (paged decode)"),
+    ("_decode_reduce_kernel", "attention (paged decode)"),
+    ("_varlen_kernel", "attention (prefill)"),
+    ("_reshape_and_cache", "KV cache write"),
+    ("nvjet", "matmul"),
+    ("gemm", "matmul"),
+    ("cutlass", "matmul"),
+    ("splitKreduce", "matmul"),
+    ("_rms_norm", "norms, rotary, activation"),
+    ("_rotary", "norms, rotary, activation"),
+    ("elementwise", "element-wise (torch)"),
+    ("reduce_kernel", "reductions (sampling)"),
+    ("sort", "reductions (sampling)"),
+    ("Memcpy", "copies"),
+    ("Memset", "copies"),
+]
+
+
+def _family(name: str, families: list[tuple[str, str]] = FAMILIES) -> str:
+    for fragment, family in families:
         if fragment in name:
             return family
     return "other ops"
@@ -69,15 +94,15 @@ def decode_kv_blocks(batch: int, context: int, max_new_tokens: int, block_size: 
 
 
 def decoding_engine(model_dir, dtype: str, batch: int, context: int, model=None,
-                    max_new_tokens: int = 1000, quantization: str = "none") -> InProcessEngine:
+                    max_new_tokens: int = 1000, quantization: str = "none", device: str = "auto") -> InProcessEngine:
     """An in-process engine with `batch` sequences of `context` prompt tokens, all past
     their prefill (`prefilled_engine`). Its KV cache holds just those tokens. With `model`
     (another engine's runner's model) the weights are shared, not loaded again."""
     from llmserve.worker.config import RunnerConfig
     from llmserve.worker.model_runner import ModelRunner
 
-    settings = RunnerConfig(dtype=dtype, num_kv_blocks=decode_kv_blocks(batch, context, max_new_tokens), swap_space=0,
-                            quantization=quantization)
+    settings = RunnerConfig(device=device, dtype=dtype, num_kv_blocks=decode_kv_blocks(batch, context, max_new_tokens),
+                            swap_space=0, quantization=quantization)
     return prefilled_engine(ModelRunner(model_dir, settings, model=model), batch, context, max_new_tokens)
 
 
@@ -113,7 +138,9 @@ def time_decode_steps(model_dir, dtype: str, batches: list[int], context: int, s
 
 def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: int = 5,
                         quantization: str = "none") -> dict:
-    engine = decoding_engine(model_dir, dtype, batch, context, max_new_tokens=4 * reps + 16, quantization=quantization)
+    """A CPU decode step's pieces, timed one by one (module docstring)."""
+    engine = decoding_engine(model_dir, dtype, batch, context, max_new_tokens=4 * reps + 16, quantization=quantization,
+                             device="cpu")
     runner, sched = engine.runner, engine.scheduler
     times: dict[str, float] = defaultdict(float)
     ops: dict[str, float] = defaultdict(float)
@@ -163,14 +190,94 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
             "plan_bytes": len(plan_bytes), "pieces_s": dict(times), "forward_ops_s": dict(ops)}
 
 
-def bench_profile(args) -> int:
-    from llmserve.model_store import resolve_model_dir
+def _kernel_time(evt, on_cuda: bool) -> float:
+    """Seconds of one profiler row: its GPU time on CUDA (kernels, copies), else its CPU
+    self time."""
+    if on_cuda:  # NOTE: self_device_time_total is torch >= 2.4's name for the CUDA column.
+        return getattr(evt, "self_device_time_total", getattr(evt, "self_cuda_time_total", 0.0)) / 1e6
+    return evt.self_cpu_time_total / 1e6
 
-    report = profile_decode_step(resolve_model_dir(args.model), args.dtype, args.batch, args.context,
-                                 quantization=args.quantization)
+
+def profile_whole_steps(engine: InProcessEngine, steps: int = 10) -> dict:
+    """Whole decode steps of `engine` (already decoding): the mean unprofiled step, then
+    per step over `steps` profiled ones each family's time (GPU time on CUDA, CPU self
+    time elsewhere) and the costliest rows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from llmserve.bench.clock import now
+
+    device = engine.runner.device
+    on_cuda = device.type == "cuda"
+    for _ in range(3):  # Warm-up: kernel choices, the allocator.
+        engine.step()
+    start = now(device)
+    for _ in range(steps):
+        engine.step()
+    step_s = (now(device) - start) / steps
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            engine.step()
+        now(device)
+    families: dict[str, float] = defaultdict(float)
+    rows = []
+    for evt in prof.key_averages():
+        seconds = _kernel_time(evt, on_cuda) / steps
+        if seconds <= 0:
+            continue
+        families[_family(evt.key, CUDA_FAMILIES if on_cuda else FAMILIES)] += seconds
+        rows.append((evt.key, seconds, evt.count / steps))
+    rows.sort(key=lambda r: -r[1])
+    return {"device": str(device), "uses_graphs": engine.runner.graphs is not None, "step_s": step_s,
+            "families_s": dict(families), "top_rows": [{"name": n, "seconds": t, "calls": c} for n, t, c in rows[:10]]}
+
+
+def _print_whole_steps(report: dict) -> None:
+    busy = sum(report["families_s"].values())
+    print(f"decode step, batch {report['batch']}, context ~{report['context']}, {report['dtype']} on "
+          f"{report['device']} ({'CUDA graphs' if report['uses_graphs'] else 'eager'}): {_ms(report['step_s'])} "
+          f"unprofiled; {_ms(busy)} of kernel time", flush=True)
+    for key, dt in sorted(report["families_s"].items(), key=lambda kv: -kv[1]):
+        print(f"    {key:<32}{_ms(dt)}  {100 * dt / busy:5.1f}%")
+    print("  costliest rows (per step):")
+    for row in report["top_rows"][:6]:
+        print(f"    {row['name'][:60]:<62}{_ms(row['seconds'])}  x{row['calls']:g}")
+
+
+def bench_profile(args) -> int:
+    from llmserve.bench.report import machine_info, write_json
+    from llmserve.model_store import resolve_model_dir
+    from llmserve.worker.device import resolve_device
+
+    model_dir, device = resolve_model_dir(args.model), resolve_device(args.device)
+    reports = []
+    for batch in args.batch:
+        if device.type == "cuda":
+            engine = decoding_engine(model_dir, args.dtype, batch, args.context, max_new_tokens=64,
+                                     quantization=args.quantization, device="cuda")
+            report = {"batch": batch, "context": args.context, "dtype": args.dtype,
+                      "quantization": args.quantization, **profile_whole_steps(engine)}
+            del engine
+            _print_whole_steps(report)
+        else:
+            report = profile_decode_step(model_dir, args.dtype, batch, args.context, quantization=args.quantization)
+            # The same keys as a CUDA report's, for readers of the JSON (the GPU self-check's summary).
+            report.update(device="cpu", uses_graphs=False, step_s=sum(report["pieces_s"].values()),
+                          families_s=report["forward_ops_s"])
+            _print_pieces(report)
+        reports.append(report)
+    if args.output_dir:
+        path = Path(args.output_dir) / f"profile-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        write_json({"kind": "profile", "machine": machine_info(), "command": " ".join(args.argv),
+                    "reports": reports}, path)
+        print(f"wrote {path}", flush=True)
+    return 0
+
+
+def _print_pieces(report: dict) -> None:
     total = sum(report["pieces_s"].values())
-    print(f"decode step, batch {args.batch}, context ~{args.context}, {args.dtype}, quantization "
-          f"{args.quantization}: {_ms(total)}"
+    print(f"decode step, batch {report['batch']}, context ~{report['context']}, {report['dtype']}, quantization "
+          f"{report['quantization']}: {_ms(total)}"
           f" (plan on the wire: {report['plan_bytes']} bytes)")
     for key, dt in report["pieces_s"].items():
         print(f"  {key:<34}{_ms(dt)}  {100 * dt / total:5.1f}%")
@@ -178,4 +285,3 @@ def bench_profile(args) -> int:
     print("  model forward by operator family (profiler self time):")
     for key, dt in sorted(report["forward_ops_s"].items(), key=lambda kv: -kv[1]):
         print(f"    {key:<32}{_ms(dt)}  {100 * dt / fwd:5.1f}%")
-    return 0

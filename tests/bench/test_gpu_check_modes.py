@@ -138,7 +138,7 @@ def _write_results(tmp_path, device: str, graphs_over_eager: float, engine_over_
     machine = {"cuda": "NVIDIA H100" if device != "cpu" else None, "cuda_version": "12.8", "torch": "2.11.0",
                "python": "3.12.3", "git_revision": "abc1234", "date": "2026-11-25 12:00:00"}
     (tmp_path / "steps.tsv").write_text("".join(f"{s}\t0\t5\n" for s in (
-        "install", "verify", "gpu-tests", "make-model", "kv-sizing", "decode", "throughput")))
+        "install", "verify", "gpu-tests", "make-model", "kv-sizing", "decode", "throughput", "profile")))
     (tmp_path / "gpu-tests.xml").write_text(
         f'<testsuites><testsuite tests="10" failures="{failures}" errors="0" skipped="1">'
         + "".join(f'<testcase classname="tests.t" name="f{i}"><failure/></testcase>' for i in range(failures))
@@ -159,6 +159,10 @@ def _write_results(tmp_path, device: str, graphs_over_eager: float, engine_over_
                            "hf": {"output_tokens_per_s": 100.0, "engine_over_this": engine_over_hf,
                                   "engine_over_this_median": engine_over_hf, "batch_size": 16}}},
     }
+    reports["profile"] = {"reports": [
+        {"batch": b, "context": 256, "step_s": 0.002 * b, "uses_graphs": device != "cpu",
+         "families_s": {"matmul": 0.001, "attention (paged decode)": 0.0005 * b, "copies": 0.0001}}
+        for b in (8, 64)]}
     for folder, report in reports.items():
         (tmp_path / folder).mkdir()
         (tmp_path / folder / f"{folder}-20261125.json").write_text(json.dumps({**report, "machine": machine}))
@@ -175,9 +179,13 @@ def test_summary_passes_a_run_that_meets_every_target(tmp_path, capsys):
     assert results["CUDA graphs >= 1.5x eager, batch 8"] == "PASS"
     assert results["engine >= 3x HF generate (reference workload)"] == "PASS"
     assert results["KV blocks within 5% of what fits"] == "PASS"
-    assert set(results.values()) == {"PASS", "INFO"} and len(results) == 11
+    assert set(results.values()) == {"PASS", "INFO"} and len(results) == 13
     out = capsys.readouterr().out
-    assert out.startswith("GPU self-check on NVIDIA H100") and "PASSED: 0 of 11 rows failed" in out
+    assert out.startswith("GPU self-check on NVIDIA H100") and "PASSED: 0 of 13 rows failed" in out
+    profile = {row.check: row.figure for row in gpu_summary.summarize(tmp_path)}["decode step profile, batch 64"]
+    # 64 x 0.5 ms of attention against 1 ms of matmul and 0.1 ms of copies: shares of 33.1 ms.
+    assert profile == ("128.00 ms a step (CUDA graphs, context 256); kernel time: attention (paged decode) 97%, "
+                       "matmul 3%, copies 0%")
     assert (tmp_path / "summary.md").read_text().strip() == out.strip()
 
 
@@ -222,3 +230,32 @@ def test_kv_sizing_keeps_the_worker_s_own_budget_and_asks_for_one_on_the_cpu(tin
                  "--dtype", "float32", "--kv-cache-memory", "4MiB", "--swap-space", "0",
                  "--output-dir", str(tmp_path)]) == 0
     assert "fits after start-up: 0.004 GiB" in capsys.readouterr().out
+
+
+def test_whole_step_profile_sums_each_family_per_step(tiny_random_model):
+    """The CUDA mode of `bench profile`, run here on the CPU: whole engine steps timed, then
+    each operator family's time per profiled step."""
+    from llmserve.bench.profile_step import decoding_engine, profile_whole_steps
+
+    engine = decoding_engine(tiny_random_model["dir"], "float32", 3, 20, max_new_tokens=40, device="cpu")
+    report = profile_whole_steps(engine, steps=4)
+    assert report["device"] == "cpu" and not report["uses_graphs"] and report["step_s"] > 0
+    families = report["families_s"]
+    assert families["matmul"] > 0 and families["attention (paged decode)"] > 0
+    # Per step: 4 profiled steps of 3 rows, each step 2 layers x 1 paged-attention call.
+    rows = {row["name"]: row for row in report["top_rows"]}
+    assert rows["llmserve_cpu::paged_attention_decode"]["calls"] == 2
+    assert sum(families.values()) < 5 * report["step_s"]
+
+
+def test_profile_families_name_every_kernel_of_ours():
+    from llmserve.bench.profile_step import CUDA_FAMILIES, _family
+
+    for op in ("llmserve_cpu::bf16_linear", "llmserve_cpu::w8a8_linear", "mkldnn::_linear_pointwise", "aten::mm"):
+        assert _family(op) == "matmul", op
+    assert _family("llmserve_cpu::silu_and_mul") == "fused element-wise (C++)"
+    cuda = {"_decode_kernel": "attention (paged decode)", "_decode_reduce_kernel": "attention (paged decode)",
+            "_varlen_kernel": "attention (prefill)", "nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT": "matmul",
+            "_reshape_and_cache_kernel": "KV cache write", "_rms_norm_kernel": "norms, rotary, activation"}
+    for kernel, family in cuda.items():
+        assert _family(kernel, CUDA_FAMILIES) == family, kernel
