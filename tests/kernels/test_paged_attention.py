@@ -121,3 +121,12 @@ def test_wrappers_reject_bad_arguments(device):
     with pytest.raises(ValueError, match="block_size must be a power of two >= 16"):
         paged_attention_varlen(case.q.cpu(), small, case.block_tables.cpu(), case.seq_lens.cpu(),
                                case.cu_seqlens_q.cpu(), 1, 1.0)
+
+
+def test_decode_tile_keeps_a_tile_s_keys_within_the_register_budget():
+    from llmserve.kernels.triton.paged_attention import decode_tile
+
+    assert decode_tile(64, 16) == 64  # the case measured on the H200: 4 blocks a tile
+    assert decode_tile(128, 16) == 32 and decode_tile(256, 16) == 16  # 4096 elements of K a tile
+    assert decode_tile(256, 32) == 32 and decode_tile(64, 128) == 128  # never less than one block
+    assert decode_tile(512, 8) == 16  # tl.dot's least

@@ -9,8 +9,9 @@ p % block_size. Query head h reads kv head h // G, G = num_heads // num_kv_heads
   decode program (seq, kv_head, split):            prefill program (seq, q_tile, kv_head):
     q [16+, D]: the G heads sharing one kv head,       rows r = (query r // G, head r % G)
       zero rows up to tl.dot's 16                       q [BLOCK_M, D] (Q_PER_TILE queries x G)
-    for each tile of 64 keys in this split's share     for each block up to the tile's last
-    of the sequence: K, V [64, D] gathered from their  position: K, V loaded once, 2 dots
+    for each tile of keys (64 at head dim 64,          for each block up to the tile's last
+    fewer for wider heads) in this split's share of    position: K, V loaded once, 2 dots
+    the sequence: K, V [tile, D] gathered from their
     blocks, loaded ONCE for G heads, 2 dots, online
     softmax (m, l, acc) in fp32
 """
@@ -31,8 +32,16 @@ _NEG: tl.constexpr = tl.constexpr(-1.0e30)  # finite "minus infinity" for runnin
 # ----------------------------------------------------------------------------------------
 # Decode
 # ----------------------------------------------------------------------------------------
-# Keys per decode iteration (several blocks gathered at once; a larger block is one tile).
+# Keys per decode iteration (several blocks gathered at once; a larger block is one tile):
+# 64 at head dim 64, fewer for wider heads so that a tile's K (and V) stays at 4096
+# elements, the register budget the measured case had (no spills at head dim 128, 256).
 DECODE_TILE = 64
+_DECODE_TILE_ELEMENTS = 4096
+
+
+def decode_tile(head_dim_pad: int, block_size: int) -> int:
+    """Keys per iteration of the decode kernel: a power of two >= 16 and >= one block."""
+    return max(16, block_size, min(DECODE_TILE, _DECODE_TILE_ELEMENTS // head_dim_pad))
 
 
 @triton.jit
@@ -153,7 +162,7 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     """q: [B, H, D] (one token per sequence, already in the cache); block_tables
     [B, max_blocks]; seq_lens [B] (>= 1, context including this token) -> out [B, H, D].
-    num_splits > 1: flash-decoding, each sequence's tiles of DECODE_TILE keys shared evenly
+    num_splits > 1: flash-decoding, each sequence's tiles of keys (decode_tile) shared evenly
     by the splits (so one split count serves any context length), partial (acc, max, sum)
     in fp32, then one reduction launch."""
     B = q.shape[0] if q.dim() == 3 else -1
@@ -182,7 +191,7 @@ def paged_attention_decode(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), block_tables.stride(0),
         NUM_HEADS=H, G=G, M_PAD=max(16, next_pow2(G)), D=D, D_PAD=max(16, next_pow2(D)), BLOCK_SIZE=bs,
-        TILE=max(DECODE_TILE, bs), NUM_SPLITS=num_splits, SPLIT=split,
+        TILE=decode_tile(max(16, next_pow2(D)), bs), NUM_SPLITS=num_splits, SPLIT=split,
         # NOTE: fp32 inputs would default to tf32 on GPU (~1e-3 error): ask for ieee.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
     )
