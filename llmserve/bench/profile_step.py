@@ -193,9 +193,7 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
 def _kernel_time(evt, on_cuda: bool) -> float:
     """Seconds of one profiler row: its GPU time on CUDA (kernels, copies), else its CPU
     self time."""
-    if on_cuda:  # NOTE: self_device_time_total is torch >= 2.4's name for the CUDA column.
-        return getattr(evt, "self_device_time_total", getattr(evt, "self_cuda_time_total", 0.0)) / 1e6
-    return evt.self_cpu_time_total / 1e6
+    return (evt.self_device_time_total if on_cuda else evt.self_cpu_time_total) / 1e6
 
 
 def profile_whole_steps(engine: InProcessEngine, steps: int = 10) -> dict:
