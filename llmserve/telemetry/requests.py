@@ -1,5 +1,6 @@
 """Per-request telemetry: the router's request span (with tokenize and detokenize
-children) and metrics, and the scheduler's queue / prefill spans of each request.
+children) and metrics. The scheduler's queue / prefill spans of each request live on its
+record (llmserve.scheduler.telemetry.RequestSpans).
 
     trace of one Generate call
     llmserve.generate (router, SERVER; parent = the client's traceparent if sent)
@@ -17,12 +18,11 @@ requests they carry.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
 
 from opentelemetry import trace
 
 from llmserve.telemetry import tracing
-from llmserve.telemetry.metrics import RouterMetrics, SchedulerMetrics
+from llmserve.telemetry.metrics import RouterMetrics
 
 
 class RouterRequest:
@@ -107,76 +107,3 @@ class _Detokenizing:
         r = self.request
         r._detok_seconds += time.perf_counter() - self.start
         r._detok_end_ns = time.time_ns()
-
-
-class _Live:
-    __slots__ = ("arrival", "request", "queue", "prefill")
-
-    def __init__(self, arrival: float, request: trace.Span, queue: trace.Span):
-        self.arrival, self.request, self.queue = arrival, request, queue
-        self.prefill: trace.Span | None = None
-
-
-class SchedulerRequests:
-    """The scheduler's per-request spans and queue-time metric, keyed by public request id."""
-
-    def __init__(self, metrics: SchedulerMetrics):
-        self.metrics = metrics
-        self._live: dict[str, _Live] = {}
-
-    def added(self, request_id: str, trace_context: Mapping[str, str], prompt_tokens: int, n: int) -> None:
-        parent = tracing.context_from_map(trace_context)
-        request = tracing.start_span("scheduler.request", parent=parent, attributes={
-            "llmserve.request_id": request_id, "llmserve.prompt_tokens": prompt_tokens, "llmserve.n": n})
-        queue = tracing.start_span("scheduler.queue", parent=request)
-        self._live[request_id] = _Live(time.perf_counter(), request, queue)
-
-    def scheduled(self, request_ids: Iterable[str]) -> None:
-        """Requests in a step about to run: the first time ends their queue wait."""
-        for request_id in request_ids:
-            live = self._live.get(request_id)
-            if live is None or live.prefill is not None:
-                continue
-            self.metrics.queue_time.record(time.perf_counter() - live.arrival)
-            live.queue.end()
-            live.prefill = tracing.start_span("scheduler.prefill", parent=live.request)
-
-    def produced(self, request_id: str) -> None:
-        """A token came out: the prefill (however many steps it took) is over."""
-        live = self._live.get(request_id)
-        if live is not None and live.prefill is not None and live.prefill.is_recording():
-            live.prefill.end()
-
-    def finished(self, request_id: str, finish_reason: str, error: str = "") -> None:
-        live = self._live.pop(request_id, None)
-        if live is None:
-            return
-        for s in (live.queue, live.prefill):
-            if s is not None and s.is_recording():
-                s.end()
-        live.request.set_attribute("llmserve.finish_reason", finish_reason)
-        if error:
-            live.request.set_status(trace.Status(trace.StatusCode.ERROR, error))
-        live.request.end()
-
-    def prefill_context(self, request_id: str) -> dict[str, str]:
-        """Trace context for the worker's span of this request's prefill."""
-        live = self._live.get(request_id)
-        if live is None or not tracing.enabled():
-            return {}
-        return tracing.context_to_map(live.prefill or live.request)
-
-    def links(self, request_ids: Iterable[str]) -> list[trace.Link]:
-        """Span links from a step to the requests it carries."""
-        if not tracing.enabled():
-            return []
-        links = []
-        for request_id in request_ids:
-            live = self._live.get(request_id)
-            if live is not None and (link := tracing.link_to(live.request)) is not None:
-                links.append(link)
-        return links
-
-    def close_all(self, reason: str) -> None:
-        for request_id in list(self._live):
-            self.finished(request_id, "abort", reason)

@@ -1,7 +1,7 @@
 """The engine loop cannot die from a request: a step that cannot be sent, or whose result
 cannot be applied, fails the requests of that step (by their public ids, freeing their
-blocks) and the loop goes on; an error no request can be blamed for halts the engine
-through the service's hook, never silently."""
+blocks) and the loop goes on; an error no request can be blamed for halts the engine:
+run() raises EngineHalted to the engine session, never silently."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
-from llmserve.scheduler.engine_loop import EngineLoop, LoopHooks
+from llmserve.scheduler.engine_loop import EngineHalted, EngineLoop
 from llmserve.scheduler.worker_link import WorkerLost
 
 from .scheduler_testkit import FakeWorker, make_scheduler, params
@@ -35,16 +35,26 @@ class ScriptedWorker:
 
 
 class Harness:
+    """An EngineLoop over a test core; it is the loop's StepObserver and keeps every
+    output delivered, and the steps started and finished (by step id)."""
+
     def __init__(self, worker, **config):
         self.core = make_scheduler(**config)
         self.outputs: list[RequestOutput] = []
-        self.halted: list[str] = []
-        self.lost: list[WorkerLost] = []
+        self.started: list[int] = []
+        self.finished: list[int] = []
         self.work = asyncio.Event()
-        hooks = LoopHooks(dispatch=self.outputs.extend, step_started=lambda plan, ns: None,
-                          step_finished=lambda plan, result, span, s: None,
-                          worker_lost=self.lost.append, halt=self.halted.append)
-        self.loop = EngineLoop(self.core, worker, hooks, self.work)
+        self.loop = EngineLoop(self.core, worker, self, self.work)
+
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        self.outputs += outputs
+
+    def step_started(self, plan: StepPlan, start_ns: int) -> None:
+        self.started.append(plan.step_id)
+
+    def step_finished(self, plan: StepPlan, result: StepResult, span, seconds: float) -> None:
+        assert span is None and seconds >= 0
+        self.finished.append(plan.step_id)
 
     def add(self, request_id: str, n: int = 1, max_tokens: int = 3) -> None:
         self.core.add_request(request_id, [1, 2, 3, 4, 5], params(max_tokens=max_tokens), n=n)
@@ -98,7 +108,9 @@ async def test_a_step_that_cannot_be_sent_fails_its_requests_and_the_loop_goes_o
         bad = ends[("bad", index)]
         assert bad.finish_reason == FinishReason.ERROR and bad.error_code == ErrorCode.INTERNAL
         assert "could not be sent" in bad.error and "Value out of range" in bad.error
-    assert not h.halted and h.loop.num_failed_steps == 1
+    assert h.loop.num_failed_steps == 1
+    # The failed step still started and finished: its span ends, its time is counted.
+    assert h.started == h.finished and len(h.started) >= 3
     h.assert_no_blocks_held()
 
 
@@ -121,7 +133,6 @@ async def test_a_result_that_cannot_be_applied_fails_that_steps_requests_by_publ
     assert {ends[("x", i)].finish_reason for i in (0, 1)} == {FinishReason.ERROR}
     assert "internal scheduler error" in ends[("x", 0)].error
     assert ends[("y", 0)].finish_reason == FinishReason.LENGTH
-    assert not h.halted
     h.assert_no_blocks_held()
 
 
@@ -142,7 +153,7 @@ async def test_a_failed_send_tells_the_worker_again_what_the_plan_dropped():
     assert h.ends()[("c", 0)].finish_reason == FinishReason.LENGTH
 
 
-async def test_an_error_in_building_a_step_halts_the_engine_through_the_hook():
+async def test_an_error_in_building_a_step_halts_the_engine():
     h = Harness(ScriptedWorker())
 
     def broken_schedule():
@@ -150,11 +161,14 @@ async def test_an_error_in_building_a_step_halts_the_engine_through_the_hook():
 
     h.core.schedule = broken_schedule
     h.add("a")
-    await asyncio.wait_for(h.loop.run(), 5)
-    assert len(h.halted) == 1 and "building step failed" in h.halted[0] and "queues out of order" in h.halted[0]
+    with pytest.raises(EngineHalted) as halted:
+        await asyncio.wait_for(h.loop.run(), 5)
+    # The reason names what failed and why: "EngineHalted: building step failed: ...".
+    assert str(halted.value) == "EngineHalted: building step failed: queues out of order"
+    assert not h.started
 
 
-async def test_a_lost_worker_goes_to_the_hook():
+async def test_a_lost_worker_ends_the_loop_with_worker_lost():
     async def lost(plan):
         raise WorkerLost("worker w: UNAVAILABLE")
 
@@ -162,8 +176,9 @@ async def test_a_lost_worker_goes_to_the_hook():
     worker.execute = lost
     h = Harness(worker)
     h.add("a")
-    await asyncio.wait_for(h.loop.run(), 5)
-    assert [str(e) for e in h.lost] == ["worker w: UNAVAILABLE"] and not h.halted
+    with pytest.raises(WorkerLost, match="^worker w: UNAVAILABLE$"):
+        await asyncio.wait_for(h.loop.run(), 5)
+    assert h.started == [0] and not h.finished and not h.outputs  # The request is the session's to fail.
 
 
 @pytest.mark.parametrize("seed", [2**63 - 1, -(2**63), 2**63 - 2])
@@ -195,33 +210,35 @@ async def test_a_halted_engine_fails_live_requests_turns_not_serving_and_refuses
     from llmserve.contract.grpc_server import NOT_SERVING, ServiceServer
     from llmserve.internal.v1 import scheduler_pb2
     from llmserve.scheduler.config import SchedulerServiceConfig
-    from llmserve.scheduler.service import RouterSession, SchedulerServicer
+    from llmserve.scheduler.engine_session import EngineState
+    from llmserve.scheduler.routers import RouterSession
+    from llmserve.scheduler.service import SchedulerServicer
     from llmserve.contract.sampling import SamplingParams
     from llmserve.contract.security import SecurityOptions
 
     server = ServiceServer("llmserve.internal.v1.Scheduler", "127.0.0.1", 0, SecurityOptions(insecure=True))
     servicer = SchedulerServicer(SchedulerServiceConfig(), server)
-    servicer.core = make_scheduler()
-    servicer.worker = ScriptedWorker()
+    engine = servicer.new_engine(make_scheduler(), ScriptedWorker())
     await server.set_serving(True)
 
     def broken_schedule():
         raise IndexError("a bug in the policy")
 
-    servicer.core.schedule = broken_schedule
-    servicer._start_engine_loop()
+    engine.core.schedule = broken_schedule
+    loop_task = engine.start_loop()
     session = RouterSession()
     add = wire.add_request_to_pb("r", [1, 2, 3], SamplingParams(max_tokens=4), n=2)
-    servicer._add(session, add)
-    await asyncio.wait_for(servicer._loop_task, 5)
+    servicer.add(session, add)
+    await asyncio.wait_for(loop_task, 5)
     outputs = []
     while not session.updates.empty():
         outputs += session.updates.get_nowait().outputs
     assert sorted(o.index for o in outputs) == [0, 1]
     assert all(o.error_code == ErrorCode.UNAVAILABLE and "a bug in the policy" in o.error for o in outputs)
     assert (await server.health.Check(_health_request(), None)).status == NOT_SERVING
-    assert not servicer._live and servicer.halted
-    servicer._add(session, wire.add_request_to_pb("later", [1, 2], SamplingParams(max_tokens=2)))
+    assert not engine.core.has_unfinished_requests() and engine.state is EngineState.HALTED
+    assert engine.halted == "EngineHalted: building step failed: a bug in the policy"
+    servicer.add(session, wire.add_request_to_pb("later", [1, 2], SamplingParams(max_tokens=2)))
     [refused] = session.updates.get_nowait().outputs
     assert refused.error_code == ErrorCode.UNAVAILABLE and "engine halted" in refused.error
     assert isinstance(refused, scheduler_pb2.RequestOutput)

@@ -12,6 +12,7 @@ from llmserve.contract.security import SecurityOptions, channel_credentials
 from llmserve.contract.grpc_server import ServiceServer
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.scheduler.block_events import AllBlocksCleared, BlockRemoved, BlockStored
+from llmserve.scheduler.engine_session import EngineState
 from llmserve.scheduler.kv_events import KvEventLog
 
 from .scheduler_testkit import FakeWorker, make_scheduler, params
@@ -106,7 +107,8 @@ async def service(credentials):
     config = SchedulerServiceConfig(security=security)
     server = ServiceServer("llmserve.internal.v1.Scheduler", "127.0.0.1", 0, security)
     servicer = SchedulerServicer(config, server)
-    servicer.core = make_scheduler(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    # An engine session whose loop never starts: the tests step its core themselves.
+    servicer.new_engine(make_scheduler(num_blocks=8, block_size=4, enable_prefix_caching=True), worker=None)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server.server)
     await server.start()
     creds = channel_credentials(credentials.ca, credentials.cert("router"), credentials.key("router"))
@@ -123,7 +125,7 @@ def run_steps(servicer, worker: FakeWorker) -> None:
     core = servicer.core
     while core.has_unfinished_requests():
         plan = core.schedule()
-        servicer._dispatch(core.update_from_output(plan, worker.execute(plan)))
+        servicer.engine.deliver(core.update_from_output(plan, worker.execute(plan)))
 
 
 async def test_the_service_streams_a_snapshot_then_each_steps_events_to_the_router(service):
@@ -142,7 +144,7 @@ async def test_the_service_streams_a_snapshot_then_each_steps_events_to_the_rout
     # Resuming after that batch replays nothing; a later change comes next.
     resumed = stub.SubscribeKvEvents(scheduler_pb2.SubscribeKvEventsRequest(
         after_sequence=batch.sequence, instance_id=batch.instance_id), timeout=10)
-    servicer._forget_cached_blocks()  # What a lost worker does.
+    servicer.engine.forget_cached_blocks()  # What a lost worker does.
     for s in (stream, resumed):
         cleared = await s.read()
         assert cleared.sequence == batch.sequence + 1 and kinds(cleared) == ["cleared"]
@@ -171,17 +173,16 @@ async def test_get_load_reports_the_queues_and_serving_only_with_a_ready_worker(
     load = await stub.GetLoad(scheduler_pb2.GetLoadRequest(), timeout=10)
     assert (load.num_waiting, load.num_running, load.num_waiting_tokens) == (2, 0, 16)
     assert (load.num_total_blocks, load.num_free_blocks, load.kv_usage) == (8, 8, 0.0)
-    assert not load.serving  # No worker registered.
+    assert not load.serving  # No readiness step has run.
     plan = servicer.core.schedule()
     servicer.core.update_from_output(plan, FakeWorker(4).execute(plan))
     load = await stub.GetLoad(scheduler_pb2.GetLoadRequest(), timeout=10)
     assert (load.num_waiting, load.num_running, load.num_waiting_tokens) == (0, 2, 0)
     assert load.num_free_blocks == 8 - 5 and load.kv_usage == pytest.approx(5 / 8)
-    servicer.worker, servicer.ready = object(), True
+    servicer.engine.state = EngineState.SERVING  # As after the readiness step.
     assert (await stub.GetLoad(scheduler_pb2.GetLoadRequest(), timeout=10)).serving
     servicer.draining = True
     assert not (await stub.GetLoad(scheduler_pb2.GetLoadRequest(), timeout=10)).serving
-    servicer.worker = None  # (the fixture's teardown must not close a fake link)
 
 
 async def test_a_subscriber_that_falls_behind_sees_its_stream_end(service):

@@ -45,7 +45,6 @@ class BlockPool:
         self._cached: dict[Hashable, int] = {}
         self._parent_hash: dict[Hashable, Hashable | None] = {}  # Of each cached hash (for snapshots).
         self._events: list[BlockEvent] | None = [] if record_events else None
-        self.num_evictions = 0  # Cached blocks whose hash was dropped to reuse them.
         self.num_allocated_total = 0  # Blocks handed out by allocate(), lifetime.
 
     @property
@@ -168,7 +167,6 @@ class BlockPool:
             del self._cached[block_hash]
             del self._parent_hash[block_hash]
             self._block_hash[block_id] = None
-            self.num_evictions += 1
             self._record(BlockRemoved(block_hash))
 
     # ---- block events ----

@@ -4,15 +4,20 @@ No request can stop it. A failure is pinned on the requests it concerns and the 
 goes on:
 
     schedule()            raises -> no request to blame: the engine halts (below)
-    worker.execute(plan)  WorkerLost -> the service drops the worker (all its requests fail)
+    worker.execute(plan)  WorkerLost -> run() raises it: the engine session drops the
+                          worker (all its requests fail)
                           anything else (the plan could not be encoded or sent, or the
                           reply read) -> the plan's requests fail; the loop goes on
     update_from_output()  raises -> the plan's requests fail; the loop goes on
     a failure of the failure handling itself, or of the loop's own bookkeeping
                           -> the engine halts
 
-Halting is never silent: the service logs why, turns health NOT_SERVING, fails every
-live request (UNAVAILABLE) and refuses new ones until a worker registers again.
+Halting is never silent: run() raises EngineHalted, and the engine session
+(engine_session.py) logs why, turns health NOT_SERVING, fails every live request
+(UNAVAILABLE) and refuses new ones until a worker registers again.
+
+The loop reports to one narrow interface, StepObserver (outputs to deliver, a step's
+start and end); how it stopped is what run() raises, not a callback.
 
 Before each step the requests whose deadline has passed end (Scheduler.expire): a queued
 one is never scheduled, a running one stops at this step. With nothing to run, the loop
@@ -24,8 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 from llmserve.contract.outputs import RequestOutput
@@ -42,15 +45,17 @@ class StepExecutor(Protocol):
     async def execute(self, plan: StepPlan) -> StepResult: ...
 
 
-@dataclass
-class LoopHooks:
-    """What the service does around each step (spans, metrics, output delivery)."""
+class StepObserver(Protocol):
+    """What the loop tells its owner, synchronously, between its awaits."""
 
-    dispatch: Callable[[list[RequestOutput]], None]  # Sends outputs to their routers.
-    step_started: Callable[[StepPlan, int], object]  # (plan, start ns) -> the step's span.
-    step_finished: Callable[[StepPlan, StepResult, object, float], None]  # (..., span, seconds).
-    worker_lost: Callable[[WorkerLost], "asyncio.Future | object"]  # Awaited when it returns one.
-    halt: Callable[[str], "asyncio.Future | object"]  # Why the engine cannot go on.
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        """Outputs of a step, of expired requests or of failed ones: to their clients."""
+
+    def step_started(self, plan: StepPlan, start_ns: int) -> object:
+        """A non-empty plan is about to be sent (it may add trace contexts); its span."""
+
+    def step_finished(self, plan: StepPlan, result: StepResult, span: object, seconds: float) -> None:
+        """The plan's result was applied (and its outputs delivered)."""
 
 
 class EngineHalted(RuntimeError):
@@ -58,13 +63,16 @@ class EngineHalted(RuntimeError):
 
 
 class EngineLoop:
-    def __init__(self, core: Scheduler, worker: StepExecutor, hooks: LoopHooks, work: asyncio.Event):
-        self.core, self.worker, self.hooks = core, worker, hooks
+    """Drives one core and one worker (group) step by step; see the module docstring."""
+
+    def __init__(self, core: Scheduler, worker: StepExecutor, observer: StepObserver, work: asyncio.Event):
+        self.core, self.worker, self.observer = core, worker, observer
         self.work = work  # Set when a request arrives or ends.
         self.num_failed_steps = 0  # Steps whose requests were failed, lifetime.
 
     async def run(self) -> None:
-        """Steps until cancelled, the worker is lost, or the engine halts."""
+        """Steps until cancelled; raises WorkerLost when the worker is lost, and
+        EngineHalted (its message: why) when the engine cannot go on."""
         try:
             while True:
                 if not await self._step():
@@ -72,13 +80,11 @@ class EngineLoop:
                     await self._idle()
                 # Let session readers run between steps so aborts and adds land promptly.
                 await asyncio.sleep(0)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, WorkerLost):
             raise
-        except WorkerLost as err:
-            await _maybe_await(self.hooks.worker_lost(err))
         except Exception as err:  # EngineHalted, or a bug in the loop itself.
             logger.exception("the engine loop cannot go on")
-            await _maybe_await(self.hooks.halt(f"{type(err).__name__}: {err}"))
+            raise EngineHalted(f"{type(err).__name__}: {err}") from err
 
     async def _idle(self) -> None:
         """Waits until work arrives or the earliest deadline passes (a queued request
@@ -103,7 +109,7 @@ class EngineLoop:
         except Exception as err:
             raise EngineHalted(f"ending requests past their deadline failed: {err}") from err
         if expired:
-            self.hooks.dispatch(expired)
+            self.observer.deliver(expired)
         try:
             plan = core.schedule()
         except Exception as err:
@@ -111,7 +117,7 @@ class EngineLoop:
         if plan.is_empty:
             # Nothing can run until an abort or a new request changes the picture.
             return False
-        span = self.hooks.step_started(plan, start_ns)
+        span = self.observer.step_started(plan, start_ns)
         try:
             result = await self.worker.execute(plan)
         except WorkerLost:
@@ -122,7 +128,7 @@ class EngineLoop:
             result = StepResult(plan.step_id, error=f"internal error: step {plan.step_id} could not be sent "
                                                     f"to the worker: {type(err).__name__}: {err}")
         self._apply(plan, result)
-        self.hooks.step_finished(plan, result, span, time.perf_counter() - start)
+        self.observer.step_finished(plan, result, span, time.perf_counter() - start)
         return True
 
     def _apply(self, plan: StepPlan, result: StepResult) -> None:
@@ -138,15 +144,10 @@ class EngineLoop:
         if result.error:
             self.num_failed_steps += 1
             logger.error("step %d failed: %s", plan.step_id, result.error)
-        self.hooks.dispatch(outputs)
+        self.observer.deliver(outputs)
 
 
 def _end(span) -> None:
     end = getattr(span, "end", None)
     if end is not None:
         end()
-
-
-async def _maybe_await(value) -> None:
-    if asyncio.isfuture(value) or asyncio.iscoroutine(value):
-        await value

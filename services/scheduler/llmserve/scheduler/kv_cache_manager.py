@@ -29,15 +29,11 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from llmserve.contract.arith import cdiv
 from llmserve.scheduler.block_pool import BlockPool
 from llmserve.scheduler.prefix_cache import PrefixCache
 from llmserve.scheduler.request import Sample
 from llmserve.scheduler.swap_space import SwapSpace
-
-
-def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for non-negative ints."""
-    return -(-a // b)
 
 
 @dataclass

@@ -47,7 +47,6 @@ class Preemptor:
         """Preempt every running sample of the request, by swap or by recompute."""
         live = self.queues.take_running(request)
         for sample in live:
-            sample.num_preemptions += 1
             self.worker.drop(sample)  # Its state on the worker is stale either way.
         if self._wants_swap(live) and self.kv.can_swap_out(live):
             self._swap_out(request, live)

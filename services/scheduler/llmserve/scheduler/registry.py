@@ -1,5 +1,13 @@
 """The unfinished requests, reachable by public id (from clients) and their live samples
-by sequence id (from workers' results): two indexes onto the same records."""
+by sequence id (from workers' results): two indexes onto the same records.
+
+This is the scheduler process's one request table: the service keeps no other (a
+request's owner and stream state live on its record, request.StreamState). A request
+that just ended is out of the table but still handed over (take_ended), so whoever
+delivers its end output can reach its record:
+
+    add ──▶ _requests[id] ── last sample ends ──▶ _ended ── take_ended() / schedule() ──▶ gone
+"""
 
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ class LiveRequests:
         """No requests yet."""
         self._requests: dict[str, Request] = {}  # By public id.
         self._samples: dict[int, Sample] = {}  # By sequence id.
+        self._ended: list[Request] = []  # Out of _requests since the last take_ended().
 
     def __bool__(self) -> bool:
         return bool(self._requests)
@@ -28,6 +37,15 @@ class LiveRequests:
     def samples(self) -> list[Sample]:
         """Every live sample."""
         return list(self._samples.values())
+
+    def requests(self) -> list[Request]:
+        """Every unfinished request, oldest first."""
+        return list(self._requests.values())
+
+    def take_ended(self) -> list[Request]:
+        """The requests whose last sample ended since the last call, in end order."""
+        ended, self._ended = self._ended, []
+        return ended
 
     def add(self, request: Request, samples: list[Sample]) -> None:
         """Register a new request with its first samples (its public id is free)."""
@@ -48,6 +66,7 @@ class LiveRequests:
         request.samples.remove(sample)
         if not request.samples:
             del self._requests[request.request_id]
+            self._ended.append(request)
 
     def _add_samples(self, samples: list[Sample]) -> None:
         for sample in samples:

@@ -1,7 +1,7 @@
 """The scheduler's records: one `Request` per client request, one `Sample` per sequence.
 
     Request "r" (n = 2)          what the client asked for: prompt, sampling, n, priority,
-      │                          when it was first admitted, its stream state (service.py)
+      │                          when it was first admitted, its stream state (routers.py)
       ├── Sample 7  "r#p" root   prefills prompt[:-1] once, samples nothing, then forks:
       ├── Sample 8  "r#0"        one sequence each: tokens, computed count, status, block
       └── Sample 9  "r#1"        tables (GPU, CPU), prefix hashes, what the worker was sent
@@ -19,8 +19,14 @@ import itertools
 import time
 from dataclasses import dataclass, field, replace
 
+from typing import TYPE_CHECKING
+
 from llmserve.contract.outputs import ErrorCode, FinishReason, TokenLogprobs
 from llmserve.contract.sampling import SamplingParams, sample_seed
+
+if TYPE_CHECKING:  # The service's types; the core never imports them.
+    from llmserve.scheduler.routers import RouterSession
+    from llmserve.scheduler.telemetry import RequestSpans
 
 
 class RequestStatus(enum.Enum):
@@ -61,11 +67,15 @@ class HeldTokens:
 
 @dataclass
 class StreamState:
-    """The service's side of a request: who receives its outputs and what is held back."""
+    """The service's side of a request: who receives its outputs, what is held back, and
+    its spans. Requests added straight to the core (tests, the in-process engine, the
+    readiness probe) have no owner and no spans."""
 
-    owner: object | None = None  # The router session (service.RouterSession) it streams to.
+    # The router session (routers.RouterSession) it streams to; None: nobody's.
+    owner: RouterSession | None = None
     # By sample index: present once the sample's first token was sent, until it ends.
     held: dict[int, HeldTokens] = field(default_factory=dict)
+    spans: RequestSpans | None = None  # Its queue / prefill / request spans (telemetry.py).
 
 
 @dataclass(eq=False)  # Compared and hashed by identity: managers hold exactly this record.
@@ -141,7 +151,6 @@ class Sample:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  # Tokens whose KV is in the cache (or is in this step).
-    num_preemptions: int = 0
     stop_token_id: int = -1  # The eos / stop token that finished the sample.
     error: str = ""
     error_code: ErrorCode = ErrorCode.OK  # Why it ended with ERROR.

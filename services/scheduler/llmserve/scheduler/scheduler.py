@@ -7,6 +7,7 @@ Loop: `plan = schedule()` -> a worker executes it -> `update_from_output(plan, r
 Request per client request, one Sample per sequence) and hold references to them:
 
     registry.py          LiveRequests: unfinished requests by public id, samples by sequence id
+                         (the process's one request table; the service keeps none)
     queues.py            Queues: waiting / running / swapped, sorted by (priority, arrival)
     policy.py            StepPolicy: what runs this step (priority, running, swap-in, admission)
     preemption.py        Preemptor: swap or recompute a request's samples
@@ -211,6 +212,16 @@ class Scheduler:
         """The unfinished request with this public id, or None."""
         return self.live.request(request_id)
 
+    def unfinished_requests(self) -> list[Request]:
+        """Every unfinished request, oldest first."""
+        return self.live.requests()
+
+    def take_ended(self) -> list[Request]:
+        """The records of the requests that ended since the last call (or since the last
+        schedule()), in end order: their end outputs name them by public id only, and
+        the table no longer has them."""
+        return self.live.take_ended()
+
     def get_sample(self, seq_id: int) -> Sample | None:
         """The live sample with this sequence id, or None."""
         return self.live.sample(seq_id)
@@ -248,6 +259,9 @@ class Scheduler:
         An empty plan need not be sent to the worker: its finished_seq_ids are
         listed again in the next plan.
         """
+        # NOTE: records nobody took since the last step are dropped here, so a caller that
+        # never takes them (the in-process engine) does not keep every request forever.
+        self.live.take_ended()
         admitted = self.counters.requests_admitted, self.counters.prompt_tokens_total
         scheduled = self.policy.choose()
         self.admission.drain.record(self.clock(), self.counters.requests_admitted - admitted[0],

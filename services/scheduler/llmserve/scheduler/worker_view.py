@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
-from llmserve.contract.sampling import SamplingParams
+from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
 from llmserve.scheduler.request import Sample
 
@@ -31,17 +30,6 @@ class ScheduledSample:
     # Speculative decoding: tokens drafted after the sample's last one, counted in
     # num_tokens (1 + drafts), counted as computed only once the worker accepts them.
     draft_token_ids: list[int] = field(default_factory=list)
-
-
-def worker_sampling(sampling: SamplingParams) -> WorkerSamplingParams:
-    """The sampling settings a worker needs (stops and lengths stay with the scheduler)."""
-    return WorkerSamplingParams(
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k,
-        seed=sampling.seed,
-        logprobs=sampling.logprobs,
-    )
 
 
 class WorkerView:
@@ -107,7 +95,7 @@ class WorkerView:
             seq_id=sample.seq_id,
             token_ids=sample.all_token_ids,
             num_prompt_tokens=sample.num_prompt_tokens,
-            sampling=worker_sampling(sample.sampling),
+            sampling=sample.sampling,  # Whole: the worker reads what it samples with.
             block_ids=self.kv.get_block_ids(sample),
             num_computed_tokens=sample.num_computed_tokens,
             num_scheduled_tokens=item.num_tokens,

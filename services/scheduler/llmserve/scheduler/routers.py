@@ -1,0 +1,134 @@
+"""Router sessions and dispatch: each router's Session stream, and outputs routed to the
+session that owns their request (the owner is on the request's record).
+
+    router A ──Session──▶ RouterSession A ◀─┐
+    router B ──Session──▶ RouterSession B ◀─┤ dispatch(outputs): one update per session,
+                                            │ tokens held back per --stream-interval
+                          core's table ─────┘ (request.stream: owner, held tokens, spans)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+import grpc
+
+from llmserve.contract import wire
+from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
+from llmserve.internal.v1 import scheduler_pb2
+from llmserve.scheduler.request import Request
+from llmserve.scheduler.scheduler import Scheduler
+from llmserve.scheduler.stream_interval import OutputCoalescer
+from llmserve.scheduler.telemetry import SchedulerTelemetry
+
+logger = logging.getLogger(__name__)
+
+
+class RouterSession:
+    """One router's Session stream: the updates queued for writing to it. The requests it
+    owns are those whose record names it (request.stream.owner)."""
+
+    _ids = itertools.count()
+
+    def __init__(self):
+        self.id = next(self._ids)
+        self.updates: asyncio.Queue[scheduler_pb2.SchedulerUpdate | None] = asyncio.Queue()
+
+    def send(self, output: RequestOutput) -> None:
+        self.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=[wire.request_output_to_pb(output)]))
+
+    def refuse(self, request_id: str, code: ErrorCode, error: str, retry_after_ms: int = 0) -> None:
+        """Ends a request that was never queued."""
+        self.send(RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=error, error_code=code,
+                                retry_after_ms=retry_after_ms))
+
+
+def owned_by_router(core: Scheduler, request_id: str) -> Request | None:
+    """The unfinished request of this id that a router owns, or None (unknown, or the
+    core's own, such as the readiness probe)."""
+    request = core.get_request(request_id)
+    return request if request is not None and request.stream.owner is not None else None
+
+
+class RouterHub:
+    """Every open router session: serves their streams, routes outputs to their owners,
+    and tells each one when saturation changes."""
+
+    def __init__(self, coalescer: OutputCoalescer, telemetry: SchedulerTelemetry):
+        self.coalescer = coalescer
+        self.telemetry = telemetry
+        self.sessions: set[RouterSession] = set()
+        self.saturated = False  # As last told to the sessions.
+
+    async def serve(self, context, intake) -> None:
+        """One router's Session stream until it ends. `intake` (the servicer) takes the
+        router's messages: add(session, add), abort(ids) and closed(session)."""
+        session = RouterSession()
+        self.sessions.add(session)
+        session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(saturated=self.saturated))
+        reader = asyncio.create_task(self._read(session, context, intake))
+        try:
+            while True:
+                update = await session.updates.get()
+                if update is None:
+                    break
+                await context.write(update)
+        finally:
+            self.sessions.discard(session)
+            reader.cancel()
+            intake.closed(session)
+
+    @staticmethod
+    async def _read(session: RouterSession, context, intake) -> None:
+        try:
+            while True:
+                message = await context.read()
+                if message == grpc.aio.EOF:
+                    break
+                kind = message.WhichOneof("kind")
+                if kind == "add":
+                    intake.add(session, message.add)
+                elif kind == "abort":
+                    intake.abort(list(message.abort.request_ids))
+        finally:
+            await session.updates.put(None)
+
+    def dispatch(self, core: Scheduler, outputs: list[RequestOutput]) -> None:
+        """Groups outputs by owning router, one update message per router. Outputs of
+        requests no router owns are dropped."""
+        ended = {r.request_id: r for r in core.take_ended()}
+        per_session: dict[int, tuple[RouterSession, list]] = {}
+        finished: list[Request] = []
+        for out in outputs:
+            request = ended.get(out.request_id) or core.get_request(out.request_id)
+            if request is None or request.stream.owner is None:
+                continue
+            self.telemetry.output(request, out)
+            out = self.coalescer.push(out, request.stream)
+            if out is None:
+                continue  # Held until the sample's next N tokens or its end.
+            session = request.stream.owner
+            per_session.setdefault(session.id, (session, []))[1].append(wire.request_output_to_pb(out))
+            if out.finished:
+                finished.append(request)
+        # NOTE: after the loop: several samples of one request may end in one step.
+        for request in finished:
+            if request.is_finished:
+                self.coalescer.forget(request.stream)
+        for session, pbs in per_session.values():
+            session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=pbs))
+
+    def publish_saturation(self, saturated: bool) -> None:
+        """Tells every router when the core's saturation changes (it drops with the queue,
+        which steps, ends and aborts all shrink: every one of them dispatches)."""
+        if saturated == self.saturated:
+            return
+        self.saturated = saturated
+        if saturated:
+            logger.warning("saturated: the waiting queue is at its bounds, refusing new requests")
+        else:
+            logger.info("no longer saturated: the waiting queue drained")
+        for session in self.sessions:
+            session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(saturated=saturated))
