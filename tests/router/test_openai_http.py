@@ -11,8 +11,8 @@ import pytest
 
 from llmserve.contract.api_keys import ApiKeys
 from llmserve.router.generation import Generation
-from llmserve.router.openai_api import create_app
-from llmserve.router.openai_errors import error_response
+from llmserve.router.openai.api import create_app
+from llmserve.router.openai.errors import error_response
 
 KEY = "sk-test"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}

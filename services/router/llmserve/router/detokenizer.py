@@ -41,6 +41,8 @@ _MAX_PENDING_TOKENS = 4
 
 
 class Decoder(Protocol):
+    """What the detokenizers need of a tokenizer (a PromptTokenizer or a bare HF one)."""
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
 
 

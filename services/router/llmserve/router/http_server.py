@@ -21,6 +21,8 @@ CLOSE_GRACE_S = 2.0
 
 
 class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its signal handlers."""
+
     def capture_signals(self):
         # NOTE: uvicorn would take SIGTERM/SIGINT over; the router's own handler drains
         # both front doors in order, then stops this server.
@@ -28,6 +30,8 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpServer:
+    """The OpenAI API's port: uvicorn as a task of the router's loop."""
+
     def __init__(self, app, host: str, port: int, security: SecurityOptions):
         tls = {} if security.insecure else {"ssl_certfile": str(security.tls_cert), "ssl_keyfile": str(security.tls_key)}
         config = uvicorn.Config(app, host=host, port=port, lifespan="off", access_log=False, log_level="warning",

@@ -20,6 +20,10 @@ EXPECTED_TTL_S = 30.0
 
 
 class KvIndex:
+    """One replica's prefix cache as the router sees it: the block hashes its KV events
+    say are cached, plus the prefixes the router just sent there (expected for a while,
+    until the events catch up)."""
+
     def __init__(self, clock=time.monotonic) -> None:
         self.blocks: set[bytes] = set()  # Hashes the replica's prefix cache holds.
         self.instance_id = ""  # The scheduler process the events come from.

@@ -25,6 +25,7 @@ from llmserve.contract.startup_errors import StartupError
 from llmserve.contract.worker_info import WorkerInfo
 from llmserve.router.discovery import ReplicaAddress, SchedulerEntry, resolve_all, split_entries
 from llmserve.router.kv_index import KvIndex
+from llmserve.router.placements import Placements
 from llmserve.router.routing import Candidate, RoutingPolicy
 from llmserve.router.scheduler_link import SchedulerLink
 
@@ -37,16 +38,18 @@ class Replica:
     """One scheduler: its session link, whether it serves, its load and its cache index."""
 
     def __init__(self, address: ReplicaAddress, security: SecurityOptions, max_message_bytes: int,
-                 on_change: Callable[[], None]):
+                 on_change: Callable[[], None], placements: Placements):
         self.address = address
         self.name = str(address)
-        self.link = SchedulerLink(address.target, security, max_message_bytes, tls_name=address.tls_name,
-                                  name=self.name)
+        self.link = SchedulerLink(address.target, security, placements, max_message_bytes,
+                                  tls_name=address.tls_name, name=self.name)
         self.info: tuple[WorkerInfo, int] | None = None  # (worker info, KV blocks) once it served.
         self.serving = False  # Its scheduler says SERVING, on a live session.
         self.listed = True  # Still among --scheduler's replicas.
         self.saturated = False
-        self.in_flight = 0  # Requests this router has running there.
+        # Requests this router has running there. NOTE: only Placements.place/unplace move
+        # it, so it always equals the placement records on this replica.
+        self.in_flight = 0
         self.reported_load = 0  # Running + waiting sequences, as the scheduler last said.
         self.kv = KvIndex()
         self._on_change = on_change
@@ -126,11 +129,13 @@ class Replica:
 
 
 class ReplicaSet:
-    """Every replica of --scheduler, and the routing policy that picks among them."""
+    """Every replica of --scheduler, the routing policy that picks among them, and the
+    table of the requests placed on them (`placements`: the router's only one)."""
 
     def __init__(self, scheduler_spec: str, security: SecurityOptions, max_message_bytes: int,
                  policy: RoutingPolicy, resolve_interval_s: float = 10.0):
         self.entries: list[SchedulerEntry] = split_entries(scheduler_spec)
+        self.placements = Placements()
         self.security = security
         self.max_message_bytes = max_message_bytes
         self.policy = policy
@@ -161,7 +166,7 @@ class ReplicaSet:
         addresses = {a.target: a for found in self._resolved.values() for a in found}
         for target, address in addresses.items():
             if target not in self.replicas:
-                replica = Replica(address, self.security, self.max_message_bytes, self._changed)
+                replica = Replica(address, self.security, self.max_message_bytes, self._changed, self.placements)
                 self.replicas[target] = replica
                 if len(self.entries) > 1 or len(addresses) > 1:
                     logger.info("router: replica %s joins", replica.name)

@@ -37,6 +37,8 @@ class Candidate:
 
 
 class RoutingPolicy(Protocol):
+    """Picks one of the replicas that may take a request (--routing-policy names it)."""
+
     name: str
 
     def choose(self, candidates: Sequence[Candidate]) -> Candidate: ...
@@ -47,6 +49,8 @@ def least_loaded(candidates: Sequence[Candidate]) -> Candidate:
 
 
 class RoundRobin:
+    """In turn, whatever the replicas hold or run."""
+
     name = "round-robin"
 
     def __init__(self) -> None:
@@ -58,6 +62,8 @@ class RoundRobin:
 
 
 class LeastLoad:
+    """The fewest requests in flight."""
+
     name = "least-load"
 
     def choose(self, candidates: Sequence[Candidate]) -> Candidate:
@@ -65,6 +71,9 @@ class LeastLoad:
 
 
 class CacheAware:
+    """The longest cached prefix, unless the loads have drifted apart (see the module's
+    docstring)."""
+
     name = "cache-aware"
 
     def __init__(self, abs_threshold: int = BALANCE_ABS_THRESHOLD, rel_threshold: float = BALANCE_REL_THRESHOLD):

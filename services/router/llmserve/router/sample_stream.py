@@ -12,6 +12,8 @@ from llmserve.router.stop_strings import StopStringMatcher
 
 @dataclass
 class SampleDelta:
+    """What one sample adds to the client's stream: text, tokens, and how it ended."""
+
     index: int
     text: str
     token_ids: list[int]
@@ -23,6 +25,8 @@ class SampleDelta:
 
 @dataclass
 class SampleStream:
+    """One sample's text so far: its detokenizer and stop strings, and its counts."""
+
     index: int
     detokenizer: StreamDetokenizer | IncrementalDetokenizer
     stop_matcher: StopStringMatcher

@@ -2,7 +2,8 @@
 
 Adds and aborts go out on one long-lived bidirectional stream; the reader task hands
 each request's outputs to that request's own queue, so streams stay isolated
-(vLLM's per-request output queues, over gRPC instead of ZMQ).
+(vLLM's per-request output queues, over gRPC instead of ZMQ). The queues live on the
+requests' records (placements.py): the link keeps no table of its own.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from llmserve.contract.grpc_server import MAX_MESSAGE_BYTES, SERVING, channel
 from llmserve.contract.security import SecurityOptions
 from llmserve.contract.startup_errors import rpc_cause
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.contract.sampling import SamplingParams
 from llmserve.contract.worker_info import WorkerInfo
+from llmserve.router.placements import Placements
 
 logger = logging.getLogger(__name__)
 WAIT_REPORT_S = 5.0  # How often a router waiting for its scheduler at start-up says why.
@@ -29,28 +30,25 @@ WAIT_REPORT_IDLE_S = 30.0  # ... and later, while other replicas serve or after 
 
 
 class SchedulerUnavailable(RuntimeError):
-    pass
-
-
-def _unavailable(request_id: str, reason: str) -> RequestOutput:
-    return RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=reason, error_code=ErrorCode.UNAVAILABLE)
+    """The link has no session open (its scheduler is lost): the request goes elsewhere."""
 
 
 class SchedulerLink:
     """The router's connection to one replica's scheduler. `address`: the gRPC target;
+    `placements`: the router's requests, whose records hold the output queues;
     `tls_name`: the name its certificate carries when `address` is a resolved one;
     `name`: how logs and errors call it."""
 
-    def __init__(self, address: str, security: SecurityOptions, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 tls_name: str | None = None, name: str | None = None):
+    def __init__(self, address: str, security: SecurityOptions, placements: Placements,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, tls_name: str | None = None, name: str | None = None):
         self.address = address
         self.name = name or address
+        self.placements = placements
         self.waiting = self.fix = ""  # Why it is not serving yet, and what to check.
         # Mutual TLS: the router's certificate.
         self._channel = channel(address, security, max_message_bytes, tls_name=tls_name)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._call = None
-        self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._reader: asyncio.Task | None = None
         self.connected = asyncio.Event()
         self.disconnected = asyncio.Event()
@@ -119,7 +117,7 @@ class SchedulerLink:
                     self.saturated = update.saturated
                     self.saturation_changed.set()
                 for out_pb in update.outputs:
-                    queue = self._queues.get(out_pb.request_id)
+                    queue = self.placements.queue_of(out_pb.request_id, self)
                     if queue is not None:
                         queue.put_nowait(wire.request_output_from_pb(out_pb))
         except grpc.aio.AioRpcError as err:
@@ -134,39 +132,28 @@ class SchedulerLink:
         self._fail_all(reason)
         self.disconnected.set()
 
-    def fail_requests(self, request_ids: list[str], reason: str) -> None:
-        """Ends these requests' streams with an error (the router's shutdown timeout)."""
-        for request_id in request_ids:
-            if (queue := self._queues.get(request_id)) is not None:
-                queue.put_nowait(_unavailable(request_id, reason))
-
     def _fail_all(self, reason: str) -> None:
-        for request_id, queue in list(self._queues.items()):
-            queue.put_nowait(_unavailable(request_id, reason))
+        for record in self.placements.on(self):
+            record.fail(reason)
 
     async def add(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                   n: int = 1, priority: int = 0, trace_context: dict[str, str] | None = None,
-                  deadline_ms: int = 0) -> asyncio.Queue:
-        """Queue a request of `n` samples; its outputs (every sample's) land in the queue.
-        `deadline_ms`: what is left of the client's deadline (0: none)."""
+                  deadline_ms: int = 0) -> None:
+        """Queue a request of `n` samples, already placed here (Placements.place): its
+        outputs (every sample's) land in its record's queue. `deadline_ms`: what is left
+        of the client's deadline (0: none)."""
         if not self.connected.is_set():
             raise SchedulerUnavailable(f"not connected to scheduler {self.address}")
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._queues[request_id] = queue
         add = wire.add_request_to_pb(request_id, prompt_token_ids, sampling, n, priority, trace_context, deadline_ms)
         await self._write(scheduler_pb2.RouterMessage(add=add))
-        return queue
 
     async def _write(self, message: scheduler_pb2.RouterMessage) -> None:
         async with self._write_lock:
             await self._call.write(message)
 
-    def release(self, request_id: str) -> None:
-        self._queues.pop(request_id, None)
-
     async def abort(self, request_ids: list[str]) -> None:
-        for request_id in request_ids:
-            self.release(request_id)
+        """Ends these requests in the scheduler (their KV blocks freed); their outputs
+        stop reaching them once their records are unplaced."""
         if request_ids and self.connected.is_set():
             try:
                 await self._write(

@@ -1,5 +1,5 @@
 """The router: the public `llmserve.v1.Generation` API, and on --http-port the same
-API in OpenAI's wire format (openai_api.py); both run `Generation` (generation.py).
+API in OpenAI's wire format (openai/); both run `Generation` (generation.py).
 
     client ──Generate──▶ validate ─▶ tokenize ─▶ replica's SchedulerLink.add ─┐
     client ◀─deltas──── stop strings ◀─ detokenize ◀─ outputs queue ◀┘
@@ -27,7 +27,7 @@ from llmserve.router.generation import Generation, GenerationError
 from llmserve.router.health import RouterHealth
 from llmserve.router.http_server import HttpServer
 from llmserve.router.limits import check_prompt_size, prompt_byte_limit
-from llmserve.router.openai_api import create_app
+from llmserve.router.openai.api import create_app
 from llmserve.router.reflection import enable_reflection
 from llmserve.router.request_decoding import DecodeErrorInterceptor
 from llmserve.router.replicas import ReplicaSet
@@ -69,10 +69,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             async with contextlib.aclosing(responses):
                 async for output in responses:
                     response = self._response(output.request_id, output.delta)
-                    if (usage := output.usage) is not None:
-                        response.usage.CopyFrom(generation_pb2.Usage(
-                            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                            cached_tokens=usage.cached_tokens))
+                    if output.usage is not None:
+                        response.usage.CopyFrom(output.usage.to_pb())
                     yield response
         except GenerationError as err:
             if err.retry_after_ms:
@@ -218,21 +216,21 @@ async def _drain(generation: Generation, timeout_s: float) -> None:
     """SIGTERM: refuse new calls (both front doors), let running streams finish for up to
     `timeout_s`, then end the rest with UNAVAILABLE."""
     generation.draining = True
+    running = generation.placements
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    if generation.active:
-        logger.info("draining %d in-flight requests (up to %.0f s)", len(generation.active), timeout_s)
-    while generation.active and loop.time() < deadline:
+    if running:
+        logger.info("draining %d in-flight requests (up to %.0f s)", len(running), timeout_s)
+    while running and loop.time() < deadline:
         await asyncio.sleep(0.05)
-    if generation.active:
-        left = sorted(generation.active)
+    if running:
+        left = sorted(running, key=lambda record: record.request_id)
         logger.warning("shutdown timeout: aborting %d requests", len(left))
-        for request_id in left:
-            if (replica := generation.placement.get(request_id)) is not None:
-                replica.link.fail_requests([request_id], f"unavailable: the router is shutting down (requests "
-                                                         f"still running after the {timeout_s:.0f} s shutdown "
-                                                         f"timeout were aborted)")
-                await replica.link.abort([request_id])
+        for record in left:
+            if (replica := record.replica) is not None:
+                record.fail(f"unavailable: the router is shutting down (requests still running after the "
+                            f"{timeout_s:.0f} s shutdown timeout were aborted)")
+                await replica.link.abort([record.request_id])
         await asyncio.sleep(0.1)  # Let the failed streams end before the server stops.
 
 

@@ -1,4 +1,5 @@
-"""Checks a public GenerateRequest and resolves its sampling defaults.
+"""Checks a request (its sampling settings as SamplingParams, whichever front door it came
+through) and resolves the sampling defaults.
 
 User input gets a real error with a gRPC status code (never an `assert`, which
 vanishes under `python -O`); the router turns `RequestError` into the call's status.
@@ -7,7 +8,7 @@ vanishes under `python -O`); the router turns `RequestError` into the call's sta
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -64,30 +65,25 @@ def check_token_ids(token_ids: list[int], served: ServedModel) -> None:
             raise invalid(f"token id {token_id} is outside the vocabulary [0, {served.vocab_size})")
 
 
-def check_sampling_fields(params) -> tuple[int, int | None]:
-    """Validates the pb SamplingParams fields that do not depend on the prompt.
-
-    Returns (n, max_tokens or None when unset).
-    """
-    temperature = params.temperature if params.HasField("temperature") else 1.0
+def check_sampling(sampling: SamplingParams, n: int) -> None:
+    """Checks the settings that do not depend on the prompt, as a client gave them
+    (wire.sampling_from_public_pb, or the OpenAI body's conversion: max_tokens None when
+    unset, top_k as sent)."""
+    temperature = sampling.temperature
     if not temperature >= 0 or math.isinf(temperature):  # `not >=` also catches NaN.
         raise invalid(f"temperature must be a finite number >= 0, got {temperature}")
-    top_p = params.top_p if params.HasField("top_p") else 1.0
-    if not 0 < top_p <= 1:
-        raise invalid(f"top_p must be in (0, 1], got {top_p}")
-    if params.top_k < -1:
-        raise invalid(f"top_k must be -1 or 0 (off) or a positive number, got {params.top_k}")
-    n = params.n if params.HasField("n") else 1
+    if not 0 < sampling.top_p <= 1:
+        raise invalid(f"top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.top_k < -1:
+        raise invalid(f"top_k must be -1 or 0 (off) or a positive number, got {sampling.top_k}")
     if not 1 <= n <= MAX_N:
         raise invalid(f"n must be between 1 and {MAX_N}, got {n}")
-    if params.HasField("logprobs") and not 0 <= params.logprobs <= MAX_LOGPROBS:
-        raise invalid(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {params.logprobs}")
-    if any(s == "" for s in params.stop):
+    if sampling.logprobs is not None and not 0 <= sampling.logprobs <= MAX_LOGPROBS:
+        raise invalid(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {sampling.logprobs}")
+    if any(s == "" for s in sampling.stop):
         raise invalid("stop strings must not be empty")
-    max_tokens = params.max_tokens if params.HasField("max_tokens") else None
-    if max_tokens is not None and max_tokens < 1:
-        raise invalid(f"max_tokens must be at least 1, got {max_tokens}")
-    return n, max_tokens
+    if sampling.max_tokens is not None and sampling.max_tokens < 1:
+        raise invalid(f"max_tokens must be at least 1, got {sampling.max_tokens}")
 
 
 def check_prompt_tokens(prompt_len: int, served: ServedModel) -> None:
@@ -98,13 +94,14 @@ def check_prompt_tokens(prompt_len: int, served: ServedModel) -> None:
         )
 
 
-def resolve_sampling(params, prompt_len: int, served: ServedModel) -> SamplingParams:
-    """Checks the prompt's length against max_model_len and fills in the defaults."""
-    _, max_tokens = check_sampling_fields(params)
+def resolve_sampling(sampling: SamplingParams, prompt_len: int, served: ServedModel) -> SamplingParams:
+    """What the scheduler gets, once check_sampling passed: the prompt's length checked
+    against max_model_len, max_tokens filled in (unset: all the room left), top_k -1 as 0."""
     if prompt_len == 0:
         raise invalid("the prompt is empty")
     check_prompt_tokens(prompt_len, served)
     room = served.max_model_len - prompt_len
+    max_tokens = sampling.max_tokens
     if max_tokens is None:
         max_tokens = room
     elif max_tokens > room:
@@ -112,15 +109,5 @@ def resolve_sampling(params, prompt_len: int, served: ServedModel) -> SamplingPa
             f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} "
             f"exceeds max_model_len {served.max_model_len}"
         )
-    check_token_ids(list(params.stop_token_ids), served)
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=params.temperature if params.HasField("temperature") else 1.0,
-        top_p=params.top_p if params.HasField("top_p") else 1.0,
-        top_k=max(params.top_k, 0),
-        seed=params.seed if params.HasField("seed") else None,
-        ignore_eos=params.ignore_eos,
-        logprobs=params.logprobs if params.HasField("logprobs") else None,
-        stop_token_ids=tuple(params.stop_token_ids),
-        stop=tuple(params.stop),
-    )
+    check_token_ids(list(sampling.stop_token_ids), served)
+    return replace(sampling, max_tokens=max_tokens, top_k=max(sampling.top_k, 0))

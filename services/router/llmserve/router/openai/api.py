@@ -7,11 +7,11 @@ OpenAI's wire format.
     GET  /health                200 while serving, 503 otherwise (no key needed)
     GET  /metrics               the router's Prometheus text (no key needed)
 
-A request is translated to a `GenerateRequest` (openai_protocol.py), run by
+A request is translated to a `GenerateRequest` (protocol.py), run by
 `Generation` (validation, tokenizer and chat template, detokenizer, stop strings,
-metrics: all shared with gRPC), and its outputs rendered (openai_render.py). Errors are
+metrics: all shared with gRPC), and its outputs rendered (render.py). Errors are
 OpenAI's `{"error": {...}}` bodies with the HTTP status of the gRPC status
-(openai_errors.py).
+(errors.py).
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from llmserve.contract.api_keys import ApiKeys, Unauthenticated
+from llmserve.contract.sampling import SamplingParams
 from llmserve.router.generation import Generation, GenerationError
 from llmserve.router.merge import merged
-from llmserve.router.openai_errors import error_body, error_response
-from llmserve.router.openai_protocol import ChatCompletionRequest, CompletionRequest
-from llmserve.router.openai_render import Renderer
-from llmserve.router.sse import SSEResponse
+from llmserve.router.openai.errors import error_body, error_response
+from llmserve.router.openai.protocol import ChatCompletionRequest, CompletionRequest
+from llmserve.router.openai.render import Renderer
+from llmserve.router.openai.sse import SSEResponse
 from llmserve.router.validation import RequestError
 
 
@@ -87,24 +88,37 @@ def create_app(generation: Generation, keys: ApiKeys | None, metrics_text: Calla
     content type) of the router's Prometheus registry."""
     app = FastAPI(title="llmserve", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=max_request_bytes)
+    for error, handler in _ERROR_HANDLERS.items():
+        app.add_exception_handler(error, handler)
+    guarded = [Depends(_authenticator(keys))]
+    _add_status_routes(app, generation, metrics_text, guarded)
+    _add_generation_routes(app, generation, guarded)
+    return app
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(request: Request, err: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(err)
-        return error_response(grpc.StatusCode.INVALID_ARGUMENT, message, param)
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, err: ApiError) -> JSONResponse:
-        return error_response(err.code, err.message, err.param, http_status=err.http_status)
+async def _invalid_body(request: Request, err: RequestValidationError) -> JSONResponse:
+    message, param = _validation_message(err)
+    return error_response(grpc.StatusCode.INVALID_ARGUMENT, message, param)
 
-    @app.exception_handler(GenerationError)
-    async def generation_error(request: Request, err: GenerationError) -> JSONResponse:
-        return error_response(err.code, err.message, retry_after_ms=err.retry_after_ms)
 
-    @app.exception_handler(RequestError)
-    async def request_error(request: Request, err: RequestError) -> JSONResponse:
-        return error_response(err.code, err.message)
+async def _api_error(request: Request, err: ApiError) -> JSONResponse:
+    return error_response(err.code, err.message, err.param, http_status=err.http_status)
 
+
+async def _generation_error(request: Request, err: GenerationError) -> JSONResponse:
+    return error_response(err.code, err.message, retry_after_ms=err.retry_after_ms)
+
+
+async def _request_error(request: Request, err: RequestError) -> JSONResponse:
+    return error_response(err.code, err.message)
+
+
+# Every refusal, whoever raised it, as an OpenAI error body with its HTTP status.
+_ERROR_HANDLERS = {RequestValidationError: _invalid_body, ApiError: _api_error,
+                   GenerationError: _generation_error, RequestError: _request_error}
+
+
+def _authenticator(keys: ApiKeys | None) -> Callable[[Request], None]:
     def authenticate(request: Request) -> None:
         """The gRPC API's keys and check (ApiKeys.authenticate: the same messages)."""
         if keys is not None:
@@ -113,7 +127,12 @@ def create_app(generation: Generation, keys: ApiKeys | None, metrics_text: Calla
             except Unauthenticated as err:
                 raise ApiError(grpc.StatusCode.UNAUTHENTICATED, str(err)) from None
 
-    guarded = [Depends(authenticate)]
+    return authenticate
+
+
+def _add_status_routes(app: FastAPI, generation: Generation, metrics_text: Callable[[], tuple[bytes, str]],
+                       guarded: list) -> None:
+    """/health and /metrics (no key needed), /v1/models."""
 
     @app.get("/health")
     async def health() -> Response:
@@ -138,12 +157,17 @@ def create_app(generation: Generation, keys: ApiKeys | None, metrics_text: Calla
             {"id": served.name, "object": "model", "created": 0, "owned_by": "llmserve",
              "max_model_len": served.max_model_len}]})
 
+
+def _add_generation_routes(app: FastAPI, generation: Generation, guarded: list) -> None:
+    """/v1/chat/completions and /v1/completions."""
+
     @app.post("/v1/chat/completions", dependencies=guarded)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         request_id = uuid.uuid4().hex
         pb = _translate(lambda: [body.to_pb(request_id)])
+        sampling = _translate(body.sampling)
         renderer = _renderer(True, f"chatcmpl-{request_id}", body)
-        return await _respond(generation, [pb[0]], body, renderer, body.logprobs, request)
+        return await _respond(generation, [pb[0]], sampling, body, renderer, body.logprobs, request)
 
     @app.post("/v1/completions", dependencies=guarded)
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -151,29 +175,29 @@ def create_app(generation: Generation, keys: ApiKeys | None, metrics_text: Calla
         prompts = _translate(body.prompts)
         ids = [request_id if len(prompts) == 1 else f"{request_id}-{i}" for i in range(len(prompts))]
         requests = _translate(lambda: body.to_pb(ids))
+        sampling = _translate(body.sampling)
         renderer = _renderer(False, f"cmpl-{request_id}", body)
-        return await _respond(generation, requests, body, renderer, body.logprobs is not None, request)
+        return await _respond(generation, requests, sampling, body, renderer, body.logprobs is not None, request)
 
     def _renderer(chat: bool, response_id: str, body) -> Renderer:
         return Renderer(chat=chat, model=generation.served.name if generation.served else body.model,
                         response_id=response_id, n=body.n or 1, token_text=generation.token_text)
 
-    return app
-
 
 def _translate(build):
-    """A body that pydantic accepted but protobuf cannot hold (an int beyond int32)."""
+    """A body that pydantic accepted but the public API's types cannot hold (an int beyond int32)."""
     try:
         return build()
     except (ValueError, TypeError) as err:
         raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, f"invalid request: {err}") from None
 
 
-async def _respond(generation: Generation, requests, body, renderer: Renderer, with_logprobs: bool,
-                   request: Request) -> Response:
+async def _respond(generation: Generation, requests, sampling: tuple[SamplingParams, int], body,
+                   renderer: Renderer, with_logprobs: bool, request: Request) -> Response:
+    """`sampling`: the body's settings and n, shared by its `requests`."""
     generation.require_ready()
     metadata = list(request.headers.items())  # Trace context (traceparent), as gRPC metadata carries it.
-    outputs = merged([generation.generate(r, metadata) for r in requests])
+    outputs = merged([generation.generate(r, metadata, sampling=sampling) for r in requests])
     if not body.stream:
         return await _whole(outputs, renderer, with_logprobs, request)
     try:

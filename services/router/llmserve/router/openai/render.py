@@ -8,22 +8,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmserve.contract.outputs import FinishReason, TokenLogprobs
-from llmserve.router.generation import Usage
 from llmserve.router.sample_stream import SampleDelta
+from llmserve.router.usage import Usage
 
 FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
 
 
 def finish_reason(delta: SampleDelta) -> str | None:
     return FINISH_REASONS.get(delta.finish_reason)
-
-
-def usage_dict(usages: list[Usage]) -> dict:
-    """The usage of a request (or of a batch of prompts, summed)."""
-    prompt = sum(u.prompt_tokens for u in usages)
-    completion = sum(u.completion_tokens for u in usages)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(u.cached_tokens for u in usages)}}
 
 
 def _token(text: str, logprob: float) -> dict:
@@ -83,7 +75,8 @@ class Renderer:
 
     def usage_chunk(self, usages: list[Usage]) -> dict:
         """stream_options.include_usage: the last chunk, no choices."""
-        return dict(self._envelope(self.object + (".chunk" if self.chat else ""), []), usage=usage_dict(usages))
+        envelope = self._envelope(self.object + (".chunk" if self.chat else ""), [])
+        return dict(envelope, usage=Usage.summed(usages).to_openai())
 
     def completion(self, deltas: dict[int, list[SampleDelta]], usages: list[Usage], with_logprobs: bool) -> dict:
         """A whole (non-streamed) response from each choice's deltas, in order."""
@@ -99,4 +92,4 @@ class Renderer:
             else:
                 choice["text"] = text
             choices.append(choice)
-        return dict(self._envelope(self.object, choices), usage=usage_dict(usages))
+        return dict(self._envelope(self.object, choices), usage=Usage.summed(usages).to_openai())

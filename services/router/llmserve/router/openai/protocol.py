@@ -1,5 +1,7 @@
-"""The OpenAI request bodies the HTTP API accepts, and their translation into the public
-`GenerateRequest` that `Generation` runs (the same message a gRPC client sends).
+"""The OpenAI request bodies the HTTP API accepts, and their translation into what
+`Generation` runs: a public `GenerateRequest` for the prompt (the message a gRPC client
+sends) and the sampling settings as the router's `SamplingParams`, converted here once
+(this module, not wire.py, because it reads pydantic models).
 
 Only the shape is checked here (pydantic: types, required fields); every value check
 (ranges, sizes, the model's name, the prompt's length) is `Generation`'s, shared with
@@ -13,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmserve.contract.sampling import SamplingParams
+from llmserve.contract.wire import public_float, public_int, public_str
 from llmserve.router.validation import invalid
 from llmserve.v1 import generation_pb2
 
@@ -47,16 +51,24 @@ class _Sampling(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling_pb(self, max_tokens: int | None, logprobs: int | None) -> generation_pb2.SamplingParams:
+    def _sampling(self, max_tokens: int | None, logprobs: int | None) -> tuple[SamplingParams, int]:
+        """The settings as SamplingParams, and n: read as wire.sampling_from_public_pb reads
+        a gRPC client's (unset: the API's defaults, max_tokens None; numbers held to the
+        public API's types, so a number beyond them is a ValueError, a 400). Unchecked:
+        validation.check_sampling checks both front doors' alike."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        params = generation_pb2.SamplingParams(top_k=self.top_k, stop=stop, ignore_eos=self.ignore_eos,
-                                               stop_token_ids=self.stop_token_ids)
-        # Unset stays unset: the defaults are resolved once, by validation.resolve_sampling.
-        for name, value in (("max_tokens", max_tokens), ("temperature", self.temperature), ("top_p", self.top_p),
-                            ("n", self.n), ("seed", self.seed), ("logprobs", logprobs)):
-            if value is not None:
-                setattr(params, name, value)
-        return params
+        sampling = SamplingParams(
+            max_tokens=None if max_tokens is None else public_int(max_tokens),
+            temperature=1.0 if self.temperature is None else public_float(self.temperature),
+            top_p=1.0 if self.top_p is None else public_float(self.top_p),
+            top_k=public_int(self.top_k),
+            seed=None if self.seed is None else public_int(self.seed, 64),
+            ignore_eos=self.ignore_eos,
+            logprobs=None if logprobs is None else public_int(logprobs),
+            stop_token_ids=tuple(public_int(t) for t in self.stop_token_ids),
+            stop=tuple(public_str(s) for s in stop),
+        )
+        return sampling, 1 if self.n is None else public_int(self.n)
 
 
 class TextPart(BaseModel):
@@ -84,14 +96,18 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
 
     def to_pb(self, request_id: str) -> generation_pb2.GenerateRequest:
+        """The prompt and its scheduling (the sampling settings: `sampling`)."""
+        messages = generation_pb2.ChatMessages(
+            messages=[generation_pb2.ChatMessage(role=m.role, content=m.text) for m in self.messages])
+        return generation_pb2.GenerateRequest(request_id=request_id, model=self.model, messages=messages,
+                                              priority=self.priority)
+
+    def sampling(self) -> tuple[SamplingParams, int]:
         if self.top_logprobs is not None and not self.logprobs:
             raise invalid("top_logprobs needs logprobs: true")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        messages = generation_pb2.ChatMessages(
-            messages=[generation_pb2.ChatMessage(role=m.role, content=m.text) for m in self.messages])
-        return generation_pb2.GenerateRequest(request_id=request_id, model=self.model, messages=messages,
-                                              params=self.sampling_pb(max_tokens, logprobs), priority=self.priority)
+        return self._sampling(max_tokens, logprobs)
 
 
 class CompletionRequest(_Sampling):
@@ -112,16 +128,15 @@ class CompletionRequest(_Sampling):
         return list(self.prompt)
 
     def to_pb(self, request_ids: list[str]) -> list[generation_pb2.GenerateRequest]:
-        """One GenerateRequest per prompt of the batch (`request_ids`: one each)."""
+        """One GenerateRequest per prompt of the batch (`request_ids`: one each); they all
+        share the body's sampling settings (`sampling`)."""
         if self.echo:
             raise invalid("echo is not supported")
         if self.suffix:
             raise invalid("suffix is not supported")
-        params = self.sampling_pb(self.max_tokens, self.logprobs)
         requests = []
         for request_id, prompt in zip(request_ids, self.prompts(), strict=True):
-            request = generation_pb2.GenerateRequest(request_id=request_id, model=self.model, params=params,
-                                                     priority=self.priority)
+            request = generation_pb2.GenerateRequest(request_id=request_id, model=self.model, priority=self.priority)
             if isinstance(prompt, str):
                 request.text = prompt
             else:
@@ -129,3 +144,6 @@ class CompletionRequest(_Sampling):
                 request.token_ids.ids.extend(prompt)
             requests.append(request)
         return requests
+
+    def sampling(self) -> tuple[SamplingParams, int]:
+        return self._sampling(self.max_tokens, self.logprobs)
