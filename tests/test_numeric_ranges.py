@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from llmserve.contract import wire
 from llmserve.contract.sampling import INT64_MAX, INT64_MIN
 from llmserve.internal.v1 import scheduler_pb2, worker_pb2
-from llmserve.router.validation import RequestError, ServedModel, check_sampling_fields, resolve_sampling
+from llmserve.router.validation import RequestError, ServedModel, check_sampling, resolve_sampling
 from llmserve.v1 import generation_pb2
 from llmserve.worker.sampler import seeded_generator_seed
 
@@ -70,8 +70,9 @@ def test_every_accepted_number_fits_from_router_to_worker_and_back(drawn):
                         generation_pb2.GenerateRequest)
     # Router: validate, resolve defaults (the prompt is 5 tokens).
     try:
-        n, _ = check_sampling_fields(request.params)
-        sampling = resolve_sampling(request.params, len(PROMPT), SERVED)
+        asked, n = wire.sampling_from_public_pb(request.params)
+        check_sampling(asked, n)
+        sampling = resolve_sampling(asked, len(PROMPT), SERVED)
     except RequestError as err:
         assert err.code == grpc.StatusCode.INVALID_ARGUMENT and err.message
         return

@@ -11,15 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmserve.contract.outputs import TokenLogprobs
-
-
-@dataclass(frozen=True)
-class WorkerSamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    logprobs: int | None = None
+from llmserve.contract.sampling import SamplingParams
 
 
 @dataclass
@@ -27,7 +19,7 @@ class NewRequestData:
     seq_id: int  # The scheduler's sequence id: its own namespace, never a client's id.
     token_ids: list[int]  # Prompt, then the tokens generated before a preemption.
     num_prompt_tokens: int
-    sampling: WorkerSamplingParams
+    sampling: SamplingParams  # The request's, with this sample's seed; the worker reads what it samples with.
     block_ids: list[int]  # The whole block table.
     num_computed_tokens: int  # KV already in the cache (prefix-cache hits).
     num_scheduled_tokens: int  # Tokens to compute this step.

@@ -1,4 +1,18 @@
-"""Sampling settings as the engine sees them (the router resolves defaults first)."""
+"""A request's sampling settings: the one type every service uses for them.
+
+The router converts the public API's settings (a gRPC `SamplingParams`, an OpenAI body)
+into this once and resolves the defaults; the same record then travels to the scheduler
+and on to the workers (one internal proto message, `llmserve.internal.v1.SamplingParams`,
+converted in llmserve/contract/wire.py), and a worker turns it into per-row sampling
+tensors (worker/sampler.py, `SamplingRows`).
+
+Adding a setting: a field here; the same name in the internal message
+(protos/llmserve/internal/v1/sampling.proto), the public one (protos/llmserve/v1/
+generation.proto) and the OpenAI body (router/openai/protocol.py); one line in each
+conversion (wire.py's three, the OpenAI body's one); its range check in
+router/validation.py; a column in the worker's SamplingRows if the sampler reads it;
+a value for it in tests/test_sampling_fields.py, which fails until each line exists.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +20,10 @@ from dataclasses import dataclass, field
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+# Fields that never leave the router (not on the internal wire): the engine stops on
+# token ids only; the router matches stop strings on the detokenized text.
+ROUTER_ONLY_FIELDS = frozenset({"stop"})
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -17,13 +35,15 @@ def sample_seed(seed: int, index: int) -> int:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16
+    # None only between the router's front door and its validation: as many as fit
+    # after the prompt. The scheduler and workers always see a number >= 1.
+    max_tokens: int | None = 16
     temperature: float = 1.0  # 0 means greedy.
     top_p: float = 1.0  # 1 means off.
-    top_k: int = 0  # <= 0 means off.
+    top_k: int = 0  # <= 0 means off (the router sends -1 as 0).
     seed: int | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; 0: sampled token only; k: top k too.
     stop_token_ids: tuple[int, ...] = ()
-    # Stop strings never leave the router; the engine stops on token ids only.
+    # Stop strings never leave the router (ROUTER_ONLY_FIELDS).
     stop: tuple[str, ...] = field(default=())

@@ -6,7 +6,9 @@ behind it (scheduling, model code) sees a generated *_pb2 type.
 
 from __future__ import annotations
 
-from llmserve.internal.v1 import scheduler_pb2, worker_pb2
+import ctypes
+
+from llmserve.internal.v1 import sampling_pb2, scheduler_pb2, worker_pb2
 from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput, TokenLogprobs
 from llmserve.contract.plan import (
     CachedRequestData,
@@ -14,15 +16,14 @@ from llmserve.contract.plan import (
     SampledToken,
     StepPlan,
     StepResult,
-    WorkerSamplingParams,
 )
 from llmserve.contract.sampling import SamplingParams
 from llmserve.v1 import generation_pb2
 from llmserve.contract.worker_info import WorkerInfo
 
 
-def _optional(msg, name: str):
-    return getattr(msg, name) if msg.HasField(name) else None
+def _optional(msg, name: str, default=None):
+    return getattr(msg, name) if msg.HasField(name) else default
 
 
 # --- logprobs -------------------------------------------------------------------
@@ -49,8 +50,32 @@ def logprobs_from_pb(msg: generation_pb2.TokenLogprobs) -> TokenLogprobs:
 # --- router <-> scheduler -------------------------------------------------------
 
 
-def sampling_to_pb(p: SamplingParams) -> scheduler_pb2.SamplingOptions:
-    return scheduler_pb2.SamplingOptions(
+# --- sampling: the public API -> SamplingParams <-> the internal wire -------------
+# NOTE: one line per SamplingParams field in each function of this section (stop strings
+# aside on the internal wire); tests/test_sampling_fields.py fails while a field misses one.
+
+
+def sampling_from_public_pb(msg: generation_pb2.SamplingParams) -> tuple[SamplingParams, int]:
+    """A gRPC client's settings as SamplingParams, and n (its number of samples). Unset
+    fields take the API's defaults, but max_tokens stays None (the router fills in what
+    the prompt leaves); nothing is checked here (the router's validation is)."""
+    sampling = SamplingParams(
+        max_tokens=_optional(msg, "max_tokens"),
+        temperature=_optional(msg, "temperature", 1.0),
+        top_p=_optional(msg, "top_p", 1.0),
+        top_k=msg.top_k,
+        seed=_optional(msg, "seed"),
+        ignore_eos=msg.ignore_eos,
+        logprobs=_optional(msg, "logprobs"),
+        stop_token_ids=tuple(msg.stop_token_ids),
+        stop=tuple(msg.stop),
+    )
+    return sampling, _optional(msg, "n", 1)
+
+
+def sampling_to_pb(p: SamplingParams) -> sampling_pb2.SamplingParams:
+    """For AddRequest (router -> scheduler) and NewRequest (scheduler -> worker)."""
+    return sampling_pb2.SamplingParams(
         max_tokens=p.max_tokens,
         temperature=p.temperature,
         top_p=p.top_p,
@@ -62,7 +87,7 @@ def sampling_to_pb(p: SamplingParams) -> scheduler_pb2.SamplingOptions:
     )
 
 
-def sampling_from_pb(msg: scheduler_pb2.SamplingOptions) -> SamplingParams:
+def sampling_from_pb(msg: sampling_pb2.SamplingParams) -> SamplingParams:
     return SamplingParams(
         max_tokens=msg.max_tokens,
         temperature=msg.temperature,
@@ -73,6 +98,27 @@ def sampling_from_pb(msg: scheduler_pb2.SamplingOptions) -> SamplingParams:
         logprobs=_optional(msg, "logprobs"),
         stop_token_ids=tuple(msg.stop_token_ids),
     )
+
+
+def public_float(value: float) -> float:
+    """`value` as a public API float field holds it (float32: rounded, inf beyond its
+    range), so that an OpenAI body's numbers are checked exactly as a gRPC client's."""
+    return ctypes.c_float(value).value
+
+
+def public_int(value: int, bits: int = 32) -> int:
+    """`value` if a public API int field of `bits` bits holds it; else the ValueError
+    protobuf raises (the HTTP API answers it with a 400)."""
+    if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+        raise ValueError(f"Value out of range: {value}")
+    return value
+
+
+def public_str(value: str) -> str:
+    """`value` if a public API string field holds it (UTF-8: no lone surrogate); else the
+    UnicodeEncodeError (a ValueError) protobuf raises."""
+    value.encode("utf-8")
+    return value
 
 
 def add_request_to_pb(request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
@@ -219,22 +265,6 @@ def worker_info_from_pb(msg: worker_pb2.WorkerInfo) -> WorkerInfo:
     )
 
 
-def _worker_sampling_to_pb(p: WorkerSamplingParams) -> worker_pb2.WorkerSampling:
-    return worker_pb2.WorkerSampling(
-        temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed, logprobs=p.logprobs
-    )
-
-
-def _worker_sampling_from_pb(msg: worker_pb2.WorkerSampling) -> WorkerSamplingParams:
-    return WorkerSamplingParams(
-        temperature=msg.temperature,
-        top_p=msg.top_p,
-        top_k=msg.top_k,
-        seed=_optional(msg, "seed"),
-        logprobs=_optional(msg, "logprobs"),
-    )
-
-
 def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
     return worker_pb2.StepPlan(
         step_id=plan.step_id,
@@ -243,7 +273,7 @@ def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
                 seq_id=r.seq_id,
                 token_ids=r.token_ids,
                 num_prompt_tokens=r.num_prompt_tokens,
-                sampling=_worker_sampling_to_pb(r.sampling),
+                sampling=sampling_to_pb(r.sampling),
                 block_ids=r.block_ids,
                 num_computed_tokens=r.num_computed_tokens,
                 num_scheduled_tokens=r.num_scheduled_tokens,
@@ -287,7 +317,7 @@ def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
                 seq_id=r.seq_id,
                 token_ids=list(r.token_ids),
                 num_prompt_tokens=r.num_prompt_tokens,
-                sampling=_worker_sampling_from_pb(r.sampling),
+                sampling=sampling_from_pb(r.sampling),
                 block_ids=list(r.block_ids),
                 num_computed_tokens=r.num_computed_tokens,
                 num_scheduled_tokens=r.num_scheduled_tokens,

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from llmserve.kernels.triton.sampling import top_k_top_p_filter, top_k_top_p_filter_reference
-from llmserve.contract.plan import WorkerSamplingParams
-from llmserve.worker.sampler import _filtered_probs
+from llmserve.contract.sampling import SamplingParams
+from llmserve.worker.sampler import SamplingRows, _filtered_probs
 from tests.kernels.helpers import DTYPES
 
 
@@ -29,8 +29,8 @@ def test_kernel_matches_reference(dtype, device):
 def test_reference_matches_sampler_semantics():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 200, generator=g)
-    params = [WorkerSamplingParams(temperature=1.0, top_k=k, top_p=p) for k, p in [(0, 0.7), (10, 1.0), (30, 0.4), (0, 1.0)]]
-    want = _filtered_probs(logits, params)
+    params = [SamplingParams(temperature=1.0, top_k=k, top_p=p) for k, p in [(0, 0.7), (10, 1.0), (30, 0.4), (0, 1.0)]]
+    want = _filtered_probs(logits, SamplingRows.from_params(params, [0] * 4))
     got = top_k_top_p_filter_reference(logits, torch.tensor([p.top_k for p in params]),
                                        torch.tensor([p.top_p for p in params])).softmax(-1)
     assert torch.allclose(got, want, atol=1e-7)
@@ -43,7 +43,7 @@ def test_tied_logits_at_the_top_p_cut_all_stay_in_kernel_reference_and_sampler(d
     top_k, top_p = torch.tensor([0, 0]), torch.tensor([0.6, 0.6])
     ref = top_k_top_p_filter_reference(logits, top_k, top_p)
     out = top_k_top_p_filter(logits.to(device), top_k.to(device), top_p.to(device)).cpu()
-    probs = _filtered_probs(logits, [WorkerSamplingParams(temperature=1.0, top_p=0.6)] * 2)
+    probs = _filtered_probs(logits, SamplingRows.from_params([SamplingParams(temperature=1.0, top_p=0.6)] * 2, [0, 0]))
     assert (~ref.isinf()).tolist() == (~out.isinf()).tolist() == (probs > 0).tolist() == \
         [[True, True, True, False], [False, True, True, True]]
 

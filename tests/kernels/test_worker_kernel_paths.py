@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmserve.contract.plan import WorkerSamplingParams as P
+from llmserve.contract.sampling import SamplingParams as P
 from llmserve.worker.layers.norm import RMSNorm
 from llmserve.worker.layers.rotary import Rope, RotaryEmbedding, apply_rotary_qkv
 from tests.kernels.conftest import INTERPRET
@@ -55,13 +55,13 @@ def test_rotary_through_the_triton_kernel_matches_gathered_rows(dtype, device):
 
 def test_sampler_triton_filter_keeps_what_the_torch_filter_keeps(device):
     from llmserve.kernels.triton import top_k_top_p_filter
-    from llmserve.worker.sampler import _filtered_probs
+    from llmserve.worker.sampler import SamplingRows, _filtered_probs
 
     g = torch.Generator().manual_seed(3)
     logits = (torch.randn(6, 300, generator=g) * 4).to(device)
     params = [P(temperature=0.7, top_k=5), P(temperature=1.0, top_p=0.8), P(temperature=1.3, top_k=40, top_p=0.5),
               P(temperature=1.0, top_k=0, top_p=1.0), P(temperature=0.9, top_k=1), P(temperature=2.0, top_p=0.01)]
-    want = _filtered_probs(logits.cpu(), params)  # the CPU path
+    want = _filtered_probs(logits.cpu(), SamplingRows.from_params(params, [0] * 6))  # the CPU path
     temps = torch.tensor([p.temperature for p in params], device=device)[:, None]
     ks = torch.tensor([p.top_k for p in params], dtype=torch.int32, device=device)
     ps = torch.tensor([p.top_p for p in params], device=device)

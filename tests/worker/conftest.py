@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
+from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan
+from llmserve.contract.sampling import SamplingParams
 
 from tests.tiny_models import VARIANTS, make_tiny_model  # noqa: F401  (fixtures live in tests/conftest.py)
 
@@ -34,7 +35,7 @@ def hf_greedy(model_dir: Path, prompts: dict[str, list[int]], num_tokens: int) -
 class _Req:
     token_ids: list[int]
     num_prompt_tokens: int
-    sampling: WorkerSamplingParams
+    sampling: SamplingParams
     blocks: list[int] = field(default_factory=list)
     computed: int = 0
     on_worker: bool = False
@@ -51,8 +52,8 @@ class PlanDriver:
         self.reqs: dict[str, _Req] = {}
         self.step_id = 0
 
-    def add(self, rid: str, prompt: list[int], sampling: WorkerSamplingParams | None = None) -> None:
-        self.reqs[rid] = _Req(list(prompt), len(prompt), sampling or WorkerSamplingParams(temperature=0.0))
+    def add(self, rid: str, prompt: list[int], sampling: SamplingParams | None = None) -> None:
+        self.reqs[rid] = _Req(list(prompt), len(prompt), sampling or SamplingParams(temperature=0.0))
 
     def preempt(self, rid: str) -> list[str]:
         r = self.reqs[rid]

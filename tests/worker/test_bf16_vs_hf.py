@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmserve.engine import InProcessEngine
+from llmserve.launcher.engine import InProcessEngine
 from llmserve.model_store import default_model_dir
 from llmserve.contract.sampling import SamplingParams
 from tests.e2e.test_hf_equivalence import CHAT_PROMPTS, RAW_PROMPTS

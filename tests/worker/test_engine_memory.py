@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from llmserve.engine import InProcessEngine
+from llmserve.launcher.engine import InProcessEngine
 from llmserve.contract.sampling import SamplingParams
 from llmserve.worker import kv_cache as kvc
 

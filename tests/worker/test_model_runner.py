@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
+from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan
+from llmserve.contract.sampling import SamplingParams
 from llmserve.worker.model_runner import ModelRunner
 from llmserve.worker.config import RunnerConfig
 
@@ -72,7 +73,7 @@ def test_preempted_request_recomputes_identically(tiny_llama_dir, reference):
 
 def test_bad_plans_raise_and_leave_state(tiny_llama_dir):
     runner = _runner(tiny_llama_dir)
-    g = WorkerSamplingParams(temperature=0.0)
+    g = SamplingParams(temperature=0.0)
     runner.execute(StepPlan(0, new_requests=[NewRequestData(1, [1, 2, 3], 3, g, [0], 0, 3)]))
     bad = [
         StepPlan(1, cached_requests=[CachedRequestData(999, [], 3, 1)]),
@@ -92,7 +93,7 @@ def test_bad_plans_raise_and_leave_state(tiny_llama_dir):
 
 
 def test_seeded_sampling_survives_batching_and_preemption(tiny_llama_dir):
-    seeded = WorkerSamplingParams(temperature=1.0, top_p=0.95, seed=7)
+    seeded = SamplingParams(temperature=1.0, top_p=0.95, seed=7)
     solo = PlanDriver(_runner(tiny_llama_dir), BLOCK, NUM_BLOCKS)
     solo.add("s", PROMPTS["a"], seeded)
     solo.step({"s": None})
@@ -101,7 +102,7 @@ def test_seeded_sampling_survives_batching_and_preemption(tiny_llama_dir):
 
     busy = PlanDriver(_runner(tiny_llama_dir), BLOCK, NUM_BLOCKS, seed=5)
     busy.add("s", PROMPTS["a"], seeded)
-    busy.add("o", PROMPTS["b"], WorkerSamplingParams(temperature=1.0))
+    busy.add("o", PROMPTS["b"], SamplingParams(temperature=1.0))
     busy.step({"s": None, "o": None})
     for _ in range(4):
         busy.step({"s": 1, "o": 1})

@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
+from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan
+from llmserve.contract.sampling import SamplingParams
 from llmserve.worker.model_runner import ModelRunner
 from llmserve.worker.config import RunnerConfig
 
@@ -44,7 +45,7 @@ def test_runs_of_decode_steps_give_hf_greedy_tokens(tiny_llama_dir, reference):
 
 
 def test_seeded_sampling_in_a_run_matches_single_steps(tiny_llama_dir):
-    seeded = WorkerSamplingParams(temperature=1.0, top_k=50, seed=11, logprobs=2)
+    seeded = SamplingParams(temperature=1.0, top_k=50, seed=11, logprobs=2)
     outputs, logprobs = {}, {}
     for num_steps in (1, 6):
         d = PlanDriver(_runner(tiny_llama_dir), BLOCK, NUM_BLOCKS)
@@ -74,7 +75,7 @@ def test_an_interrupt_ends_the_run_after_its_current_step(tiny_llama_dir, refere
 
 def test_multi_step_plans_that_cannot_run_are_refused(tiny_llama_dir):
     runner = _runner(tiny_llama_dir, max_model_len=16)
-    g = WorkerSamplingParams(temperature=0.0)
+    g = SamplingParams(temperature=0.0)
     runner.execute(StepPlan(0, new_requests=[NewRequestData(1, [1, 2, 3], 3, g, [0], 0, 3)]))
     bad = [
         StepPlan(1, new_requests=[NewRequestData(3, [1, 2, 3], 3, g, [1, 2], 0, 3)], num_steps=2),  # a prompt
@@ -110,7 +111,7 @@ def test_an_interrupt_over_the_execute_stream_cuts_a_long_run(tiny_llama_dir):
         await server.start()
         link = WorkerLink(f"127.0.0.1:{server.port}", servicer.runner.info, plaintext)
         try:
-            g = WorkerSamplingParams(temperature=0.0)
+            g = SamplingParams(temperature=0.0)
             prefill = await link.execute(StepPlan(0, new_requests=[
                 NewRequestData(1, [1, 2, 3], 3, g, list(range(100)), 0, 3)]))
             long_run = StepPlan(1, cached_requests=[CachedRequestData(1, [], 3, 1)], num_steps=200)

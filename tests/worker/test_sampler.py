@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import torch
 
-from llmserve.contract.plan import WorkerSamplingParams as P
-from llmserve.worker.sampler import Sampler
+from llmserve.contract.sampling import SamplingParams as P
+from llmserve.worker.sampler import Sampler, SamplingRows
 
 
 def _sample(sampler: Sampler, logits, params, output_indices) -> tuple[list[int], list]:
-    out = sampler(logits, params, output_indices)
+    out = sampler(logits, SamplingRows.from_params(params, output_indices))
     assert out.token_ids.dtype == torch.long and out.token_ids.device == logits.device
     return out.token_ids.tolist(), out.logprobs
 

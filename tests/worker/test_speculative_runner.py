@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
+from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan
 from llmserve.contract.sampling import SamplingParams
-from llmserve.engine import InProcessEngine
+from llmserve.launcher.engine import InProcessEngine
 from llmserve.worker.config import RunnerConfig
 from llmserve.worker.model_runner import ModelRunner
 
@@ -54,7 +54,7 @@ def test_greedy_tokens_are_hf_greedy_tokens_with_ngram_drafts(tiny_llama_dir, re
         assert engine.scheduler.kv.num_free_blocks == engine.scheduler.kv.num_total_blocks
 
 
-def _decode_with_drafts(runner: ModelRunner, prompt: list[int], sampling: WorkerSamplingParams, oracle: list[int],
+def _decode_with_drafts(runner: ModelRunner, prompt: list[int], sampling: SamplingParams, oracle: list[int],
                         k: int) -> tuple[list[int], list, int]:
     """One sequence decoded to len(oracle) tokens, each step verifying up to k drafts
     taken from `oracle` (every third step with one of them made wrong). Returns the
@@ -85,7 +85,7 @@ def _decode_with_drafts(runner: ModelRunner, prompt: list[int], sampling: Worker
 def test_verified_drafts_keep_hf_greedy_tokens(tiny_llama_dir, reference):
     """Drafts from an oracle (HF's own continuation, some made wrong): every kept draft
     and every correction is HF's greedy token."""
-    greedy = WorkerSamplingParams(temperature=0.0)
+    greedy = SamplingParams(temperature=0.0)
     for k in (1, 3, 5):
         runner = ModelRunner(tiny_llama_dir, RunnerConfig(block_size=BLOCK, num_kv_blocks=40, max_model_len=128,
                                                           swap_space=0))
@@ -97,7 +97,7 @@ def test_verified_drafts_keep_hf_greedy_tokens(tiny_llama_dir, reference):
 
 
 def test_seeded_sampling_draws_the_tokens_plain_decoding_draws(tiny_llama_dir):
-    seeded = WorkerSamplingParams(temperature=0.8, top_k=50, seed=3, logprobs=2)
+    seeded = SamplingParams(temperature=0.8, top_k=50, seed=3, logprobs=2)
     runner = ModelRunner(tiny_llama_dir, RunnerConfig(block_size=BLOCK, num_kv_blocks=40, max_model_len=128,
                                                       swap_space=0))
     prompt = PROMPTS["plain"]
@@ -144,7 +144,7 @@ def test_unseeded_tokens_follow_the_models_distribution_before_and_after_an_acce
     blocks_each = -(-(len(prompt) + 2) // BLOCK)
     runner = ModelRunner(tiny_llama_dir, RunnerConfig(block_size=BLOCK, num_kv_blocks=n * blocks_each,
                                                       max_model_len=64, swap_space=0, max_num_batched_tokens=4096))
-    sampling = WorkerSamplingParams(temperature=temperature)
+    sampling = SamplingParams(temperature=temperature)
     tables = {i: list(range(i * blocks_each, (i + 1) * blocks_each)) for i in range(n)}
     # The prompt and `last` known, the prompt computed: then `last` and the draft, verified.
     prefill = StepPlan(0, new_requests=[NewRequestData(i + 1, prompt + [last], len(prompt), sampling, tables[i], 0,
@@ -173,7 +173,7 @@ def test_unseeded_tokens_follow_the_models_distribution_before_and_after_an_acce
 def test_plans_with_drafts_that_cannot_run_are_refused(tiny_llama_dir):
     runner = ModelRunner(tiny_llama_dir, RunnerConfig(block_size=BLOCK, num_kv_blocks=16, max_model_len=16,
                                                       swap_space=0))
-    g = WorkerSamplingParams(temperature=0.0)
+    g = SamplingParams(temperature=0.0)
     runner.execute(StepPlan(0, new_requests=[NewRequestData(1, [1, 2, 3], 3, g, [0, 1], 0, 3)]))  # samples a 4th
     bad = [
         StepPlan(1, cached_requests=[CachedRequestData(1, [], 3, 3, draft_token_ids=[5])]),  # count != 1 + drafts

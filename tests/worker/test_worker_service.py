@@ -4,7 +4,8 @@ import asyncio
 import threading
 
 from llmserve.contract import wire
-from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan, WorkerSamplingParams
+from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan
+from llmserve.contract.sampling import SamplingParams
 from llmserve.worker import service
 from llmserve.worker.config import RunnerConfig
 
@@ -33,7 +34,7 @@ def test_steps_run_on_the_thread_that_loaded_the_model(tiny_llama_dir, monkeypat
             return real_execute(plan)
 
         servicer.runner.execute = recording_execute
-        greedy = WorkerSamplingParams(temperature=0.0)
+        greedy = SamplingParams(temperature=0.0)
         prefill = StepPlan(0, new_requests=[NewRequestData(1, [5, 9, 2, 7, 3], 5, greedy, [3], 0, 5)])
         decode = StepPlan(1, cached_requests=[CachedRequestData(1, [], 5, 1)])
         return [await servicer._execute(wire.step_plan_to_pb(p)) for p in (prefill, decode)]

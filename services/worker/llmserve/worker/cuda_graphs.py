@@ -1,5 +1,5 @@
-"""CUDA graphs of the decode forward (seed 000: warm-up and graph capture of decode batch
-sizes), vLLM-style.
+"""CUDA graphs of the decode forward, vLLM-style: a warm-up forward, then one graph
+captured per decode batch size.
 
 A decode step of B sequences launches a few hundred small kernels (per layer: norms,
 projections, rotary, the cache write, attention, the MLP); at small B the GPU idles

@@ -1,4 +1,5 @@
-"""The worker's persistent request states, and the ONE place a step plan becomes tensors."""
+"""The worker's persistent request states, and the ONE place a step plan becomes tensors
+(the sampling settings included: SamplingParams -> SamplingRows)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmserve.contract.plan import StepPlan, WorkerSamplingParams
+from llmserve.contract.plan import StepPlan
+from llmserve.contract.sampling import SamplingParams
 from llmserve.worker.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from llmserve.worker.sampler import SamplingRows
 
 
 @dataclass
@@ -15,7 +18,7 @@ class RequestState:
     seq_id: int
     token_ids: list[int]  # prompt + every token generated so far (including this worker's samples)
     num_prompt_tokens: int
-    sampling: WorkerSamplingParams
+    sampling: SamplingParams  # As the plan sent it (this sample's seed); read into SamplingRows.
     block_ids: list[int]
     num_computed_tokens: int
     # Speculative decoding: this step's drafts, computed after token_ids' last token (set
@@ -36,10 +39,15 @@ class StepInputs:
     sample_states: list[RequestState]  # [S]
     # [S]: which of its row's sampled positions each is: 0, or 0..drafts for a row that
     # verifies drafts (its state then appears 1 + drafts times in a row in sample_states).
-    sample_offsets: list[int] = field(default_factory=list)
+    sample_offsets: list[int]
+    sampling: SamplingRows  # [S] rows: the sampled rows' settings, what the sampler reads
 
 
 class InputBatch:
+    """The requests a worker holds (seq id -> RequestState), kept across steps: a plan adds
+    the new ones in full, extends the cached ones by their deltas and drops the finished;
+    `build_inputs` turns the scheduled rows into the step's tensors."""
+
     def __init__(self, block_size: int, num_blocks: int, max_model_len: int,
                  attention_backend: type[AttentionBackend] = TorchPagedAttention,
                  device: torch.device | str = "cpu"):
@@ -166,5 +174,9 @@ class InputBatch:
         packed = torch.tensor(ids + pos + slots + sample_idx, dtype=torch.long).to(self.device, non_blocking=True)
         input_ids, positions, slot_mapping, sample_indices = packed.split([T, T, T, S])
         meta = self.attention_backend.build_metadata(query_lens, seq_lens, tables, slot_mapping, bs)
+        # NOTE: position j of a row verifying drafts samples as the plain decode of its
+        # (num_output_tokens + j)-th token would: a seeded request draws the same token.
+        sampling = SamplingRows.from_params([st.sampling for st in sample_states],
+                                            [st.num_output_tokens + j for st, j in zip(sample_states, sample_offsets)])
         return StepInputs(input_ids=input_ids, positions=positions, meta=meta, sample_indices=sample_indices,
-                          sample_states=sample_states, sample_offsets=sample_offsets)
+                          sample_states=sample_states, sample_offsets=sample_offsets, sampling=sampling)

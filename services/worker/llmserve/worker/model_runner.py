@@ -10,7 +10,9 @@ from pathlib import Path
 
 import torch
 
-from llmserve.contract.plan import NewRequestData, SampledToken, StepPlan, StepResult, WorkerSamplingParams
+from llmserve.contract.arith import cdiv
+from llmserve.contract.plan import NewRequestData, SampledToken, StepPlan, StepResult
+from llmserve.contract.sampling import SamplingParams
 from llmserve.contract.worker_info import WorkerInfo
 from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker import kv_cache as kvc
@@ -24,7 +26,7 @@ from llmserve.worker.distributed import DistInit, init_parallel
 from llmserve.worker.models.decoder import head_dim_of, local_kv_heads
 from llmserve.worker.pipeline import forward_step
 from llmserve.worker.models.loader import load_config, load_model
-from llmserve.worker.sampler import Sampler
+from llmserve.worker.sampler import Sampler, SamplingRows
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,11 @@ def eos_token_ids(model_dir: Path, config) -> tuple[int, ...]:
 
 
 class ModelRunner:
+    """One worker rank's engine: the model's weights (or this rank's shard of them), the KV
+    cache and its host swap pool, the requests' persistent states (InputBatch) and the
+    sampler. `execute` runs one StepPlan: block moves, then the forward and sampling of
+    each of its steps; the scheduler decides everything else."""
+
     def __init__(self, model_dir: Path, settings: RunnerConfig = RunnerConfig(), *, model_name: str | None = None,
                  sampler_seed: int | None = None, dist: DistInit | None = None, model=None):
         """`model`: weights already loaded from `model_dir` with this dtype on one process
@@ -70,19 +77,9 @@ class ModelRunner:
             payload={"model_path": str(self.model_dir.resolve()), "dtype": str(self.dtype), "block_size": block_size,
                      "device": self.device.type, "quantization": self.quantization},
             agree_on=("model_path", "dtype", "block_size", "device", "quantization"), device=self.device)
-        if model is not None:
-            if self.parallel.world.size > 1:
-                raise ValueError("a parallel group's rank loads its own shard; it cannot share weights")
-            p = next(model.parameters())
-            if (p.device, p.dtype) != (self.device, self.dtype):
-                raise ValueError(f"shared weights are {p.dtype} on {p.device}; this runner wants "
-                                 f"{self.dtype} on {self.device}")
-            if getattr(model, "quantization", "none") != self.quantization:
-                raise ValueError(f"shared weights have quantization {getattr(model, 'quantization', 'none')}; "
-                                 f"this runner wants {self.quantization}")
-        self.model = model if model is not None else load_model(self.model_dir, self.dtype, self.config,
-                                                                  parallel=self.parallel, device=self.device,
-                                                                  quantization=self.quantization)
+        self.model = self._shared_model(model) if model is not None else load_model(
+            self.model_dir, self.dtype, self.config, parallel=self.parallel, device=self.device,
+            quantization=self.quantization)
         self.max_model_len = self._max_model_len(settings.max_model_len)
         # "auto": Triton where the KV cache lives on CUDA, torch elsewhere.
         self.attention_backend = backend_class(settings.attention_backend, self.device)
@@ -101,9 +98,26 @@ class ModelRunner:
             self.graphs.capture()
         self._interrupted_step_id = -1  # Set by interrupt() from the service's thread.
         self._info = self._worker_info(model_name or self.model_dir.name)
+        self._log_ready()
+
+    def _shared_model(self, model):
+        """`model` (weights another runner loaded), once checked to be what this runner
+        would have loaded: one process, this device, dtype and quantization."""
+        if self.parallel.world.size > 1:
+            raise ValueError("a parallel group's rank loads its own shard; it cannot share weights")
+        p = next(model.parameters())
+        if (p.device, p.dtype) != (self.device, self.dtype):
+            raise ValueError(f"shared weights are {p.dtype} on {p.device}; this runner wants "
+                             f"{self.dtype} on {self.device}")
+        if getattr(model, "quantization", "none") != self.quantization:
+            raise ValueError(f"shared weights have quantization {getattr(model, 'quantization', 'none')}; "
+                             f"this runner wants {self.quantization}")
+        return model
+
+    def _log_ready(self) -> None:
         logger.info("# KV blocks: %d (%d CPU swap blocks), max concurrency for %d-token requests: %.2fx "
                     "(%s, %s, quantization %s, %s)", self.num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
-                    self.num_kv_blocks * block_size / self.max_model_len, self.device, dtype_name(self.dtype),
+                    self.num_kv_blocks * self.block_size / self.max_model_len, self.device, dtype_name(self.dtype),
                     describe_quantization(self.model, self.quantization),
                     "CUDA graphs" if self.graphs is not None else "eager")
 
@@ -120,7 +134,7 @@ class ModelRunner:
 
     def _decode_graphs(self, kv_caches: list[torch.Tensor]) -> DecodeGraphs:
         sizes = capture_sizes(min(self.settings.max_num_seqs, self.settings.max_num_batched_tokens))
-        return DecodeGraphs(self.model, kv_caches, sizes, -(-self.max_model_len // self.block_size),
+        return DecodeGraphs(self.model, kv_caches, sizes, cdiv(self.max_model_len, self.block_size),
                             self.block_size, self.device)
 
     def _max_model_len(self, cap: int | None) -> int:
@@ -214,7 +228,7 @@ class ModelRunner:
     def _graph_memory(self) -> int:
         """Bytes the decode graphs' memory pool takes, measured by capturing them once over
         a one-sequence scratch cache."""
-        graphs = self._decode_graphs(self._scratch_caches(-(-self.max_model_len // self.block_size)))
+        graphs = self._decode_graphs(self._scratch_caches(cdiv(self.max_model_len, self.block_size)))
         graphs.capture(log=False)
         return graphs.memory_bytes
 
@@ -223,28 +237,29 @@ class ModelRunner:
         on a scratch cache just large enough, sampling every sequence."""
         bs = self.block_size
         lens = [min(self.max_model_len, num_tokens - start) for start in range(0, num_tokens, self.max_model_len)]
-        num_blocks = sum(-(-n // bs) for n in lens)
+        num_blocks = sum(cdiv(n, bs) for n in lens)
         caches = self._scratch_caches(num_blocks)
         batch = InputBatch(bs, num_blocks, self.max_model_len, self.attention_backend, self.device)
         plan, next_block = StepPlan(step_id=-1), 0
         for i, n in enumerate(lens):
-            blocks = list(range(next_block, next_block + -(-n // bs)))
+            blocks = list(range(next_block, next_block + cdiv(n, bs)))
             next_block += len(blocks)
-            plan.new_requests.append(NewRequestData(i, [0] * n, n, WorkerSamplingParams(0.0), blocks, 0, n))
+            plan.new_requests.append(NewRequestData(i, [0] * n, n, SamplingParams(temperature=0.0), blocks, 0, n))
         with torch.inference_mode():
             inp = batch.build_inputs(batch.apply_plan(plan))
             # NOTE: every rank profiles in lockstep (the same collectives as a real step).
             logits = forward_step(self.model, self.parallel, inp.input_ids, inp.positions, caches, inp.meta,
                                   inp.sample_indices)
             if logits is not None and self.parallel.is_driver:
-                self.sampler(logits, [s.sampling for s in inp.sample_states], [0] * len(inp.sample_states))
+                self.sampler(logits, inp.sampling)
             if self.device.type == "cuda" and self.parallel.is_driver:
                 # The sampler's own peak at a full decode batch of random rows: [rows, vocab]
                 # float32 logits, probabilities and noise. (On the CPU the budget is a share
                 # of RAM, far above it.)
                 rows = self.settings.max_num_seqs
                 fake = torch.randn(rows, self.config.vocab_size, device=self.device)
-                self.sampler(fake, [WorkerSamplingParams(1.0, top_p=0.9, top_k=50)] * rows, [0] * rows)
+                random_rows = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50)] * rows
+                self.sampler(fake, SamplingRows.from_params(random_rows, [0] * rows))
 
     @property
     def info(self) -> WorkerInfo:
@@ -311,10 +326,7 @@ class ModelRunner:
         states, offsets = inp.sample_states, inp.sample_offsets
         logprobs: list = [None] * len(states)
         if self.parallel.is_driver:  # sampling happens on the last stage's TP rank 0 only
-            # NOTE: position j of a row verifying drafts samples as the plain decode of its
-            # (num_output_tokens + j)-th token would: a seeded request draws the same token.
-            out = self.sampler(logits, [s.sampling for s in states],
-                               [s.num_output_tokens + j for s, j in zip(states, offsets)])
+            out = self.sampler(logits, inp.sampling)
             tokens, logprobs = out.token_ids, out.logprobs
         else:
             tokens = torch.empty(len(states), dtype=torch.long, device=self.device)

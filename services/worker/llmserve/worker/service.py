@@ -50,6 +50,11 @@ def new_compute_thread() -> concurrent.futures.ThreadPoolExecutor:
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    """The Worker gRPC service in front of one ModelRunner: `Execute` takes one scheduler's
+    stream of step plans (and interrupts), runs each plan on the compute thread and
+    streams back one StepResult per plan, in order; `Describe` says what it serves. A
+    failed plan fails its step, not the worker, unless it broke a parallel group."""
+
     def __init__(self, runner, peers: PeerCheck, metrics: WorkerMetrics | None = None, on_fatal=None,
                  compute_thread: concurrent.futures.ThreadPoolExecutor | None = None):
         self.runner = runner

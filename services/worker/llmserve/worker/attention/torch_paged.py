@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from llmserve.contract.arith import cdiv
 from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadata, PrefillSeq, row_layout
 
@@ -89,7 +90,7 @@ def _write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_map
 
 def _decode_tensors(tables: list[list[int]], seq_lens: list[int], block_size: int,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    max_blocks = max(-(-n // block_size) for n in seq_lens)
+    max_blocks = max(cdiv(n, block_size) for n in seq_lens)
     padded = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in tables]
     table = torch.tensor(padded, dtype=torch.long, device=device)  # [B, max_blocks]
     key_pos = torch.arange(max_blocks * block_size, device=device)
@@ -105,5 +106,5 @@ def _prefill_seq(start: int, end: int, seq_len: int, table: list[int], block_siz
     if ctx:
         # query i (position ctx+i) sees keys at positions <= ctx+i
         mask = torch.arange(seq_len, device=device)[None, :] <= (ctx + torch.arange(q_len, device=device))[:, None]
-    n_blocks = -(-seq_len // block_size)
+    n_blocks = cdiv(seq_len, block_size)
     return PrefillSeq(start, end, ctx, seq_len, torch.tensor(table[:n_blocks], dtype=torch.long, device=device), mask)

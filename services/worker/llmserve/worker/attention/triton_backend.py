@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from llmserve.contract.arith import cdiv
 from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadata, row_layout
 
 # NOTE: flash-decoding pays when (decode rows x kv heads) programs leave the GPU's SMs
@@ -37,7 +38,7 @@ def decode_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int, num
     """Splits of the decode attention kernel. max_seq_len 0 means unknown (a CUDA graph
     serves every context length: the kernel divides each sequence's keys among the splits)."""
     programs = num_decodes * num_kv_heads
-    splits = min(_SPLIT_MAX, -(-_PROGRAMS_PER_SM * num_sms // programs))
+    splits = min(_SPLIT_MAX, cdiv(_PROGRAMS_PER_SM * num_sms, programs))
     if max_seq_len:
         splits = min(splits, max_seq_len // _SPLIT_MIN_TOKENS)
     return max(1, splits)
@@ -69,7 +70,7 @@ class TritonPagedAttention(AttentionBackend):
         qsl, num_decodes = row_layout(query_lens)
         if any(n < 1 for n in query_lens[num_decodes:]):
             raise ValueError(f"query lengths must be >= 1: {query_lens}")
-        max_blocks = max((-(-n // block_size) for n in seq_lens), default=0)
+        max_blocks = max((cdiv(n, block_size) for n in seq_lens), default=0)
         padded = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in block_tables]
         return TritonAttentionMetadata(
             slot_mapping=slot_mapping, query_start_loc=qsl, seq_lens=list(seq_lens), block_tables=block_tables,

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmserve.contract.arith import cdiv
 from llmserve.worker.distributed import SINGLE, GroupHandle
 from llmserve.worker.layers.int8_weight import Int8Weight, quantize_rows, w8a8_applies
 from llmserve.worker.layers.packed_weight import PackedWeight
@@ -20,7 +21,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.tp = tp
         self.vocab_size, self.tp_size, self.tp_rank = vocab_size, tp.size, tp.rank
-        self.shard_size = -(-vocab_size // tp.size)
+        self.shard_size = cdiv(vocab_size, tp.size)
         self.vocab_start = tp.rank * self.shard_size
         # weight: [shard_size, hidden]
         self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
