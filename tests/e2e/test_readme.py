@@ -1,6 +1,7 @@
 """The README's snippets work as written: its Python blocks run against a real cluster,
 every `llmserve` command line in its bash blocks parses with the real parser, and those
-safe to run (generate, certs) run."""
+safe to run (generate, certs) run. The documentation site's command lines parse too
+(its dated benchmark history aside: old runs used the flags of their day)."""
 
 from __future__ import annotations
 
@@ -16,19 +17,21 @@ import pytest
 from llmserve.cli import build_parser, load_commands
 from llmserve.settings import resolve
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOC_PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if p.name != "benchmarks-history.md")
 SAFE_TO_RUN = {"generate", "certs"}  # Talk to the test cluster, or write into a temporary directory.
 
 
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+def blocks(language: str, page: Path = README) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(), flags=re.S | re.M)
 
 
-def llmserve_commands() -> list[list[str]]:
-    """Every `llmserve ...` command line of the README's bash blocks, as argv (continuation
-    lines joined, comments and leading VAR=value assignments dropped)."""
+def llmserve_commands(pages: tuple[Path, ...] = (README,)) -> list[list[str]]:
+    """Every `llmserve ...` command line of the pages' bash blocks (the README's by default),
+    as argv (continuation lines joined, comments and leading VAR=value assignments dropped)."""
     commands = []
-    for block in blocks("bash"):
+    for block in (b for page in pages for b in blocks("bash", page)):
         for line in block.replace("\\\n", " ").splitlines():
             if re.search(r"(^|\s)llmserve\s", line):  # Not other tools' lines (grpcurl's JSON spans lines).
                 words = shlex.split(line, comments=True)
@@ -54,6 +57,15 @@ def test_every_command_line_parses(argv):
     command = load_commands()[args.command]
     if command.config is not None:
         resolve(command.config, args, environ={}, file=args.config)  # Values parse too (2GiB, ports).
+
+
+def test_the_docs_have_command_lines():
+    assert len(llmserve_commands(tuple(DOC_PAGES))) >= 20
+
+
+@pytest.mark.parametrize("argv", llmserve_commands(tuple(DOC_PAGES)), ids=" ".join)
+def test_every_docs_command_line_parses(argv):
+    test_every_command_line_parses(argv)
 
 
 @pytest.mark.slow

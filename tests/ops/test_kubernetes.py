@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "llmserve"
 KUBERNETES_VERSION = "1.37.0"  # The newest schema set kubernetes-validate==1.37.0 bundles.
 SECRET = "llmserve-tls"
-# Values files of the variants the README documents, and shapes the templates branch on.
+# Values files of the variants the Kubernetes guide (docs/guide/kubernetes.md) documents, and shapes the templates branch on.
 VARIANTS = {
     "cpu": {},
     "gpu": yaml.safe_load((CHART / "values-gpu.yaml").read_text()),
@@ -242,8 +242,7 @@ def test_credentials_are_the_files_llmserve_certs_writes_each_role_its_own(tmp_p
 
 
 def _readme_kubernetes_commands() -> list[list[str]]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "guide" / "kubernetes.md").read_text()  # The Kubernetes guide.
     lines = []
     for block in re.findall(r"^```bash\n(.*?)^```", section, flags=re.S | re.M):
         lines += [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines()]

@@ -70,13 +70,13 @@ def test_prometheus_names_are_unique_and_documented():
     names = [s.prometheus_name for s in metrics.METRICS]
     assert len(names) == len(set(names))
     assert all(n.startswith("llmserve_") for n in names)
-    readme = (ROOT / "README.md").read_text()
-    assert metrics.markdown_table() in readme, "README's metrics table is stale: paste markdown_table()"
+    page = (ROOT / "docs" / "guide" / "operations.md").read_text()
+    assert metrics.markdown_table() in page, "docs/guide/operations.md's metrics table is stale: paste markdown_table()"
 
 
 def test_cluster_config_file(tmp_path, monkeypatch):
     from llmserve.cli import build_parser
-    from llmserve.launcher import UpConfig
+    from llmserve.launcher.up import UpConfig
     from llmserve.settings import SettingsError, resolve
 
     def up(argv: list[str]) -> UpConfig:
