@@ -161,12 +161,11 @@ BUILTIN = (
 def load_commands() -> dict[str, Command]:
     """The built-in commands and those of every installed llmserve distribution."""
     commands = {command.name: command for command in BUILTIN}
+    # NOTE: a distribution registers only commands whose imports it depends on (`up` comes
+    # with llmserve-launcher, which requires every service), so an entry point that fails
+    # to load is a broken install, and says so.
     for point in sorted(entry_points(group=COMMAND_GROUP), key=lambda p: p.name):
-        try:
-            command = point.load()
-        except ImportError as err:  # e.g. `up` where a service is not installed
-            logger.debug("command %s unavailable: %s", point.name, err)
-            continue
+        command = point.load()
         commands[command.name] = command
     return commands
 
@@ -230,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         config = resolve(command.config, args, file=args.config)
     except (SettingsError, OSError) as err:
         parser.error(str(err))
-    logger.info("config: %s", config)
+    (logger.debug if command.logs_config else logger.info)("config: %s", config)
     # Every failure of every command, start-up or later, ends as one line (see startup_errors).
     return run_reporting(args.command, lambda: command.run(config))
 

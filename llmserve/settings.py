@@ -265,12 +265,15 @@ def _build(cls: type, values: dict[tuple[str, ...], Any], default: Any = None) -
     return cls(**kwargs)
 
 
-def to_argv(config: Any, skip: Iterable[str] = ()) -> list[str]:
-    """Flags that give a child process the same settings (those not at their default)."""
+def to_argv(config: Any, skip: Iterable[str] = (), always: Iterable[str] = ()) -> list[str]:
+    """Flags that give a child process the same settings: those not at their default, and
+    those named in `always` even at their default (a value the parent assigns must not be
+    changed by an LLMSERVE_* variable in the child's environment). None is never a flag."""
     argv = []
+    always = set(always)
     for opt in options(type(config), skip):
         value = _get(config, opt.paths[0])
-        if value == opt.default or value is None:
+        if value is None or (value == opt.default and opt.name not in always):
             continue
         if opt.is_bool:
             argv.append(f"--{opt.name}" if value else f"--no-{opt.name}")
@@ -289,3 +292,6 @@ class Command:
     config: type | None  # None: `add_arguments` declares the flags (commands with subcommands).
     run: Callable[[Any], int]  # Takes the resolved config (or the namespace); imports lazily.
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    # True: the command logs its own readable start-up summary, and `llmserve` logs the
+    # whole resolved config only at DEBUG (else at INFO, as `config: ...`).
+    logs_config: bool = False

@@ -123,7 +123,7 @@ run_step() {
 # (no registry to fetch a build backend from: the wheelhouse brings one). -------------
 # PIP_CONFIG_FILE=/dev/null and --isolated: no pip.conf or PIP_* variable may add an
 # index, links or constraints: exactly the listed wheels, from the wheelhouse.
-PROJECTS=(./protos . ./kernels ./services/scheduler ./services/router ./services/worker)
+PROJECTS=(./protos . ./kernels ./services/scheduler ./services/router ./services/worker ./launcher ./bench)
 PIP=(env PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated --no-index --no-deps --disable-pip-version-check
      --no-input)
 
@@ -143,7 +143,7 @@ install_into_venv() {
 }
 
 install_into_target() {
-  # One pip call: the namespace package `llmserve` spans five distributions, and pip
+  # One pip call: the namespace package `llmserve` spans seven distributions, and pip
   # --target skips a top-level directory that an earlier call already made.
   rm -rf "$TARGET"
   install_build_backend &&
@@ -205,7 +205,7 @@ print("python", sys.version.split()[0]); print("torch", torch.__version__, "cuda
 print("triton", triton.__version__); print("transformers", transformers.__version__)' 2>&1
     command -v nvidia-smi > /dev/null && nvidia-smi 2>&1
   } >> "$RESULTS/environment.txt"
-  run_step verify 120 "$PY" -m llmserve.bench.wheelhouse verify "$WHEEL_LIST"
+  run_step verify 120 "$PY" scripts/wheelhouse.py verify "$WHEEL_LIST"
   # Bounded, so that the whole check stays under 10 minutes on one H100. tests/ops checks
   # the Kubernetes manifests (kubernetes-validate, not in the wheelhouse) and has no GPU test.
   run_step gpu-tests "$([ "$QUICK" = 1 ] && echo 210 || echo 300)" \
@@ -229,4 +229,4 @@ fi
 
 echo "gpu_check: done in $(( $(date +%s) - T0 )) s; logs and reports in $RESULTS"
 echo
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m llmserve.bench.gpu_summary "$RESULTS"
+"$PY" scripts/gpu_summary.py "$RESULTS"

@@ -46,7 +46,7 @@ if [ "$count" -ne "${#PINS[@]}" ]; then
   exit 1
 fi
 # Every wheel's own Requires-Dist, for that Python, is met by another wheel here or by the image.
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m llmserve.bench.wheelhouse check-wheels "$DEST" \
+"$PY" scripts/wheelhouse.py check-wheels "$DEST" \
   --python-version "$PYTHON_VERSION" --image scripts/gpu-image.txt
 ls -l "$DEST"/*.whl | awk '{printf "%9.1f KiB  %s\n", $5 / 1024, $NF}'
 bytes=$(cat "$DEST"/*.whl | wc -c)

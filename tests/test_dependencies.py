@@ -1,6 +1,7 @@
-"""Each service installs only what it needs: the resolved dependency closure of each
-distribution, read from the installed packages' own metadata (the same Requires-Dist
-that pip resolves for a fresh venv with only that service)."""
+"""Each distribution installs only what it needs: the resolved dependency closure of each
+(the base, every service, the launcher, the benchmarks), read from the installed
+packages' own metadata (the same Requires-Dist that pip resolves for a fresh venv with
+only that distribution)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,18 @@ def test_router_has_its_tokenizer_stack():
 def test_worker_pulls_the_model_stack():
     assert {"torch", "triton", "safetensors", "llmserve-kernels", "llmserve"} <= closure("llmserve-worker")
     assert "matplotlib" not in closure("llmserve-worker")
+
+
+def test_the_base_pulls_no_service_launcher_or_bench():
+    ours = {name for name in closure("llmserve") if name.startswith("llmserve")}
+    assert ours == {"llmserve", "llmserve-api"}
+
+
+def test_launcher_runs_every_service_but_pulls_no_benchmark_tools():
+    found = closure("llmserve-launcher")
+    assert {"llmserve", "llmserve-router", "llmserve-scheduler", "llmserve-worker", "torch"} <= found
+    assert not found & {"llmserve-bench", "matplotlib", "openai"}
+
+
+def test_bench_brings_its_plots_its_openai_client_and_the_launcher():
+    assert {"matplotlib", "openai", "llmserve-launcher", "llmserve-worker"} <= closure("llmserve-bench")

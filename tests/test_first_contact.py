@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llmserve.launcher import free_port
+from llmserve.launcher.cluster import free_port
 
 
 def start(*argv: str, debug: bool = False) -> subprocess.Popen:
@@ -144,7 +144,7 @@ def test_up_checks_its_ports_before_loading_a_model(tmp_path):
 
 def test_port_check_itself_is_immediate():
     from llmserve.contract.startup_errors import StartupError
-    from llmserve.launcher import UpConfig, check_ports_free
+    from llmserve.launcher.up import UpConfig, check_ports_free
 
     with occupied_port() as port:
         start = time.monotonic()

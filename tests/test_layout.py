@@ -1,9 +1,10 @@
 """The tree shows the architecture: a file's path tells its import name, and its layer
 tells what it may import.
 
-Each distribution root (the repository root, kernels/, services/<name>/) holds one
-portion of the `llmserve` namespace package, so `services/router/llmserve/router/x.py`
-is `llmserve.router.x`, and nothing maps a folder onto another name.
+Each distribution root (the repository root, kernels/, services/<name>/, launcher/,
+bench/) holds one portion of the `llmserve` namespace package, so
+`services/router/llmserve/router/x.py` is `llmserve.router.x`, and nothing maps a folder
+onto another name.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-DISTRIBUTION_ROOTS = [REPO, REPO / "kernels", *(REPO / "services" / s for s in ("router", "scheduler", "worker"))]
+DISTRIBUTION_ROOTS = [REPO, REPO / "kernels", *(REPO / "services" / s for s in ("router", "scheduler", "worker")),
+                      REPO / "launcher", REPO / "bench"]
 
 # Layers, bottom first, by module prefix. A module belongs to the longest prefix it has.
 LAYERS = {
@@ -28,9 +30,12 @@ LAYERS = {
     "router": ("llmserve.router",),
     "scheduler": ("llmserve.scheduler",),
     "worker": ("llmserve.worker",),
-    "launcher": ("llmserve.launcher", "llmserve.client", "llmserve.engine", "llmserve.certs"),
+    # What a client needs: the Python client and the cluster's credentials (`llmserve certs`).
+    "client": ("llmserve.client", "llmserve.certs"),
+    # The `llmserve` command finds every other command through entry points, never by import.
     "cli": ("llmserve.cli", "llmserve.protogen"),
-    "bench": ("llmserve.bench",),
+    "launcher": ("llmserve.launcher",),  # launcher/: the local cluster, `llmserve up`, the in-process engine
+    "bench": ("llmserve.bench",),  # bench/: `llmserve bench`
 }
 _BASE = {"contract", "telemetry"}
 _SERVICES = {"router", "scheduler", "worker", "kernels"}
@@ -41,10 +46,15 @@ MAY_IMPORT = {
     "router": _BASE,
     "scheduler": _BASE,
     "worker": _BASE | {"kernels"},
-    "launcher": _BASE | _SERVICES,
-    "cli": _BASE | _SERVICES | {"launcher"},
-    "bench": _BASE | _SERVICES | {"launcher"},
+    "client": _BASE,
+    "cli": _BASE | {"client"},
+    "launcher": _BASE | _SERVICES | {"client"},
+    "bench": _BASE | _SERVICES | {"client", "launcher"},
 }
+# The base distribution (the repository root's pyproject.toml) installs without any
+# service: its modules may import only these layers (tests/test_base_install.py proves
+# it in a fresh venv).
+BASE_DISTRIBUTION_LAYERS = {"contract", "telemetry", "client", "cli"}
 
 
 def product_files() -> dict[str, Path]:
@@ -111,13 +121,46 @@ def test_no_upward_or_sideways_imports():
     assert not bad, "imports that cross the layers the wrong way:\n" + "\n".join(sorted(bad))
 
 
+def base_violations(paths: dict[str, Path]) -> set[str]:
+    """Imports of the base distribution's modules that leave the base layers."""
+    bad = set()
+    for name, path in paths.items():
+        for target in imported_modules(path, name):
+            if layer_of(target) not in BASE_DISTRIBUTION_LAYERS:
+                bad.add(f"{name} imports {target}")
+    return bad
+
+
+def test_the_base_distribution_imports_no_service_launcher_or_bench():
+    base = {name: path for name, path in product_files().items() if path.is_relative_to(REPO / "llmserve")}
+    assert "llmserve.cli" in base and "llmserve.settings" in base  # The walk found the base.
+    assert not any(layer_of(name) not in BASE_DISTRIBUTION_LAYERS for name in base), sorted(base)
+    assert not base_violations(base), "\n".join(sorted(base_violations(base)))
+
+
+def test_the_base_check_finds_a_lazy_import(tmp_path):
+    """An import inside a function counts: the base would fail where that function runs."""
+    path = tmp_path / "cli.py"
+    path.write_text("def up():\n    from llmserve.launcher.cluster import LocalCluster\n    return LocalCluster\n")
+    # Both what `from X import Y` may name: module X, and Y if it were a module.
+    assert base_violations({"llmserve.cli": path}) == {"llmserve.cli imports llmserve.launcher.cluster",
+                                                       "llmserve.cli imports llmserve.launcher.cluster.LocalCluster"}
+
+
 @pytest.mark.parametrize("module,target,ok", [
     ("llmserve.scheduler.service", "llmserve.worker.model_runner", False),
     ("llmserve.router.service", "llmserve.scheduler.scheduler", False),
-    ("llmserve.launcher", "llmserve.bench.serve", False),
+    ("llmserve.launcher.cluster", "llmserve.bench.serve", False),
     ("llmserve.contract.wire", "llmserve.telemetry", False),
+    ("llmserve.cli", "llmserve.launcher.up", False),
+    ("llmserve.cli", "llmserve.worker.config", False),
+    ("llmserve.client", "llmserve.router.service", False),
+    ("llmserve.certs", "llmserve.launcher.cluster", False),
     ("llmserve.worker.layers.norm", "llmserve.kernels.cpu", True),
-    ("llmserve.bench.serve", "llmserve.launcher", True),
+    ("llmserve.bench.serve", "llmserve.launcher.cluster", True),
+    ("llmserve.launcher.up", "llmserve.router.config", True),
+    ("llmserve.launcher.cluster", "llmserve.certs", True),
+    ("llmserve.cli", "llmserve.client", True),
 ])
 def test_the_layer_rules_themselves(module, target, ok):
     """The check is not vacuous: known-bad edges are refused, known-good ones allowed."""

@@ -369,7 +369,7 @@ def test_insecure_warns_and_binds_loopback_by_default():
 
 
 def test_up_takes_insecure_but_makes_its_own_credentials():
-    from llmserve.launcher import UpConfig
+    from llmserve.launcher.up import UpConfig
     from llmserve.settings import options
 
     names = {o.name for o in options(UpConfig)}

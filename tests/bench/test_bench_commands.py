@@ -114,7 +114,7 @@ def test_bench_serve_smoke(tmp_path):
 
 
 def test_batches_to_time_cover_most_tokens():
-    from llmserve.bench.serve import batches_to_time
+    from llmserve.bench.step_compare import batches_to_time
 
     shares = {1: 0.10, 2: 0.40, 3: 0.30, 4: 0.15, 5: 0.05}
     assert batches_to_time(shares) == pytest.approx({1: 0.10 / 0.95, 2: 0.40 / 0.95, 3: 0.30 / 0.95,
@@ -127,7 +127,7 @@ def test_bench_serve_grpc_security_both_pairs_tls_with_plaintext_rounds(tmp_path
     """--grpc-security both: every round runs a TLS and a plaintext cluster, in turns
     first, and the report pairs them round by round. (The rounds are stand-ins here: the
     launched clusters of both kinds run for real in the throughput smoke.)"""
-    from llmserve.bench import serve
+    from llmserve.bench import load, serve
     from llmserve.bench.cli import run_bench
     from llmserve.cli import build_parser
 
@@ -136,9 +136,9 @@ def test_bench_serve_grpc_security_both_pairs_tls_with_plaintext_rounds(tmp_path
     def fake_round(model_dir, requests, args, insecure=False, backends=("grpc",)):
         ran.append(insecure)
         tpot = 0.010 if insecure else 0.011  # TLS: 10% slower per token
-        timing = serve.RequestTiming(8, start=0.0, end=0.05 + 4 * tpot)
+        timing = load.RequestTiming(8, start=0.0, end=0.05 + 4 * tpot)
         timing.token_times = timing.delta_times = [0.05 + i * tpot for i in range(5)]
-        return {"grpc": serve.compute_metrics([timing], duration=1.0)}
+        return {"grpc": load.compute_metrics([timing], duration=1.0)}
 
     monkeypatch.setattr(serve, "serve_round", fake_round)
     args = build_parser().parse_args(["bench", "serve", "--launch", *SMALL, "--repeat", "2", "--grpc-security",
@@ -158,7 +158,7 @@ def test_bench_serve_backend_both_pairs_grpc_with_openai_on_one_cluster(tmp_path
     """--backend both: every round drives one cluster over gRPC and over the OpenAI API,
     in turns first, and the report pairs them round by round. (Stand-in rounds: the
     OpenAI client's real run is in tests/e2e/test_openai_api.py.)"""
-    from llmserve.bench import serve
+    from llmserve.bench import load, serve
     from llmserve.bench.cli import run_bench
     from llmserve.cli import build_parser
 
@@ -169,9 +169,9 @@ def test_bench_serve_backend_both_pairs_grpc_with_openai_on_one_cluster(tmp_path
         out = {}
         for backend in backends:
             tpot = 0.0105 if backend == "openai" else 0.010  # HTTP: 5% slower per token
-            timing = serve.RequestTiming(8, start=0.0, end=0.05 + 4 * tpot)
+            timing = load.RequestTiming(8, start=0.0, end=0.05 + 4 * tpot)
             timing.token_times = timing.delta_times = [0.05 + i * tpot for i in range(5)]
-            out[backend] = serve.compute_metrics([timing], duration=1.0)
+            out[backend] = load.compute_metrics([timing], duration=1.0)
         return out
 
     monkeypatch.setattr(serve, "serve_round", fake_round)
@@ -199,7 +199,7 @@ def test_bench_serve_backend_both_needs_launch():
 
 def test_bench_serve_times_the_in_process_step_with_the_cluster_quantization(monkeypatch):
     # The cluster served int8: the in-process step it is set against must be int8 too.
-    from llmserve.bench import profile_step, serve
+    from llmserve.bench import profile_step, step_compare
     from llmserve.bench.workloads import BenchRequest
 
     seen = {}
@@ -211,6 +211,6 @@ def test_bench_serve_times_the_in_process_step_with_the_cluster_quantization(mon
     monkeypatch.setattr(profile_step, "time_decode_steps", fake_time_decode_steps)
     metrics = {"mean_concurrency": 2.0, "tpot_ms": {"median": 20.0}}
     requests = [BenchRequest(prompt_token_ids=[1] * 10, output_len=4)]
-    serve.compare_with_decode_step(metrics, "model", "bfloat16", requests, "int8")
+    step_compare.compare_with_decode_step(metrics, "model", "bfloat16", requests, "int8")
     assert seen == {"dtype": "bfloat16", "quantization": "int8"}
     assert metrics["tpot_median_over_decode_step"] == pytest.approx(2.0)

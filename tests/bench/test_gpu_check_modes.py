@@ -10,13 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmserve.bench import gpu_summary
 from llmserve.bench.clock import best_rate, now
 from llmserve.bench.decode_graphs import compare_decode, graph_and_eager_runners
 from llmserve.bench.flops import ModelFlops, measure_matmul_peak, measure_memory_bandwidth
 from llmserve.bench.kv_sizing import check_kv_sizing
 from llmserve.bench.random_model import PRESETS, make_random_model, parameter_shapes
 from llmserve.worker.config import RunnerConfig
+from tests.script_modules import load_script
+
+gpu_summary = load_script("gpu_summary")  # scripts/gpu_summary.py, which gpu_check.sh runs last
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -72,7 +74,7 @@ def test_the_compile_pass_leaves_a_fresh_engine_on_the_same_runner(tiny_random_m
     from llmserve.bench.step_records import RecordingEngine
     from llmserve.bench.throughput import compile_pass, run_in_process
     from llmserve.bench.workloads import random_workload
-    from llmserve.engine import InProcessEngine
+    from llmserve.launcher.engine import InProcessEngine
     from llmserve.scheduler.config import SchedulerConfig
 
     scheduling = SchedulerConfig()

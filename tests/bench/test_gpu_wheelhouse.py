@@ -20,12 +20,18 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from llmserve.bench.wheelhouse import canonical, problems, read_names, read_wheel_list, requirements
+from tests.script_modules import load_script
+
+wheelhouse = load_script("wheelhouse")
+canonical, problems, read_names = wheelhouse.canonical, wheelhouse.problems, wheelhouse.read_names
+read_wheel_list, requirements = wheelhouse.read_wheel_list, wheelhouse.requirements
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECTS = [REPO / "pyproject.toml", REPO / "protos/pyproject.toml", REPO / "kernels/pyproject.toml",
-              *sorted((REPO / "services").glob("*/pyproject.toml"))]
-OURS = {"llmserve", "llmserve-api", "llmserve-kernels", "llmserve-scheduler", "llmserve-router", "llmserve-worker"}
+              *sorted((REPO / "services").glob("*/pyproject.toml")), REPO / "launcher/pyproject.toml",
+              REPO / "bench/pyproject.toml"]
+OURS = {"llmserve", "llmserve-api", "llmserve-kernels", "llmserve-scheduler", "llmserve-router", "llmserve-worker",
+        "llmserve-launcher", "llmserve-bench"}
 PY312 = {"python_version": "3.12", "python_full_version": "3.12.3"}
 # In our requirements, not needed by the GPU check: it never runs them.
 NOT_NEEDED_THERE = {
@@ -36,6 +42,9 @@ NOT_NEEDED_THERE = {
     "buf-bin",
     "helm-python-sdk",
     "kubernetes-validate",
+    # The documentation site's build (tests/test_docs.py, `mkdocs build --strict`), a CPU check.
+    "mkdocs",
+    "mkdocs-material",
 }
 
 BROUGHT = read_wheel_list(REPO / "scripts/gpu-wheels.txt")
@@ -44,11 +53,11 @@ IMAGE = {canonical(n) for n in read_names(REPO / "scripts/gpu-image.txt")}
 
 
 def reached() -> set[str]:
-    """Distributions our five need (llmserve with its test and bench extras), walking
+    """Distributions ours need (llmserve with its test extra, and every other of ours), walking
     Requires-Dist for Python 3.12; the walk stops at what the image has (its own
     requirements are its business) unless we bring our own copy of it."""
     seen: set[str] = set()
-    todo = [("llmserve", frozenset({"test", "bench"}))] + [(name, frozenset()) for name in OURS]
+    todo = [("llmserve", frozenset({"test"}))] + [(name, frozenset()) for name in OURS]
     while todo:
         name, extras = todo.pop()
         name = canonical(name)
@@ -134,7 +143,7 @@ def _fake_wheel(folder: Path, name: str, version: str, requires: list[str]) -> N
 
 
 def test_check_wheels_reads_each_wheel_s_own_requirements_for_the_target_python(tmp_path):
-    from llmserve.bench.wheelhouse import wheel_problems
+    wheel_problems = wheelhouse.wheel_problems
 
     _fake_wheel(tmp_path, "alpha", "1.0", ["beta>=2", "numpy", "gamma", 'delta; python_version < "3.11"',
                                            "epsilon[extra1]", 'theta[extra2]; extra == "fancy"'])

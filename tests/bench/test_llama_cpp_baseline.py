@@ -15,7 +15,7 @@ import pytest
 from llmserve.bench import llama_cpp
 from llmserve.bench.llama_server import LlamaServer, server_command
 from llmserve.bench.workloads import BenchRequest, random_workload, reference_workload, summary
-from llmserve.launcher import free_port
+from llmserve.launcher.cluster import free_port
 from tests.bench.llama_cpp_fakes import FAKE_SERVER, alive, fake_command, records
 
 SMALL = ["--workload", "random", "--num-requests", "3", "--input-len", "8", "20", "--output-len", "3", "6",
@@ -193,7 +193,7 @@ def test_bench_serve_load_over_the_openai_client_counts_each_token_once(tmp_path
     import asyncio
 
     from llmserve.bench.openai_backend import OpenAIClient
-    from llmserve.bench.serve import run_load
+    from llmserve.bench.load import run_load
 
     requests = random_workload(3, (4, 12), (2, 7), vocab_size=100, seed=4)
     port = free_port()

@@ -1,4 +1,4 @@
-"""llama-server's lifecycle (llmserve/bench/llama_server.py), against the stand-in
+"""llama-server's lifecycle (bench/llmserve/bench/llama_server.py), against the stand-in
 llama-server of fake_llama_server.py: its command line, the wait for /health to say ok
 (and the errors, with the log's tail, when it does not), and stopping it whatever
 happens, SIGKILL when SIGTERM is not enough."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from llmserve.bench.llama_server import LlamaServer, LlamaServerError, ServerSettings, _health, server_command
-from llmserve.launcher import free_port
+from llmserve.launcher.cluster import free_port
 from tests.bench.llama_cpp_fakes import alive, fake_command, records
 
 

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from llmserve.bench.serve import engine_steps
+from llmserve.bench.step_compare import engine_steps
 from llmserve.bench.step_spans import read_spans, step_totals
 
 MS = 1_000_000  # nanoseconds

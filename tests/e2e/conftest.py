@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmserve.launcher import ClusterSpec, LocalCluster, free_port
+from llmserve.launcher.cluster import ClusterSpec, LocalCluster, free_port
 from llmserve.model_store import default_model_dir
 
 

@@ -8,7 +8,7 @@ import re
 import urllib.request
 
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from llmserve.launcher import LocalCluster
+from llmserve.launcher.cluster import LocalCluster
 
 
 async def scheduler_stats(cluster: LocalCluster, replica: int = 0) -> scheduler_pb2.SchedulerStats:

@@ -17,8 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.bench.overload import print_report, run_phases
 from llmserve.client import build_generate_request
 from llmserve.contract.retry_info import retry_delay_s
-from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from llmserve.launcher import free_port
+from llmserve.internal.v1 import sampling_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmserve.launcher.cluster import free_port
 
 from .conftest import start_cluster
 from .stats import scheduler_stats, scrape, wait_all_blocks_free
@@ -172,7 +172,7 @@ async def test_deadline_that_passes_in_the_queue(bounded):
         # Straight to the scheduler: the budget the router passes on ends it there.
         session = scheduler_pb2_grpc.SchedulerStub(channel).Session()
         add = scheduler_pb2.AddRequest(request_id="hurry", prompt_token_ids=PROMPT, n=1, deadline_ms=300,
-                                       sampling=scheduler_pb2.SamplingOptions(max_tokens=4))
+                                       sampling=sampling_pb2.SamplingParams(max_tokens=4))
         await session.write(scheduler_pb2.RouterMessage(add=add))
         ended = await asyncio.wait_for(_output_of(session, "hurry"), 30)
         assert ended.finish_reason == 4 and ended.error_code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]

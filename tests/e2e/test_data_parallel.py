@@ -13,7 +13,7 @@ import signal
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from llmserve.launcher import ClusterSpec, LocalCluster, free_port
+from llmserve.launcher.cluster import ClusterSpec, LocalCluster, free_port
 
 from .stats import block_audit, scheduler_stats, wait_all_blocks_free
 

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from llmserve.launcher import LocalCluster
+from llmserve.launcher.cluster import LocalCluster
 
 from .conftest import start_cluster
 from .stats import wait_all_blocks_free

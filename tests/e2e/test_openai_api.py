@@ -247,7 +247,7 @@ async def test_bench_load_generator_over_the_openai_api(cluster):
     """`bench serve --backend openai`'s client: every request completes with exactly its
     output length counted (ignore_eos), and the figures are the gRPC run's kind."""
     from llmserve.bench.openai_backend import OpenAIClient
-    from llmserve.bench.serve import compute_metrics, run_load
+    from llmserve.bench.load import compute_metrics, run_load
     from llmserve.bench.workloads import random_workload
 
     requests = random_workload(4, (8, 24), (3, 6), vocab_size=49152, seed=3)

@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.contract.security import channel_credentials
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
-from llmserve.launcher import LocalCluster
+from llmserve.launcher.cluster import LocalCluster
 from llmserve.v1 import generation_pb2 as pb
 from llmserve.v1 import generation_pb2_grpc
 

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from llmserve.launcher import free_port
+from llmserve.launcher.cluster import free_port
 
 from .conftest import start_cluster
 from .stats import scheduler_stats, scrape, wait_all_blocks_free

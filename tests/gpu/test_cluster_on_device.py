@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from llmserve.contract.sampling import SamplingParams
-from llmserve.engine import InProcessEngine
-from llmserve.launcher import ClusterSpec, LocalCluster, free_port
+from llmserve.launcher.cluster import ClusterSpec, LocalCluster, free_port
+from llmserve.launcher.engine import InProcessEngine
 from tests.e2e.test_hf_equivalence import collect
 from tests.tiny_models import TINY, make_tiny_model
 

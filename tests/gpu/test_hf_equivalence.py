@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from llmserve.contract.sampling import SamplingParams
-from llmserve.engine import InProcessEngine
+from llmserve.launcher.engine import InProcessEngine
 from tests.e2e.test_hf_equivalence import MAX_NEW_TOKENS, assert_same_greedy
 from tests.worker.test_bf16_vs_hf import BF16_TIE
 

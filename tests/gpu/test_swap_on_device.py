@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 
 from llmserve.contract.sampling import SamplingParams
-from llmserve.engine import InProcessEngine
+from llmserve.launcher.engine import InProcessEngine
 from llmserve.worker import kv_cache as kvc
 
 from .conftest import DEVICE, GPU, ON_CUDA

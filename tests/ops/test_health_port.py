@@ -21,7 +21,7 @@ from llmserve.contract.grpc_server import ServiceServer
 from llmserve.contract.security import SecurityOptions, channel_credentials
 from llmserve.contract.startup_errors import StartupError
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from llmserve.launcher import free_port
+from llmserve.launcher.cluster import free_port
 
 SCHEDULER = "llmserve.internal.v1.Scheduler"
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -21,7 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.client import LLMServeClient
-from llmserve.launcher import ClusterSpec, LocalCluster, free_port
+from llmserve.launcher.cluster import ClusterSpec, LocalCluster, free_port
 from llmserve.model_store import default_model_dir
 from llmserve.telemetry import metrics as metric_specs
 

@@ -120,7 +120,7 @@ def spawn_ranks(target, tp: int, pp: int, *args, timeout_s: float = 240.0) -> di
     (rank, pickled result, error). Returns rank -> unpickled result."""
     import torch.multiprocessing as mp
 
-    from llmserve.launcher import free_port
+    from llmserve.launcher.cluster import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()

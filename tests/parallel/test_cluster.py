@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from llmserve.client import LLMServeClient
-from llmserve.launcher import ClusterSpec, LocalCluster, free_port
+from llmserve.launcher.cluster import ClusterSpec, LocalCluster, free_port
 from tests.e2e.stats import scheduler_stats
 from tests.e2e.test_failures import wait_health
 

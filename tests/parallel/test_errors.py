@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from llmserve.launcher import free_port
+from llmserve.launcher.cluster import free_port
 from llmserve.worker.distributed import DistInit, GroupHandle, ParallelState, RendezvousError, init_parallel
 from llmserve.worker.models.llama import LlamaForCausalLM
 

@@ -307,7 +307,7 @@ def paged_attention_varlen(
 def gather_kv(kv_cache: torch.Tensor, table: list[int], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's keys and values, contiguous: each [seq_len, KVH, D]."""
     bs = kv_cache.shape[2]
-    blocks = torch.tensor(table[: -(-seq_len // bs)], dtype=torch.long, device=kv_cache.device)
+    blocks = torch.tensor(table[: triton.cdiv(seq_len, bs)], dtype=torch.long, device=kv_cache.device)
     kv = kv_cache[:, blocks].flatten(1, 2)[:, :seq_len]
     return kv[0], kv[1]
 

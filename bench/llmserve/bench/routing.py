@@ -18,6 +18,7 @@ import json
 import random
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from llmserve.bench.report import machine_info
@@ -70,12 +71,12 @@ async def _replica_spread(cluster, dp_size: int) -> list[int]:
 
 def _round(model_dir: Path, requests: list[BenchRequest], args, policy: str) -> dict:
     from llmserve.bench.throughput import cluster_spec
-    from llmserve.launcher import LocalCluster, free_port
+    from llmserve.launcher.cluster import LocalCluster, free_port
 
     spec = cluster_spec(model_dir, args)
     spec.dp_size = args.dp_size
     spec.replica_ports = [(free_port(), free_port()) for _ in range(args.dp_size - 1)]
-    spec.router_args = ["--routing-policy", policy]
+    spec.router = replace(spec.router, routing_policy=policy)
     with LocalCluster(spec) as cluster:
         metrics = asyncio.run(_drive(cluster, requests, args.max_concurrency))
         metrics["replica_prompt_tokens"] = asyncio.run(_replica_spread(cluster, args.dp_size))

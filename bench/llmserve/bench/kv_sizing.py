@@ -74,7 +74,7 @@ def smoke_step(runner, num_tokens: int) -> dict:
     """One request of `num_tokens` prompt tokens (a full step's budget) and 4 outputs on the
     sized cache; on CUDA the activation peak it added."""
     from llmserve.contract.sampling import SamplingParams
-    from llmserve.engine import InProcessEngine
+    from llmserve.launcher.engine import InProcessEngine
     from llmserve.scheduler.config import SchedulerConfig
 
     device = runner.device

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -97,15 +99,15 @@ def roofline(engine: RecordingEngine, peak_flops: float, bandwidth: float, dtype
 def cluster_spec(model_dir: Path, args, insecure: bool = False):
     """A local cluster configured like the in-process engine of the same run (mutual TLS
     and an API key unless `insecure`)."""
-    from llmserve.launcher import ClusterSpec, free_port
+    from llmserve.launcher.cluster import ClusterSpec, free_port
 
-    return ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
-                       worker_port=free_port(), log_level="WARNING", scheduler_args=args.engine.scheduler_argv(),
-                       worker_args=args.engine.worker_argv(), insecure=insecure)
+    return ClusterSpec(model_dir=model_dir, scheduler=args.engine.scheduler, worker=args.engine.worker,
+                       router_port=free_port(), scheduler_port=free_port(), worker_port=free_port(),
+                       log_level="WARNING", insecure=insecure)
 
 
 def run_through_grpc(model_dir: Path, requests: list[BenchRequest], args, insecure: bool = False) -> dict:
-    from llmserve.launcher import LocalCluster
+    from llmserve.launcher.cluster import LocalCluster
 
     spec = cluster_spec(model_dir, args, insecure)
 
@@ -215,94 +217,136 @@ def engine_device_and_dtype(model_dir: Path, runner: RunnerConfig) -> tuple[torc
     return device, resolve_dtype(runner.dtype, device, load_config(model_dir), runner.quantization)
 
 
+@dataclass
+class _Run:
+    """One `bench throughput` run: its workload, where the engine computes, and this
+    machine's measured ceilings (for MFU and the roofline floor)."""
+
+    args: Any
+    model_dir: Path
+    requests: list[BenchRequest]
+    device: torch.device
+    torch_dtype: torch.dtype
+    llama_cpp_quants: list[str]
+    peak: float = 0.0  # FLOP/s of a matmul in torch_dtype
+    bandwidth: float = 0.0  # bytes/s
+
+    @property
+    def dtype(self) -> str:
+        return dtype_name(self.torch_dtype)
+
+
 def bench_throughput(args) -> int:
     from llmserve.model_store import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)
     requests = workload_from_args(args, model_dir)
     device, torch_dtype = engine_device_and_dtype(model_dir, args.engine.worker.runner)
-    dtype = dtype_name(torch_dtype)
-    llama_cpp_quants = llama_cpp.chosen_quants(args, dtype, args.engine.worker.runner.quantization)
+    quants = llama_cpp.chosen_quants(args, dtype_name(torch_dtype), args.engine.worker.runner.quantization)
     # Before the engine's minutes: a baseline that cannot run says so now.
-    llama_cpp.LlamaCppBuild(Path(args.llama_cpp_dir)).check(model_dir.name, llama_cpp_quants)
+    llama_cpp.LlamaCppBuild(Path(args.llama_cpp_dir)).check(model_dir.name, quants)
+    run = _Run(args, model_dir, requests, device, torch_dtype, quants)
     report = {"kind": "throughput", "workload": {"name": args.workload, **summary(requests)},
-              "machine": machine_info(), "device": str(device), "dtype": dtype, "command": " ".join(args.argv),
+              "machine": machine_info(), "device": str(device), "dtype": run.dtype, "command": " ".join(args.argv),
               "rounds": args.repeat, "results": {}}
-    print(f"workload {args.workload}: {summary(requests)}; {dtype} on {device}", flush=True)
+    print(f"workload {args.workload}: {summary(requests)}; {run.dtype} on {device}", flush=True)
     # NOTE: measured before the engine takes its share of the device's memory.
-    peak = measure_matmul_peak(torch_dtype, device=device)
-    bandwidth = measure_memory_bandwidth(device=device)
-    report["matmul_peak_gflop_per_s"] = peak / 1e9
-    report["memory_bandwidth_gb_per_s"] = bandwidth / 1e9
-    engine = RecordingEngine(ModelRunner(model_dir, args.engine.worker.runner), args.engine.scheduling)
-    if device.type == "cuda":
-        engine = compile_pass(engine, requests, args.engine.scheduling)
-    block_size = engine.scheduler.kv.block_size
-    # NOTE: rounds interleave the systems (engine, gRPC, baselines, engine, ...) so a change
-    # in the machine's load during the run lands on all of them, not on one.
-    rounds: dict[str, list[dict]] = {}
-    for round_index in range(args.repeat):
-        if round_index:  # A fresh scheduler: no prefix-cache hits on the previous round's prompts.
-            engine = RecordingEngine(engine.runner, args.engine.scheduling)
-        result = run_in_process(engine, requests)
-        result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / peak
-        result.update(roofline(engine, peak, bandwidth, torch_dtype, result))
-        rounds.setdefault("engine", []).append(result)
-        _print_row(f"[{round_index + 1}] {_label('engine', args.hf_batch_size)}", result)
-        systems = _grpc_systems(args, round_index) + _baseline_systems(args, llama_cpp_quants)
-        this_round: dict[str, dict] = {}
-        for system in systems:
-            if system.startswith("grpc"):
-                run = run_through_grpc(model_dir, requests, args, insecure=system == "grpc-insecure")
-            else:
-                run = _run_baseline(system, model_dir, requests, args, torch_dtype, device)
-            if "error" in run:
-                print(f"[{round_index + 1}] {system}: failed: {run['error']}", flush=True)
-            else:
-                if "outputs" in run:  # Token ids (llama-server streams text only).
-                    run["same_tokens_as_engine"] = _same_outputs(result["outputs"], run["outputs"])
-                # Paired with this round's engine run: the host's drift between rounds
-                # cancels out of the ratio, not out of a ratio of two medians.
-                run["engine_over_this"] = result["output_tokens_per_s"] / run["output_tokens_per_s"]
-                if not system.startswith("grpc"):  # gRPC ran first in the round: pair it too.
-                    for grpc_system, ratio in _GRPC_RATIO.items():
-                        grpc_run = this_round.get(grpc_system)
-                        if grpc_run is not None and "error" not in grpc_run:
-                            run[ratio] = grpc_run["output_tokens_per_s"] / run["output_tokens_per_s"]
-                _print_row(f"[{round_index + 1}] {_label(system, args.hf_batch_size)}", run)
-            this_round[system] = run
-            rounds.setdefault(system, []).append(run)
-    del engine
+    run.peak = measure_matmul_peak(torch_dtype, device=device)
+    run.bandwidth = measure_memory_bandwidth(device=device)
+    report["matmul_peak_gflop_per_s"] = run.peak / 1e9
+    report["memory_bandwidth_gb_per_s"] = run.bandwidth / 1e9
+    rounds, block_size = _run_rounds(run)
     report["results"] = {system: _summarize_rounds(runs) for system, runs in rounds.items()}
     if tls_cost := _tls_cost(rounds):
         report["tls_cost_rounds"] = tls_cost  # Plaintext over TLS throughput, paired by round.
         print(f"TLS cost: plaintext / TLS throughput {statistics.median(tls_cost):.3f}x (rounds: "
               f"{', '.join(f'{c:.3f}' for c in tls_cost)})", flush=True)
-    result = report["results"]["engine"]
-    if args.repeat > 1:
-        print(f"medians of {args.repeat} rounds:", flush=True)
-        for system, run in report["results"].items():
-            if "error" not in run:
-                _print_row(_label(system, args.hf_batch_size), run)
-    print(f"matmul peak ({dtype} on {device}): {peak / 1e9:.0f} GFLOP/s; engine achieved "
-          f"{result['achieved_gflop_per_s']:.0f} GFLOP/s = MFU {100 * result['mfu']:.0f}%", flush=True)
-    print(f"roofline (memory {bandwidth / 1e9:.0f} GB/s): floor {result['roofline_floor_seconds']:.1f} s, engine at "
-          f"{100 * result['roofline_fraction']:.0f}% of it; MFU at the floor {100 * result['mfu_at_roofline']:.0f}%; "
-          f"KV utilisation bound at block size {block_size}: {100 * result['kv_utilisation_bound']:.1f}%",
-          flush=True)
-    for r in report["results"].values():
-        r.pop("outputs", None)
-    out = Path(args.output_dir)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    write_json(report, out / f"throughput-{args.workload}-{dtype}-{stamp}.json")
-    plot_throughput({**report, "results": {k: v for k, v in report["results"].items() if "error" not in v}},
-                    out / f"throughput-{args.workload}-{dtype}-{stamp}.png")
-    print(f"wrote {out}/throughput-{args.workload}-{dtype}-{stamp}.{{json,png}}", flush=True)
-    failed = [system for system, runs in rounds.items() if any("error" in run for run in runs)]
+    _print_summary(run, report["results"], block_size)
+    _write_report(report, Path(args.output_dir), args.workload, run.dtype)
+    failed = [system for system, runs in rounds.items() if any("error" in r for r in runs)]
     if failed:  # The others' figures stand (written above); a script must still see the failure.
         print(f"bench throughput: {', '.join(failed)} failed (see above)", flush=True)
         return 1
     return 0
+
+
+def _run_rounds(run: _Run) -> tuple[dict[str, list[dict]], int]:
+    """--repeat rounds of every system: system -> its runs, and the engine's block size.
+
+    NOTE: rounds interleave the systems (engine, gRPC, baselines, engine, ...) so a change
+    in the machine's load during the run lands on all of them, not on one."""
+    scheduling = run.args.engine.scheduling
+    engine = RecordingEngine(ModelRunner(run.model_dir, run.args.engine.worker.runner), scheduling)
+    if run.device.type == "cuda":
+        engine = compile_pass(engine, run.requests, scheduling)
+    block_size = engine.scheduler.kv.block_size
+    rounds: dict[str, list[dict]] = {}
+    for round_index in range(run.args.repeat):
+        if round_index:  # A fresh scheduler: no prefix-cache hits on the previous round's prompts.
+            engine = RecordingEngine(engine.runner, scheduling)
+        result = run_in_process(engine, run.requests)
+        result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / run.peak
+        result.update(roofline(engine, run.peak, run.bandwidth, run.torch_dtype, result))
+        rounds.setdefault("engine", []).append(result)
+        _print_row(f"[{round_index + 1}] {_label('engine', run.args.hf_batch_size)}", result)
+        this_round: dict[str, dict] = {}
+        for system in _grpc_systems(run.args, round_index) + _baseline_systems(run.args, run.llama_cpp_quants):
+            this_round[system] = _run_system(run, system, result, this_round)
+            rounds.setdefault(system, []).append(this_round[system])
+            if "error" in this_round[system]:
+                print(f"[{round_index + 1}] {system}: failed: {this_round[system]['error']}", flush=True)
+            else:
+                _print_row(f"[{round_index + 1}] {_label(system, run.args.hf_batch_size)}", this_round[system])
+    return rounds, block_size
+
+
+def _run_system(run: _Run, system: str, engine_result: dict, this_round: dict[str, dict]) -> dict:
+    """One run of a system other than the engine, with its ratios to this round's engine
+    run (and to this round's gRPC runs, for a baseline)."""
+    if system.startswith("grpc"):
+        result = run_through_grpc(run.model_dir, run.requests, run.args, insecure=system == "grpc-insecure")
+    else:
+        result = _run_baseline(system, run.model_dir, run.requests, run.args, run.torch_dtype, run.device)
+    if "error" in result:
+        return result
+    if "outputs" in result:  # Token ids (llama-server streams text only).
+        result["same_tokens_as_engine"] = _same_outputs(engine_result["outputs"], result["outputs"])
+    # Paired with this round's engine run: the host's drift between rounds
+    # cancels out of the ratio, not out of a ratio of two medians.
+    result["engine_over_this"] = engine_result["output_tokens_per_s"] / result["output_tokens_per_s"]
+    if not system.startswith("grpc"):  # gRPC ran first in the round: pair it too.
+        for grpc_system, ratio in _GRPC_RATIO.items():
+            grpc_run = this_round.get(grpc_system)
+            if grpc_run is not None and "error" not in grpc_run:
+                result[ratio] = grpc_run["output_tokens_per_s"] / result["output_tokens_per_s"]
+    return result
+
+
+def _print_summary(run: _Run, results: dict[str, dict], block_size: int) -> None:
+    """The medians of several rounds, and the engine's MFU and roofline figures."""
+    if run.args.repeat > 1:
+        print(f"medians of {run.args.repeat} rounds:", flush=True)
+        for system, result in results.items():
+            if "error" not in result:
+                _print_row(_label(system, run.args.hf_batch_size), result)
+    engine = results["engine"]
+    print(f"matmul peak ({run.dtype} on {run.device}): {run.peak / 1e9:.0f} GFLOP/s; engine achieved "
+          f"{engine['achieved_gflop_per_s']:.0f} GFLOP/s = MFU {100 * engine['mfu']:.0f}%", flush=True)
+    print(f"roofline (memory {run.bandwidth / 1e9:.0f} GB/s): floor {engine['roofline_floor_seconds']:.1f} s, "
+          f"engine at {100 * engine['roofline_fraction']:.0f}% of it; MFU at the floor "
+          f"{100 * engine['mfu_at_roofline']:.0f}%; KV utilisation bound at block size {block_size}: "
+          f"{100 * engine['kv_utilisation_bound']:.1f}%", flush=True)
+
+
+def _write_report(report: dict, out: Path, workload: str, dtype: str) -> None:
+    """JSON (without the token ids) and a PNG of the systems that ran."""
+    for r in report["results"].values():
+        r.pop("outputs", None)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    write_json(report, out / f"throughput-{workload}-{dtype}-{stamp}.json")
+    plot_throughput({**report, "results": {k: v for k, v in report["results"].items() if "error" not in v}},
+                    out / f"throughput-{workload}-{dtype}-{stamp}.png")
+    print(f"wrote {out}/throughput-{workload}-{dtype}-{stamp}.{{json,png}}", flush=True)
 
 
 def _print_row(label: str, result: dict) -> None:

@@ -54,7 +54,7 @@ def copy_workload(model_dir: Path, num_requests: int, min_tokens: int = 40, max_
 
 
 def _engine(runner, scheduling, k: int):
-    from llmserve.engine import InProcessEngine
+    from llmserve.launcher.engine import InProcessEngine
 
     runner.reset_requests()
     return InProcessEngine(runner, replace(scheduling, num_speculative_tokens=k))

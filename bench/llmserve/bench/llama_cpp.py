@@ -141,7 +141,7 @@ def run_llama_cpp(build: LlamaCppBuild, model_name: str, quant: str, requests: l
     (less `outputs`), or {"error": ...} when the server failed or a request came back
     short (then its throughput would not be the workload's): one precision failing (as
     quantized GGUFs crashed on the Intel AMX host) leaves the run's other figures."""
-    from llmserve.launcher import free_port
+    from llmserve.launcher.cluster import free_port
 
     port = free_port()
     gguf = build.gguf(model_name, quant)

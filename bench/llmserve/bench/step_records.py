@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from llmserve.bench.clock import now
 from llmserve.contract.outputs import RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
-from llmserve.engine import InProcessEngine
+from llmserve.launcher.engine import InProcessEngine
 from llmserve.scheduler.config import SchedulerConfig
 
 

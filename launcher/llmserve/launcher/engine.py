@@ -3,7 +3,7 @@ process, driven by the same loop as the services (schedule -> execute -> update)
 
 Used for offline batch generation; `llmserve bench` also runs it as the in-process
 baseline that the services are compared with (its figures are taken outside this class,
-in llmserve/bench/).
+in bench/llmserve/bench/).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The wheel list a GPU machine without a registry gets (scripts/gpu-wheels.txt), and
 the checks that it is whole and that what the interpreter there imports is what it says.
 
-    python -m llmserve.bench.wheelhouse check-wheels DIR --python-version 3.12 --image scripts/gpu-image.txt
-    python -m llmserve.bench.wheelhouse verify scripts/gpu-wheels.txt
+    python scripts/wheelhouse.py check-wheels DIR --python-version 3.12 --image scripts/gpu-image.txt
+    python scripts/wheelhouse.py verify scripts/gpu-wheels.txt
 
 check-wheels (where the wheelhouse is made): every Requires-Dist of every wheel in DIR,
 read from the wheel itself with its markers evaluated for that Python, names a wheel in

@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import torch
 
+from llmserve.contract.arith import cdiv
+
 H, KVH, D, HIDDEN, VOCAB, BS = 9, 3, 64, 576, 49152, 16
 
 
@@ -41,11 +43,11 @@ def _attention_case(seq_lens: list[int], query_lens: list[int]):
     from llmserve.worker.attention.triton_backend import TritonPagedAttention
 
     dev, dt = torch.device("cuda"), torch.float16
-    n_blocks = sum(-(-n // BS) for n in seq_lens)
+    n_blocks = sum(cdiv(n, BS) for n in seq_lens)
     perm = torch.randperm(n_blocks).tolist()
     tables, slots, i = [], [], 0
     for L, q in zip(seq_lens, query_lens):
-        t = perm[i : i + -(-L // BS)]
+        t = perm[i : i + cdiv(L, BS)]
         i += len(t)
         tables.append(t)
         slots += [t[p // BS] * BS + p % BS for p in range(L - q, L)]

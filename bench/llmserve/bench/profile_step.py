@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
+from llmserve.contract.arith import cdiv
 from llmserve.contract import wire
 from llmserve.bench.workloads import random_workload
-from llmserve.engine import InProcessEngine
+from llmserve.launcher.engine import InProcessEngine
 from llmserve.scheduler.config import SchedulerConfig
 from llmserve.internal.v1 import worker_pb2
 from llmserve.contract.sampling import SamplingParams
@@ -90,7 +91,7 @@ def prefilled_engine(runner, batch: int, context: int, max_new_tokens: int, seed
 
 def decode_kv_blocks(batch: int, context: int, max_new_tokens: int, block_size: int = 16) -> int:
     """KV blocks that hold `batch` sequences of context + max_new_tokens tokens (+1 spare)."""
-    return batch * -(-(context + max_new_tokens) // block_size) + 1
+    return batch * cdiv(context + max_new_tokens, block_size) + 1
 
 
 def decoding_engine(model_dir, dtype: str, batch: int, context: int, model=None,
@@ -163,8 +164,7 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
             logits = runner.model.compute_logits(hidden[inp.sample_indices])
             t5 = time.perf_counter()
             states = inp.sample_states
-            tokens = runner.sampler(logits, [s.sampling for s in states],
-                                    [s.num_output_tokens for s in states]).token_ids.tolist()
+            tokens = runner.sampler(logits, inp.sampling).token_ids.tolist()
             t6 = time.perf_counter()
         from llmserve.contract.plan import SampledToken, StepResult
 

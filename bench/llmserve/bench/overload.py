@@ -289,7 +289,7 @@ def bench_overload(args) -> int:
 
     from llmserve.bench.report import machine_info, write_json
     from llmserve.bench.throughput import cluster_spec
-    from llmserve.launcher import LocalCluster
+    from llmserve.launcher.cluster import LocalCluster
     from llmserve.model_store import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)

@@ -1,6 +1,6 @@
 """The GPU self-check's one summary table, judged against the acceptance targets.
 
-    python -m llmserve.bench.gpu_summary RESULTS_DIR
+    python scripts/gpu_summary.py RESULTS_DIR
 
 Reads what scripts/gpu_check.sh left in RESULTS_DIR: steps.tsv (each step's exit code
 and seconds), gpu-tests.xml (pytest's JUnit report), random-model.json and the bench

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from llmserve.contract.arith import cdiv
+
 TEXT_MODULES = ("json", "argparse", "collections", "functools")
 DEFAULT_MAX_TOKENS = 2048
 CHUNK_TOKENS = 256  # prefill chunk: the scheduler's step budget order of magnitude
@@ -65,7 +67,7 @@ def teacher_forced_logits(model, token_ids: list[int], chunk: int = CHUNK_TOKENS
     from llmserve.worker.models.decoder import head_dim_of, local_kv_heads
 
     cfg, n = model.config, len(token_ids)
-    num_blocks = -(-n // BLOCK_SIZE)
+    num_blocks = cdiv(n, BLOCK_SIZE)
     dtype = model.model.norm.weight.dtype
     caches = allocate_kv_caches(model.num_local_layers, num_blocks, BLOCK_SIZE, local_kv_heads(cfg, 1),
                                 head_dim_of(cfg), dtype)

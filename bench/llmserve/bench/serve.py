@@ -1,8 +1,9 @@
 """`llmserve bench serve`: online load against a running cluster (vLLM `bench serve`
-style), over the router's gRPC API or any OpenAI-compatible server's (--backend). Requests arrive as a Poisson process at --request-rate (or all at once for
-`inf`), at most --max-concurrency in flight; latencies are taken per streamed delta.
+style), over the router's gRPC API or any OpenAI-compatible server's (--backend).
+Requests arrive as a Poisson process at --request-rate (or all at once for `inf`), at
+most --max-concurrency in flight; latencies are taken per streamed delta (load.py).
 With --launch, TPOT is set against an in-process decode step at the cluster's batch
-(see compare_with_decode_step), in --repeat rounds paired run by run. The cluster's own
+(see step_compare.py), in --repeat rounds paired run by run. The cluster's own
 steps come from its trace spans (see step_spans.py): a launched cluster's scheduler and
 worker append them to a span file of the benchmark's; with --target, --span-file names
 the running cluster's (its LLMSERVE_SPAN_FILE)."""
@@ -11,18 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmserve.bench import cpu_usage
 from llmserve.bench.cli import GRPC_SECURITY
+from llmserve.bench.load import compute_metrics, measured_load
 from llmserve.bench.openai_backend import OpenAIClient
 from llmserve.bench.report import machine_info, median_round, plot_latency, write_json
-from llmserve.bench.step_spans import StepTotals, read_spans, step_totals
+from llmserve.bench.step_compare import cluster_steps, compare_with_decode_step
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 
 # With --target: how long after the run the cluster may take to append its last step span.
@@ -33,156 +32,31 @@ DEFAULT_GRPC_TARGET = "localhost:50051"
 DEFAULT_OPENAI_TARGET = "http://localhost:8000/v1"
 
 
-@dataclass
-class RequestTiming:
-    prompt_len: int
-    start: float = 0.0
-    token_times: list[float] = field(default_factory=list)  # One entry per generated token.
-    delta_times: list[float] = field(default_factory=list)  # One per streamed message (several tokens
-    # each with --stream-interval > 1: ITL is the gap between messages, as vLLM's bench takes it).
-    end: float = 0.0
-    error: str = ""
-
-    @property
-    def ttft(self) -> float:
-        return self.token_times[0] - self.start
-
-    @property
-    def tpot(self) -> float | None:
-        """Time per output token after the first (vLLM's TPOT)."""
-        n = len(self.token_times)
-        return (self.end - self.token_times[0]) / (n - 1) if n > 1 else None
-
-
-def percentiles(values: list[float]) -> dict:
-    if not values:
-        return {"mean": math.nan, "median": math.nan, "p99": math.nan}
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
-    return {"mean": statistics.fmean(values), "median": statistics.median(values), "p99": p99}
-
-
-def compute_metrics(timings: list[RequestTiming], duration: float) -> dict:
-    ok = [t for t in timings if not t.error and t.token_times]
-    itls = [b - a for t in ok for a, b in zip(t.delta_times, t.delta_times[1:])]
-    out_tokens = sum(len(t.token_times) for t in ok)
-    ms = 1000.0
-    return {
-        "completed": len(ok),
-        "failed": len(timings) - len(ok),
-        "duration_s": duration,
-        "request_throughput": len(ok) / duration,
-        "output_token_throughput": out_tokens / duration,
-        "total_token_throughput": (out_tokens + sum(t.prompt_len for t in ok)) / duration,
-        "ttft_ms": {k: v * ms for k, v in percentiles([t.ttft for t in ok]).items()},
-        "tpot_ms": {k: v * ms for k, v in percentiles([t.tpot for t in ok if t.tpot is not None]).items()},
-        "itl_ms": {k: v * ms for k, v in percentiles(itls).items()},
-        "tokens_per_message": out_tokens / max(1, sum(len(t.delta_times) for t in ok)),
-        "e2e_ms": {k: v * ms for k, v in percentiles([t.end - t.start for t in ok]).items()},
-        # Requests in flight, time-averaged over the run: the batch size the engine ran at.
-        "mean_concurrency": sum(t.end - t.start for t in ok) / duration if duration else 0.0,
-    }
-
-
-async def run_load(connect, requests: list[BenchRequest], request_rate: float, max_concurrency: int | None,
-                   seed: int = 0) -> tuple[list[RequestTiming], float]:
-    """`connect()`: a new LLMServeClient for the cluster under test."""
-    rng = random.Random(seed)
-    limit = asyncio.Semaphore(max_concurrency or len(requests))
-    timings = [RequestTiming(len(r.prompt_token_ids)) for r in requests]
-
-    async def one(client, r: BenchRequest, timing: RequestTiming) -> None:
-        async with limit:
-            timing.start = time.perf_counter()
-            try:
-                async for delta in client.generate(token_ids=r.prompt_token_ids, max_tokens=r.output_len,
-                                                   temperature=0.0, ignore_eos=True):
-                    now = time.perf_counter()
-                    timing.token_times += [now] * len(delta.token_ids)
-                    if delta.token_ids:
-                        timing.delta_times.append(now)
-            except Exception as err:  # A failed request is counted, not fatal to the run.
-                timing.error = str(err)
-            timing.end = time.perf_counter()
-
-    async with connect() as client:
-        tasks = []
-        start = time.perf_counter()
-        for r, timing in zip(requests, timings):
-            tasks.append(asyncio.create_task(one(client, r, timing)))
-            if math.isfinite(request_rate):
-                await asyncio.sleep(rng.expovariate(request_rate))
-        await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
-    return timings, duration
-
-
-def _per(total: float, count: float) -> float:
-    """total / count, NaN when nothing was counted (a run without that kind of step)."""
-    return total / count if count else math.nan
-
-
-def engine_steps(d: StepTotals) -> dict:
-    """The cluster's steps during the run (from its step spans): how long its decode
-    steps took at what batch, and what share of its busy time went to steps that carried
-    prompt tokens."""
-    decodes, prefills = d.num_decode_steps, d.num_prefill_steps
-    busy = d.decode_step_seconds + d.prefill_step_seconds
-    # A step of batch b carries b tokens: TPOT, a mean over a request's tokens, weighs it
-    # b times. Per batch size: the steps, the share of decoded tokens, the mean step.
-    tokens = sum(b * n for b, n in d.decode_steps_by_batch.items())
-    by_batch = {b: {"steps": n, "token_share": b * n / tokens, "ms": 1000 * d.decode_seconds_by_batch[b] / n}
-                for b, n in sorted(d.decode_steps_by_batch.items())}
-    worker_seconds = d.decode_step_worker_seconds if d.worker_seconds_known else math.nan
-    return {
-        "num_decode_steps": decodes,
-        "num_prefill_steps": prefills,
-        "decode_step_ms": 1000 * _per(d.decode_step_seconds, decodes),
-        "decode_step_worker_ms": 1000 * _per(worker_seconds, decodes),
-        "decode_batch": _per(d.decode_step_sequences, decodes),
-        # What a generated token saw, on average: its step's batch (larger than the
-        # per-step mean whenever the batch varies) and its step's time.
-        "decode_batch_per_token": sum(b * v["token_share"] for b, v in by_batch.items()) if tokens else math.nan,
-        "decode_step_ms_per_token": sum(v["ms"] * v["token_share"] for v in by_batch.values()) if tokens else math.nan,
-        "decode_by_batch": by_batch,
-        # Multi-step scheduling: decode steps per plan (1 without it; runs end early when a
-        # request arrives or one is about to reach its max_tokens).
-        "decode_steps_per_plan": _per(decodes, d.num_decode_plans),
-        "prefill_step_ms": 1000 * _per(d.prefill_step_seconds, prefills),
-        "prefill_step_tokens": _per(d.prefill_step_tokens, prefills),
-        "prefill_time_share": _per(d.prefill_step_seconds, busy),
-    }
-
-
-async def measured_load(connect, requests: list[BenchRequest], args, pids: dict[str, int] | None = None):
-    """run_load, with the wall-clock window it ran in (nanoseconds, the spans' clock) and
-    the CPU time of the processes in `pids` (a launched cluster's) before and after."""
-    cpu_before = cpu_usage.snapshot(pids) if pids else None
-    start_ns = time.time_ns()
-    timings, duration = await run_load(connect, requests, args.request_rate, args.max_concurrency, args.seed)
-    end_ns = time.time_ns()
-    cpu = (cpu_before, cpu_usage.snapshot(pids)) if pids else None
-    return timings, duration, (start_ns, end_ns), cpu
-
-
-def cluster_steps(span_file: str | Path, window: tuple[int, int], cpu=None) -> dict:
-    """engine_steps of the scheduler.step spans that started within the run's window,
-    with each process's CPU per step when `cpu` holds its snapshots."""
-    path = Path(span_file)
-    steps = engine_steps(step_totals(read_spans(path) if path.exists() else [], *window))
-    if cpu is not None:
-        steps["cpu"] = cpu_usage.cpu_per_step(*cpu, steps["num_decode_steps"] + steps["num_prefill_steps"])
-    return steps
-
-
 def bench_serve(args) -> int:
     from llmserve.model_store import resolve_model_dir
 
+    modes, backends = _modes_and_backends(args)
+    model_dir = resolve_model_dir(args.model)
+    requests = workload_from_args(args, model_dir)
+    # (insecure, backend) -> rounds; with two of either, each round runs both, in turns first.
+    by_run = run_rounds(model_dir, requests, args, modes, backends)
+    report = serve_report(args, requests, modes, backends, by_run)
+    out = Path(args.output_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    write_json(report, out / f"serve-{args.workload}-{stamp}.json")
+    if report["metrics"]["completed"]:
+        plot_latency(report, out / f"serve-{args.workload}-{stamp}.png")
+    print(f"wrote {out}/serve-{args.workload}-{stamp}.{{json,png}}")
+    return 0 if all(r["failed"] == 0 for rounds in by_run.values() for r in rounds) else 1
+
+
+def _modes_and_backends(args) -> tuple[tuple[bool, ...], tuple[str, ...]]:
+    """The transports (insecure or not) and the APIs each round runs; SystemExit for a
+    combination a run cannot serve."""
     if args.scheduler_target:
         raise SystemExit("bench serve: --scheduler-target is gone (the scheduler no longer reports step totals): "
                          "pass --span-file with the file the cluster's scheduler and worker append their "
                          "spans to (LLMSERVE_SPAN_FILE), or use --launch")
-
     modes = GRPC_SECURITY[args.grpc_security]
     backends = BACKENDS[args.backend]
     if len(modes) > 1 and not args.launch:
@@ -190,11 +64,14 @@ def bench_serve(args) -> int:
     if len(backends) > 1 and (not args.launch or len(modes) > 1):
         raise SystemExit("bench serve: --backend both needs --launch (one cluster serving both APIs) and one "
                          "--grpc-security")
-    model_dir = resolve_model_dir(args.model)
-    requests = workload_from_args(args, model_dir)
-    # (insecure, backend) -> rounds; with two of either, each round runs both, in turns first.
-    runs = [(insecure, backend) for insecure in modes for backend in backends]
-    by_run: dict[tuple[bool, str], list[dict]] = {run: [] for run in runs}
+    return modes, backends
+
+
+def run_rounds(model_dir, requests: list[BenchRequest], args, modes: tuple[bool, ...],
+               backends: tuple[str, ...]) -> dict[tuple[bool, str], list[dict]]:
+    """--repeat rounds of every (insecure, backend) run, two of either in turns first (so
+    that neither always runs on the machine the other just warmed)."""
+    by_run: dict[tuple[bool, str], list[dict]] = {(insecure, b): [] for insecure in modes for b in backends}
     for index in range(args.repeat):
         if len(backends) > 1:
             order = backends if index % 2 == 0 else backends[::-1]
@@ -207,7 +84,14 @@ def bench_serve(args) -> int:
                 print(f"round {index + 1}: {'plaintext' if insecure else 'TLS'}", flush=True)
             by_run[(insecure, backends[0])].append(serve_round(model_dir, requests, args, insecure,
                                                                backends)[backends[0]])
-    rounds = by_run[runs[0]]
+    return by_run
+
+
+def serve_report(args, requests: list[BenchRequest], modes: tuple[bool, ...], backends: tuple[str, ...],
+                 by_run: dict[tuple[bool, str], list[dict]]) -> dict:
+    """The run's report (the first run's median round; TLS or OpenAI costs paired round
+    by round beside it), printed as it is made."""
+    rounds = by_run[(modes[0], backends[0])]
     metrics = summarize_rounds(rounds)
     report = {"kind": "serve", "workload": {"name": args.workload, **summary(requests)}, "machine": machine_info(),
               "dtype": args.dtype, "quantization": args.quantization, "request_rate": args.request_rate,
@@ -230,14 +114,7 @@ def bench_serve(args) -> int:
         print(f"{backends[1]}:")
         print_metrics(report[f"metrics_{backends[1]}"])
         print_cost(report["openai_cost"])
-    rounds = [r for run in runs for r in by_run[run]]
-    out = Path(args.output_dir)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    write_json(report, out / f"serve-{args.workload}-{stamp}.json")
-    if metrics["completed"]:
-        plot_latency(report, out / f"serve-{args.workload}-{stamp}.png")
-    print(f"wrote {out}/serve-{args.workload}-{stamp}.{{json,png}}")
-    return 0 if all(r["failed"] == 0 for r in rounds) else 1
+    return report
 
 
 def openai_cost(grpc_rounds: list[dict], openai_rounds: list[dict]) -> dict:
@@ -298,7 +175,7 @@ def serve_round(model_dir, requests: list[BenchRequest], args, insecure: bool = 
     pairs two measurements minutes apart at most. `insecure`: the cluster (or --target)
     is plaintext, without an API key. Returns {backend: metrics}."""
     from llmserve.bench.throughput import cluster_spec
-    from llmserve.launcher import LocalCluster, free_port
+    from llmserve.launcher.cluster import LocalCluster, free_port
     from llmserve.telemetry.tracing import SPAN_FILE_ENV
 
     cluster = None
@@ -358,65 +235,6 @@ def summarize_rounds(rounds: list[dict]) -> dict:
         if all("cluster_mean" in r.get("decode_step_ms", {}) for r in rounds):
             chosen["rounds_cluster_decode_step_ms"] = [r["decode_step_ms"]["cluster_mean"] for r in rounds]
     return chosen
-
-
-def batches_to_time(token_share: dict[int, float], coverage: float = 0.95, most: int = 12) -> dict[int, float]:
-    """The batch sizes that carried most of the decoded tokens (largest shares first,
-    until `coverage` of them, at most `most` sizes), with their shares renormalised."""
-    chosen, covered = {}, 0.0
-    for b, share in sorted(token_share.items(), key=lambda kv: -kv[1]):
-        if covered >= coverage or len(chosen) == most:
-            break
-        chosen[b] = share
-        covered += share
-    return {b: share / covered for b, share in sorted(chosen.items())}
-
-
-def compare_with_decode_step(metrics: dict, model_dir, dtype: str, requests: list[BenchRequest],
-                             quantization: str = "none") -> None:
-    """Times in-process decode steps at the run's batch sizes and mean context (same
-    machine, right after the run) and sets TPOT median / their mix: what serving through
-    the cluster, with arrivals and prefills in between, adds per token.
-
-    With the cluster's step totals (from its step spans), the in-process step is timed at each batch size its
-    decode steps ran (those carrying 95% of the decoded tokens) and mixed with the
-    weights TPOT gives them: a step of batch b carries b tokens. A step's time is not
-    affine in b (one sequence costs a CPU more than half of two), so neither the
-    per-step mean batch (1.8 at 0.3 req/s here) nor the per-token one (2.5) stands for
-    the mix. The cluster's own decode steps are mixed with the same weights, and the
-    ratio splits in two:
-      online decode step / in-process step   the cluster's own decode steps (round
-                                             trips, other processes on the cores, drift)
-      TPOT median / online decode step       arrivals' prefills sharing the steps
-    Without the totals: the mean number of requests in flight, interpolated between the
-    batch sizes either side.
-    """
-    from llmserve.bench.profile_step import time_decode_steps
-
-    steps = metrics.get("engine_steps")
-    known = steps is not None and steps["num_decode_steps"] > 0
-    if known:
-        weights = batches_to_time({b: v["token_share"] for b, v in steps["decode_by_batch"].items()})
-        batch = steps["decode_batch_per_token"]
-    else:
-        batch = max(1.0, metrics["mean_concurrency"])
-        low, frac = math.floor(batch), batch - math.floor(batch)
-        weights = {low: 1.0 - frac, low + 1: frac} if frac else {low: 1.0}
-    context = round(statistics.fmean(len(r.prompt_token_ids) + r.output_len / 2 for r in requests))
-    # NOTE: at least 16 steps per batch size, in four interleaved chunks (drift).
-    per_batch = max(16, 160 // len(weights) // 4 * 4)
-    at_batch = {b: 1000 * t for b, t in time_decode_steps(model_dir, dtype, sorted(weights), context,
-                                                           steps=per_batch, quantization=quantization).items()}
-    step_ms = sum(w * at_batch[b] for b, w in weights.items())
-    metrics["decode_step_ms"] = {"batch": batch, "context": context, "mean": step_ms,
-                                 "at_batch": {str(b): ms for b, ms in at_batch.items()},
-                                 "weights": {str(b): w for b, w in weights.items()}}
-    metrics["tpot_median_over_decode_step"] = metrics["tpot_ms"]["median"] / step_ms
-    if known:
-        cluster_ms = sum(w * steps["decode_by_batch"][b]["ms"] for b, w in weights.items())
-        metrics["decode_step_ms"]["cluster_mean"] = cluster_ms
-        metrics["online_decode_step_over_in_process"] = cluster_ms / step_ms
-        metrics["tpot_median_over_online_decode_step"] = metrics["tpot_ms"]["median"] / cluster_ms
 
 
 def print_metrics(m: dict) -> None:

@@ -1,6 +1,6 @@
 """The `llmserve bench ...` subcommands' flags.
 
-The engine's flags are the services' own settings (llmserve.launcher.EngineSettings),
+The engine's flags are the services' own settings (llmserve.launcher.engine_settings),
 with the benchmarks' defaults: a 1 GiB KV cache and no swap space, so that a run's
 figures do not depend on the host's free memory.
 """
@@ -8,6 +8,8 @@ figures do not depend on the host's free memory.
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmserve.bench import llama_cpp
@@ -16,7 +18,7 @@ from llmserve.bench.decode_variants import VARIANTS
 from llmserve.bench.random_model import PRESETS
 from llmserve.bench.routing import add_routing_arguments
 from llmserve.bench.workloads import add_workload_flags
-from llmserve.launcher import EngineSettings
+from llmserve.launcher.engine_settings import EngineSettings
 from llmserve.settings import Command, add_flags, group, resolve
 from llmserve.worker.config import DTYPES, RunnerConfig, WorkerConfig
 from llmserve.worker.device import DEVICES
@@ -43,21 +45,20 @@ class KvSizingSettings:
     engine: EngineSettings = group(EngineSettings)
 
 
-def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
-    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+def _common(p: argparse.ArgumentParser) -> None:
+    """The flags of the benchmarks that run a workload: the engine's, the workload's, where
+    reports go, and the transport of launched clusters."""
+    add_flags(p, BenchSettings)
+    add_workload_flags(p)
+    p.add_argument("--output-dir", default="bench-results", help="JSON + PNG go here")
+    p.add_argument("--grpc-security", choices=list(GRPC_SECURITY), default="tls",
+                   help="launched clusters run mutual TLS with an API key (tls, the default), plaintext "
+                        "(insecure), or both, one after the other in every round, to measure what TLS costs "
+                        "(with --target: how to reach it, tls or insecure)")
 
-    def common(p):
-        add_flags(p, BenchSettings)
-        add_workload_flags(p)
-        p.add_argument("--output-dir", default="bench-results", help="JSON + PNG go here")
-        p.add_argument("--grpc-security", choices=list(GRPC_SECURITY), default="tls",
-                       help="launched clusters run mutual TLS with an API key (tls, the default), plaintext "
-                            "(insecure), or both, one after the other in every round, to measure what TLS costs "
-                            "(with --target: how to reach it, tls or insecure)")
 
-    tput = bench_sub.add_parser("throughput", help="offline: in-process engine, optionally gRPC stack, HF "
-                                                  "and llama.cpp")
-    common(tput)
+def _throughput_flags(tput: argparse.ArgumentParser) -> None:
+    _common(tput)
     tput.add_argument("--through-grpc", action="store_true", help="also run it through a local cluster")
     tput.add_argument("--baseline", action="append", choices=["hf", "hf-cb", "llama-cpp"], default=[],
                       help="in the same run: HF transformers' static-batch generate (hf) or its continuous "
@@ -73,8 +74,9 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     tput.add_argument("--repeat", type=int, default=1,
                       help="rounds, each running every system in turn; figures are each system's median round")
 
-    serve = bench_sub.add_parser("serve", help="online: Poisson arrivals against a cluster")
-    common(serve)
+
+def _serve_flags(serve: argparse.ArgumentParser) -> None:
+    _common(serve)
     serve.add_argument("--backend", choices=["grpc", "openai", "both"], default="grpc",
                        help="the router's native gRPC API (default), any OpenAI-compatible server's "
                             "/v1/completions (streamed, through the openai SDK), or both one after the other on "
@@ -100,16 +102,18 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
                        help="rounds (each on a fresh cluster with --launch, then its in-process decode step); "
                             "figures are the median round's")
 
-    routing = bench_sub.add_parser("routing", help="routing policies over data-parallel replicas, side by side: "
-                                                   "cached-token fraction and throughput")
-    common(routing)
+
+def _routing_flags(routing: argparse.ArgumentParser) -> None:
+    _common(routing)
     add_routing_arguments(routing)
 
-    over = bench_sub.add_parser("overload", help="admission control: 2x the sustainable rate, refusals and TTFT")
+
+def _overload_flags(over: argparse.ArgumentParser) -> None:
     add_flags(over, BenchSettings)
     add_overload_arguments(over)
 
-    prof = bench_sub.add_parser("profile", help="where the time of one decode step goes")
+
+def _profile_flags(prof: argparse.ArgumentParser) -> None:
     prof.add_argument("--model", default="default", help="local HF model directory, or 'default'")
     prof.add_argument("--dtype", default="float32", choices=DTYPES)
     prof.add_argument("--batch", type=int, nargs="+", default=[64], help="decode batch sizes, one profile each")
@@ -120,16 +124,16 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
                            "kernel family (auto: cuda when visible)")
     prof.add_argument("--output-dir", default=None, help="write the figures as JSON here too")
 
-    decode = bench_sub.add_parser("decode", help="decode tok/s with CUDA graphs vs eager (--enforce-eager), "
-                                                 "per batch size, side by side")
+
+def _decode_flags(decode: argparse.ArgumentParser) -> None:
     add_flags(decode, BenchSettings)
     decode.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8], help="decode batch sizes")
     decode.add_argument("--context", type=int, default=256, help="prompt tokens per sequence")
     decode.add_argument("--steps", type=int, default=64, help="timed decode steps per batch size and mode")
     decode.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
-    variants = bench_sub.add_parser("decode-variants", help="decode tok/s per weight format (float32, bfloat16, "
-                                                            "int8), per batch size, side by side")
+
+def _variants_flags(variants: argparse.ArgumentParser) -> None:
     add_flags(variants, BenchSettings)
     variants.add_argument("--variants", nargs="+", default=["float32", "bfloat16", "int8", "int8-wo"],
                           choices=list(VARIANTS),
@@ -140,9 +144,8 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     variants.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size and variant")
     variants.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
-    spec = bench_sub.add_parser("speculative", help="speculative decoding (n-gram drafts, --speculative-tokens K, "
-                                                    "default 4) vs plain decoding: TPOT at batch 1 on a copying and "
-                                                    "a random workload, throughput at 64 at once, side by side")
+
+def _speculative_flags(spec: argparse.ArgumentParser) -> None:
     add_flags(spec, BenchSettings)
     spec.add_argument("--num-requests", type=int, default=8, help="requests per latency workload")
     spec.add_argument("--seed", type=int, default=0, help="the random workload's seed")
@@ -150,8 +153,8 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
                       help="rounds of the reference workload, plain and speculative in turns (0: skip)")
     spec.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
-    quality = bench_sub.add_parser("quality", help="perplexity and next-token agreement with float32, teacher-forced "
-                                                   "over a fixed text, per dtype / quantization")
+
+def _quality_flags(quality: argparse.ArgumentParser) -> None:
     quality.add_argument("--model", default="default", help="local HF model directory, or 'default'")
     quality.add_argument("--dtypes", nargs="*", default=["bfloat16"], choices=DTYPES[1:],
                          help="unquantized dtypes to compare with float32 (always run, the reference)")
@@ -162,12 +165,13 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     quality.add_argument("--max-tokens", type=int, default=1536, help="tokens of the text evaluated")
     quality.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
-    kv = bench_sub.add_parser("kv-sizing", help="the KV cache the worker sizes vs what fits after start-up")
+
+def _kv_sizing_flags(kv: argparse.ArgumentParser) -> None:
     add_flags(kv, KvSizingSettings)
     kv.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
-    make = bench_sub.add_parser("make-model", help="a random-weight Llama HF directory of a realistic shape "
-                                                   "(no download)")
+
+def _make_model_flags(make: argparse.ArgumentParser) -> None:
     make.add_argument("--out", required=True, help="directory to write config.json + model.safetensors to")
     make.add_argument("--preset", default="llama-1b", choices=list(PRESETS))
     make.add_argument("--dtype", default="bfloat16", choices=DTYPES[1:], help="the weights' dtype on disk")
@@ -176,54 +180,61 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     make.add_argument("--seed", type=int, default=0)
 
 
+@dataclass(frozen=True)
+class BenchCommand:
+    """One `llmserve bench <name>`: its flags, and the function that runs it
+    ("module:function", imported only when it runs)."""
+
+    name: str
+    help: str
+    add_flags: Callable[[argparse.ArgumentParser], None]
+    run: str
+    engine: type | None = BenchSettings  # The settings class of its engine flags (None: it has none).
+
+
+BENCHES = (
+    BenchCommand("throughput", "offline: in-process engine, optionally gRPC stack, HF and llama.cpp",
+                 _throughput_flags, "llmserve.bench.throughput:bench_throughput"),
+    BenchCommand("serve", "online: Poisson arrivals against a cluster", _serve_flags,
+                 "llmserve.bench.serve:bench_serve"),
+    BenchCommand("routing", "routing policies over data-parallel replicas, side by side: cached-token fraction and "
+                            "throughput", _routing_flags, "llmserve.bench.routing:bench_routing"),
+    BenchCommand("overload", "admission control: 2x the sustainable rate, refusals and TTFT", _overload_flags,
+                 "llmserve.bench.overload:bench_overload"),
+    BenchCommand("profile", "where the time of one decode step goes", _profile_flags,
+                 "llmserve.bench.profile_step:bench_profile", engine=None),
+    BenchCommand("decode", "decode tok/s with CUDA graphs vs eager (--enforce-eager), per batch size, side by side",
+                 _decode_flags, "llmserve.bench.decode_graphs:bench_decode"),
+    BenchCommand("decode-variants", "decode tok/s per weight format (float32, bfloat16, int8), per batch size, side "
+                                    "by side", _variants_flags, "llmserve.bench.decode_variants:bench_decode_variants"),
+    BenchCommand("speculative", "speculative decoding (n-gram drafts, --speculative-tokens K, default 4) vs plain "
+                                "decoding: TPOT at batch 1 on a copying and a random workload, throughput at 64 at "
+                                "once, side by side", _speculative_flags, "llmserve.bench.speculative:bench_speculative"),
+    BenchCommand("quality", "perplexity and next-token agreement with float32, teacher-forced over a fixed text, per "
+                            "dtype / quantization", _quality_flags, "llmserve.bench.quality:bench_quality",
+                 engine=None),
+    BenchCommand("kv-sizing", "the KV cache the worker sizes vs what fits after start-up", _kv_sizing_flags,
+                 "llmserve.bench.kv_sizing:bench_kv_sizing", engine=KvSizingSettings),
+    BenchCommand("make-model", "a random-weight Llama HF directory of a realistic shape (no download)",
+                 _make_model_flags, "llmserve.bench.random_model:bench_make_model", engine=None),
+)
+
+
+def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    for command in BENCHES:
+        command.add_flags(bench_sub.add_parser(command.name, help=command.help))
+
+
 def run_bench(args) -> int:
-    if args.bench_command == "profile":
-        from llmserve.bench.profile_step import bench_profile
-
-        return bench_profile(args)
-    if args.bench_command == "quality":
-        from llmserve.bench.quality import bench_quality
-
-        return bench_quality(args)
-    if args.bench_command == "make-model":
-        from llmserve.bench.random_model import bench_make_model
-
-        return bench_make_model(args)
-    args.engine = resolve(KvSizingSettings if args.bench_command == "kv-sizing" else BenchSettings, args).engine
-    runner = args.engine.worker.runner
-    args.model, args.dtype, args.kv_cache_memory = args.engine.worker.model, runner.dtype, runner.kv_cache_memory
-    args.quantization = runner.quantization
-    if args.bench_command == "throughput":
-        from llmserve.bench.throughput import bench_throughput
-
-        return bench_throughput(args)
-    if args.bench_command == "decode":
-        from llmserve.bench.decode_graphs import bench_decode
-
-        return bench_decode(args)
-    if args.bench_command == "decode-variants":
-        from llmserve.bench.decode_variants import bench_decode_variants
-
-        return bench_decode_variants(args)
-    if args.bench_command == "speculative":
-        from llmserve.bench.speculative import bench_speculative
-
-        return bench_speculative(args)
-    if args.bench_command == "kv-sizing":
-        from llmserve.bench.kv_sizing import bench_kv_sizing
-
-        return bench_kv_sizing(args)
-    if args.bench_command == "routing":
-        from llmserve.bench.routing import bench_routing
-
-        return bench_routing(args)
-    if args.bench_command == "overload":
-        from llmserve.bench.overload import bench_overload
-
-        return bench_overload(args)
-    from llmserve.bench.serve import bench_serve
-
-    return bench_serve(args)
+    command = next(c for c in BENCHES if c.name == args.bench_command)
+    if command.engine is not None:
+        args.engine = resolve(command.engine, args).engine
+        runner = args.engine.worker.runner
+        args.model, args.dtype, args.kv_cache_memory = args.engine.worker.model, runner.dtype, runner.kv_cache_memory
+        args.quantization = runner.quantization
+    module, _, function = command.run.partition(":")
+    return getattr(importlib.import_module(module), function)(args)
 
 
 COMMAND = Command("bench", "benchmarks (throughput offline, serve online, routing over replicas, overload, profile a "
