@@ -23,7 +23,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from llmserve.contract.startup_errors import StartupError, rpc_cause, run_reporting
-from llmserve.settings import Command, SettingsError, add_flags, options, resolve
+from llmserve.settings import Command, SettingsError, add_flags, resolve
 
 logger = logging.getLogger("llmserve")
 COMMAND_GROUP = "llmserve.commands"
@@ -158,16 +158,29 @@ BUILTIN = (
 # --- the parser -------------------------------------------------------------------------
 
 
-def load_commands() -> dict[str, Command]:
-    """The built-in commands and those of every installed llmserve distribution."""
+def load_commands(only: str | None = None) -> dict[str, Command]:
+    """The built-in commands and those of every installed llmserve distribution; with
+    `only`, just that one's entry point is loaded (if a distribution registers it)."""
     commands = {command.name: command for command in BUILTIN}
     # NOTE: a distribution registers only commands whose imports it depends on (`up` comes
     # with llmserve-launcher, which requires every service), so an entry point that fails
     # to load is a broken install, and says so.
     for point in sorted(entry_points(group=COMMAND_GROUP), key=lambda p: p.name):
-        command = point.load()
-        commands[command.name] = command
+        if only is None or point.name == only:
+            command = point.load()
+            commands[command.name] = command
     return commands
+
+
+def requested_command(argv: list[str]) -> str | None:
+    """The subcommand argv names (its first positional word), or None (`--help`, none)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-level":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -196,24 +209,15 @@ def build_parser(commands: dict[str, Command] | None = None) -> argparse.Argumen
     return parser
 
 
-def settings_table(commands: dict[str, Command] | None = None) -> str:
-    """The README's table of every service setting, made from the declarations."""
-    commands = load_commands() if commands is None else commands
-    rows: dict[tuple[str, str], list[str]] = {}  # (flag, meaning) -> commands
-    for name in ("router", "scheduler", "worker", "up"):
-        if name in commands:
-            for opt in options(commands[name].config):
-                choices = f": {', '.join(map(str, opt.choices))}" if opt.choices else ""
-                text = f"{opt.help}{choices} (default: {opt.shown_default})".replace("|", "/")
-                rows.setdefault((opt.name, text), []).append(name)
-    lines = ["| flag (env `LLMSERVE_<FLAG>`) | commands | meaning |", "|---|---|---|"]
-    for (flag, text), used_by in rows.items():
-        lines.append(f"| `--{flag}` | {', '.join(used_by)} | {text} |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
-    commands = load_commands()
+    argv = sys.argv[1:] if argv is None else argv
+    # Only the named command's distribution is imported: a service started by the local
+    # cluster would otherwise import every installed command's modules (bench's: torch)
+    # before serving. A name no entry point has loads them all, so the error lists them.
+    name = requested_command(argv)
+    commands = load_commands(only=name)
+    if name not in commands:
+        commands = load_commands()
     parser = build_parser(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -223,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     command = commands[args.command]
     if command.config is None:
-        args.argv = ["llmserve", *(sys.argv[1:] if argv is None else argv)]
+        args.argv = ["llmserve", *argv]
         return run_reporting(args.command, lambda: command.run(args))
     try:
         config = resolve(command.config, args, file=args.config)

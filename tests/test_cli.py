@@ -126,10 +126,37 @@ def test_a_command_with_its_own_summary_logs_the_config_only_at_debug(monkeypatc
     ran = []
     commands = {"quiet": Command("quiet", "", _Settings, ran.append, logs_config=True),
                 "plain": Command("plain", "", _Settings, ran.append)}
-    monkeypatch.setattr("llmserve.cli.load_commands", lambda: commands)
+    monkeypatch.setattr("llmserve.cli.load_commands", lambda only=None: commands)
     with caplog.at_level(logging.DEBUG):  # Every record, each at the level it was logged at.
         main(["--log-level", "INFO", "quiet", "--size", "4"])
         main(["--log-level", "INFO", "plain"])
     config_records = [(r.levelname, r.getMessage()) for r in caplog.records if r.getMessage().startswith("config:")]
     assert config_records == [("DEBUG", "config: _Settings(size=4)"), ("INFO", "config: _Settings(size=3)")]
     assert [c.size for c in ran] == [4, 3]
+
+
+@pytest.mark.parametrize("argv,name", [
+    (["scheduler", "--port", "1"], "scheduler"),
+    (["--log-level", "DEBUG", "worker"], "worker"),
+    (["--log-level=DEBUG", "up", "--prompt", "x"], "up"),
+    (["--help"], None),
+    ([], None),
+])
+def test_requested_command_is_the_first_positional_word(argv, name):
+    from llmserve.cli import requested_command
+
+    assert requested_command(argv) == name
+
+
+def test_a_service_command_imports_no_other_distribution():
+    """`llmserve scheduler` loads the scheduler's entry point only: loading every
+    installed command would import bench and the worker (torch) into the scheduler."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom llmserve.cli import main\n"
+            "try:\n    main(['scheduler', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('llmserve.bench', "
+            "'llmserve.worker', 'llmserve.launcher'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
