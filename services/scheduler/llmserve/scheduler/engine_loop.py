@@ -19,6 +19,22 @@ Halting is never silent: run() raises EngineHalted, and the engine session
 The loop reports to one narrow interface, StepObserver (outputs to deliver, a step's
 start and end); how it stopped is what run() raises, not a callback.
 
+With async_scheduling (SchedulerConfig) the loop is pipelined: it plans step N+1 while
+the worker runs step N, sends it, and only then applies N's result and dispatches its
+outputs, so the worker finds its next plan queued when it finishes one:
+
+    serial:     schedule N | run N ......... | apply N | schedule N+1 | run N+1 ...
+    pipelined:  schedule N | send N | schedule N+1 | send N+1 | apply N | schedule N+2 ...
+                                    (worker runs N)      (worker runs N+1)
+
+The tokens N samples are placeholders in N+1 (Sample.num_pending_tokens): the worker
+computes them from its own copy. A sequence that ends at N has its N+1 token ignored
+(its blocks may be freed at once: the worker runs plans in order, so N+1's write into
+them comes before any later plan's use). When N+1 cannot be planned exactly without
+N's tokens (Scheduler.can_schedule_ahead) the loop waits for N first: a serial step.
+A failed N fails N+1 too (it was built on N's placeholders and blocks); a plan that
+could not be sent is applied (failed) before anything else is planned.
+
 Before each step the requests whose deadline has passed end (Scheduler.expire): a queued
 one is never scheduled, a running one stops at this step. With nothing to run, the loop
 waits for work or for the next deadline, whichever comes first.
@@ -29,6 +45,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
+from dataclasses import dataclass
 from typing import Protocol
 
 from llmserve.contract.outputs import RequestOutput
@@ -40,9 +58,26 @@ logger = logging.getLogger(__name__)
 
 
 class StepExecutor(Protocol):
-    """A worker (or a TP x PP group of workers) that runs step plans."""
+    """A worker (or a TP x PP group of workers) that runs step plans in the order sent."""
 
     async def execute(self, plan: StepPlan) -> StepResult: ...
+
+    # A pipelined loop needs the two halves of execute as well:
+    async def send(self, plan: StepPlan) -> None: ...
+
+    async def receive(self, plan: StepPlan) -> StepResult:
+        """The result of `plan`, the oldest plan sent and not answered yet."""
+
+
+@dataclass
+class _InFlight:
+    """A plan sent (or that failed to be sent: `result` is then its error) and not applied."""
+
+    plan: StepPlan
+    span: object
+    start: float  # perf_counter() when it was planned.
+    result: StepResult | None = None
+    after: int | None = None  # The failed step it was planned behind: it fails too.
 
 
 class StepObserver(Protocol):
@@ -69,6 +104,9 @@ class EngineLoop:
         self.core, self.worker, self.observer = core, worker, observer
         self.work = work  # Set when a request arrives or ends.
         self.num_failed_steps = 0  # Steps whose requests were failed, lifetime.
+        # NOTE: an executor with execute() only (a test double) gets the serial loop.
+        self.pipelined = core.config.async_scheduling and callable(getattr(worker, "receive", None))
+        self._in_flight: deque[_InFlight] = deque()  # Oldest first; at most two (pipelined).
 
     async def run(self) -> None:
         """Steps until cancelled; raises WorkerLost when the worker is lost, and
@@ -99,7 +137,96 @@ class EngineLoop:
             pass
 
     async def _step(self) -> bool:
-        """One step; False when there was nothing to run."""
+        """One step; False when there was nothing to run (and nothing is in flight)."""
+        if not self.pipelined:
+            return await self._serial_step()
+        if self._in_flight and not self.core.can_schedule_ahead(self._in_flight[-1].plan):
+            await self._finish_oldest()  # A serial step: N+1 needs N's real tokens.
+        plan, span, start = self._plan()
+        if plan is None:
+            if not self._in_flight:
+                return False
+            await self._finish_oldest()
+            return True
+        entry = _InFlight(plan, span, start)
+        self._in_flight.append(entry)
+        entry.result = await self._send(plan)
+        if entry.result is not None:
+            # Unsent: the worker never saw it, so nothing may be planned on top of it.
+            while self._in_flight:
+                await self._finish_oldest()
+        elif len(self._in_flight) > 1:
+            # NOTE: N+1 is sent first: applying N and dispatching its outputs overlap N+1.
+            await self._finish_oldest()
+        return True
+
+    def _plan(self) -> tuple[StepPlan | None, object, float]:
+        """Ends expired requests and builds the next plan: (None, ...) when there is
+        nothing to send; else the plan, its span (step_started) and its start time."""
+        core = self.core
+        if not core.has_unfinished_requests():
+            return None, None, 0.0
+        start, start_ns = time.perf_counter(), time.time_ns()
+        try:
+            expired = core.expire(time.monotonic())
+        except Exception as err:
+            raise EngineHalted(f"ending requests past their deadline failed: {err}") from err
+        if expired:
+            self.observer.deliver(expired)
+        try:
+            plan = core.schedule()
+        except Exception as err:
+            raise EngineHalted(f"building step failed: {err}") from err
+        if plan.is_empty:
+            return None, None, 0.0
+        return plan, self.observer.step_started(plan, start_ns), start
+
+    async def _send(self, plan: StepPlan) -> StepResult | None:
+        """Sends the plan; None when sent, else the error result to apply for it."""
+        try:
+            await self.worker.send(plan)
+        except WorkerLost:
+            self._end_spans()
+            raise
+        except Exception as err:
+            logger.exception("step %d could not be sent to the worker", plan.step_id)
+            return _unsent(plan, err)
+        return None
+
+    async def _finish_oldest(self) -> None:
+        """Waits for the oldest plan in flight's result, applies it and dispatches its outputs."""
+        entry = self._in_flight[0]
+        if entry.result is None:
+            try:
+                entry.result = await self.worker.receive(entry.plan)
+            except WorkerLost:
+                self._end_spans()
+                raise
+            except Exception as err:
+                logger.exception("step %d's result could not be read", entry.plan.step_id)
+                entry.result = StepResult(entry.plan.step_id, error=f"internal error: step {entry.plan.step_id}'s "
+                                                                    f"result could not be read: {err}")
+        self._in_flight.popleft()
+        if entry.result.error:
+            # The plan behind it was built as if this one ran (its rows compute the
+            # placeholders, it may read blocks this one wrote): it fails too, as the worker
+            # would find its rows inconsistent anyway.
+            for later in self._in_flight:
+                if later.after is None:
+                    later.after = entry.plan.step_id
+        if entry.after is not None and not entry.result.error:
+            entry.result = StepResult(entry.plan.step_id, error=f"internal error: step {entry.plan.step_id} "
+                                                                f"followed step {entry.after}, which failed")
+        self._apply(entry.plan, entry.result)
+        self.observer.step_finished(entry.plan, entry.result, entry.span, time.perf_counter() - entry.start)
+
+    def _end_spans(self) -> None:
+        """The worker is lost: the plans in flight end with it."""
+        for entry in self._in_flight:
+            _end(entry.span)
+
+    async def _serial_step(self) -> bool:
+        """One step of the serial loop; False when there was nothing to run."""
         core = self.core
         if not core.has_unfinished_requests():
             return False
@@ -125,8 +252,7 @@ class EngineLoop:
             raise
         except Exception as err:
             logger.exception("step %d could not be sent to the worker", plan.step_id)
-            result = StepResult(plan.step_id, error=f"internal error: step {plan.step_id} could not be sent "
-                                                    f"to the worker: {type(err).__name__}: {err}")
+            result = _unsent(plan, err)
         self._apply(plan, result)
         self.observer.step_finished(plan, result, span, time.perf_counter() - start)
         return True
@@ -151,3 +277,8 @@ def _end(span) -> None:
     end = getattr(span, "end", None)
     if end is not None:
         end()
+
+
+def _unsent(plan: StepPlan, err: Exception) -> StepResult:
+    return StepResult(plan.step_id, error=f"internal error: step {plan.step_id} could not be sent "
+                                          f"to the worker: {type(err).__name__}: {err}")

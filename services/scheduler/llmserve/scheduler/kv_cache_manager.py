@@ -152,6 +152,11 @@ class KVCacheManager:
             needed += num_writers if pool.ref_count(block_id) > num_writers else num_writers - 1
         return needed
 
+    def writes_shared_block(self, sample: Sample) -> bool:
+        """The sample's next token goes into a block it shares (a copy-on-write)."""
+        start = sample.num_computed_tokens
+        return bool(start % self.block_size) and self.pool.ref_count(sample.block_table[start // self.block_size]) > 1
+
     def allocate_slots(self, sample: Sample, num_new_tokens: int) -> list[int] | None:
         """Grow the table so that num_computed_tokens + num_new_tokens fit; copy the block
         written first if it is shared (copy-on-write: recorded in the step's ops, and

@@ -44,10 +44,12 @@ class OutputProcessor:
         """Apply a step's sampled tokens (see Scheduler.update_from_output)."""
         if result.step_id != plan.step_id:
             raise ValueError(f"result for step {result.step_id} given with plan {plan.step_id}")
+        # The real tokens replace the placeholders.
+        sampling = self.worker.take_pending(plan.step_id)
         in_plan = self.in_plan(plan)
         if result.error:
             return self.fail_step(plan, in_plan, result.error)
-        outputs = self._apply_tokens(plan, result, in_plan)
+        outputs = self._apply_tokens(plan, result, sampling)
         for sample in in_plan:
             if sample.is_root and sample.status is RequestStatus.RUNNING and not sample.num_uncomputed_tokens:
                 self._fork(sample)
@@ -58,6 +60,7 @@ class OutputProcessor:
         requests whose blocks it moved (their KV may not have arrived). The worker is told
         again to drop what the plan dropped."""
         self.kv.reset_prefix_cache()  # The failed step may have left blocks half written.
+        self.worker.take_pending(plan.step_id)
         self.worker.redrop(plan.finished_seq_ids)
         gpu, cpu = holders_by_block(self.live.samples())
         moved = [s for _, cpu_block in plan.swap_out for s in cpu.get(cpu_block, ())]
@@ -70,9 +73,8 @@ class OutputProcessor:
         found = (self.live.sample(r.seq_id) for r in plan.new_requests + plan.cached_requests)
         return [s for s in found if s is not None]
 
-    def _apply_tokens(self, plan: StepPlan, result: StepResult, in_plan: list[Sample]) -> list[RequestOutput]:
-        """One output per planned sample that expects a token and got some."""
-        planned = set(in_plan)
+    def _apply_tokens(self, plan: StepPlan, result: StepResult, sampling: set[Sample]) -> list[RequestOutput]:
+        """One output per sample the plan sampled for that is still running and got some."""
         # A multi-step result lists each sample once per step run, step by step; a
         # speculative row lists its accepted drafts and one sampled token, in order.
         per_sample: dict[int, list[SampledToken]] = {}
@@ -82,7 +84,9 @@ class OutputProcessor:
         outputs = []
         for seq_id, sampled in per_sample.items():
             sample = self.live.sample(seq_id)
-            if sample is None or sample not in planned or not _expects_token(sample):
+            # NOTE: whether the plan sampled for it is what the plan recorded, not its
+            # counts now: a pipelined loop has planned its next step since.
+            if sample is None or sample not in sampling or sample.status is not RequestStatus.RUNNING:
                 logger.debug("ignoring token for %s", seq_id)
                 continue
             drafts = num_drafts.get(seq_id, 0)
@@ -107,8 +111,10 @@ class OutputProcessor:
     def _append_tokens(self, sample: Sample, sampled: list[SampledToken]) -> RequestOutput:
         """Append the sample's tokens; finish it if one of them stops it."""
         new_token_ids, logprobs, status = self._take_tokens(sample, sampled)
-        if len(sampled) > 1:
-            self.kv.prefix.cache_full_blocks(sample)  # Blocks the run filled (before a finish frees them).
+        if len(sampled) > 1 or status is None:
+            # Blocks the run filled (before a finish frees them), or the block a pipelined
+            # plan filled ending in this token's placeholder (a no-op in a serial loop).
+            self.kv.prefix.cache_full_blocks(sample)
         if status is not None:
             self.queues.running.remove(sample)
             self._finish(sample, status, sample.error)
@@ -220,11 +226,6 @@ class OutputProcessor:
         self.counters.finished[status] += 1
         self.worker.drop(sample)
         self.live.remove(sample)
-
-
-def _expects_token(sample: Sample) -> bool:
-    """Running, done with its prompt, and a sampling sample (not a root)."""
-    return sample.status is RequestStatus.RUNNING and not sample.num_uncomputed_tokens and not sample.is_root
 
 
 def _final_outputs(sample: Sample) -> list[RequestOutput]:

@@ -45,6 +45,10 @@ class Preemptor:
 
     def preempt(self, request: Request) -> None:
         """Preempt every running sample of the request, by swap or by recompute."""
+        if any(self.worker.in_flight(s) for s in request.samples):
+            # Its in-flight token would be lost: a pipelined loop plans a step that may
+            # preempt only once nothing is in flight (Scheduler.can_schedule_ahead).
+            raise RuntimeError(f"preempting {request.request_id} while a step samples for it")
         live = self.queues.take_running(request)
         for sample in live:
             self.worker.drop(sample)  # Its state on the worker is stale either way.

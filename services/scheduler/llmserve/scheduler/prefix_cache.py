@@ -51,7 +51,9 @@ class PrefixCache:
         """Offer the sample's newly filled blocks (up to num_computed_tokens) to the cache."""
         if not self.enabled:
             return
-        num_full = sample.num_computed_tokens // self.block_size
+        # NOTE: a pending token's slot is computed before its id is known: a block ending
+        # in a placeholder is offered once the real id arrived (a later call).
+        num_full = min(sample.num_computed_tokens, sample.num_tokens) // self.block_size
         start = sample.num_offered_blocks
         if num_full <= start:
             return

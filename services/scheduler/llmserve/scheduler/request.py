@@ -151,6 +151,10 @@ class Sample:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  # Tokens whose KV is in the cache (or is in this step).
+    # Tokens planned to be sampled by plans not applied yet that may be followed by more
+    # (a placeholder each: the worker knows the real id, the scheduler learns it with the
+    # plan's result). They count as targets, so a pipelined next plan can compute them.
+    num_pending_tokens: int = 0
     stop_token_id: int = -1  # The eos / stop token that finished the sample.
     error: str = ""
     error_code: ErrorCode = ErrorCode.OK  # Why it ended with ERROR.
@@ -197,7 +201,7 @@ class Sample:
     @property
     def num_target_tokens(self) -> int:
         """Tokens whose KV this sample needs before its next step is done."""
-        return self.num_prompt_tokens - 1 if self.is_root else self.num_tokens
+        return self.num_prompt_tokens - 1 if self.is_root else self.num_tokens + self.num_pending_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:

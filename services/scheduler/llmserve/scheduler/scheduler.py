@@ -88,7 +88,7 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.queues = Queues(config.max_num_seqs)
         self.live = LiveRequests()
-        self.worker_view = WorkerView(self.kv)
+        self.worker_view = WorkerView(self.kv, cache.max_model_len)
         self.counters = Counters(spec_accepted_per_position=[0] * config.num_speculative_tokens)
         preemptor = Preemptor(config.preemption_mode, self.kv, self.queues, self.worker_view, self.counters)
         self.policy = StepPolicy(config, self.kv, self.queues, preemptor, self.counters, cache.max_model_len)
@@ -274,6 +274,25 @@ class Scheduler:
         if not plan.is_empty:
             self.counters.num_steps += 1
         return plan
+
+    def can_schedule_ahead(self, in_flight: StepPlan) -> bool:
+        """Whether the next plan may be built now, while `in_flight` runs (a pipelined
+        loop), exactly as if its result were known: its sampled tokens are placeholders
+        (Sample.num_pending_tokens). False when the next step could need a real token or
+        change what in_flight's samples hold: drafts or multi-step runs (their token counts
+        vary), a swapped unit to bring back, or a preemption or copy-on-write (checked
+        for the worst case: every running sample computing all it has left)."""
+        config, queues = self.config, self.queues
+        if config.num_speculative_tokens or config.num_scheduler_steps > 1 or in_flight.num_steps > 1:
+            return False
+        if queues.swapped:
+            return False
+        if queues.waiting and queues.running and queues.running[-1].request.priority > queues.waiting[0].request.priority:
+            return False  # Could preempt for priority.
+        items = [(s, n) for s in queues.running if (n := s.num_uncomputed_tokens) > 0]
+        if any(self.kv.writes_shared_block(s) for s, _ in items):
+            return False
+        return self.kv.blocks_needed(items) <= self.kv.num_free_blocks
 
     def fail_step(self, plan: StepPlan, error: str) -> list[RequestOutput]:
         """The plan never reached the worker, or its result cannot be applied: end its

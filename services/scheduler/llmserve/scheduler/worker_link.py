@@ -36,10 +36,21 @@ class WorkerLink:
         self._interrupt_task: asyncio.Task | None = None
 
     async def execute(self, plan: StepPlan) -> StepResult:
+        await self.send(plan)
+        return await self.receive(plan)
+
+    async def send(self, plan: StepPlan) -> None:
+        """Write the plan; the worker runs plans in the order sent and answers each."""
         try:
             await self._call.write(wire.plan_command_to_pb(plan))
-            if plan.num_steps > 1:
-                self._interruptible = plan.step_id
+        except grpc.aio.AioRpcError as err:
+            raise WorkerLost(f"worker {self.address}: {err.code().name} {err.details()}") from err
+        if plan.num_steps > 1:  # Written: an interrupt may follow it from now on.
+            self._interruptible = plan.step_id
+
+    async def receive(self, plan: StepPlan) -> StepResult:
+        """The result of `plan`, the oldest plan sent and not yet answered."""
+        try:
             reply = await self._call.read()
         except grpc.aio.AioRpcError as err:
             raise WorkerLost(f"worker {self.address}: {err.code().name} {err.details()}") from err
@@ -95,7 +106,15 @@ class WorkerGroup:
         self.address = ",".join(l.address for l in links)
 
     async def execute(self, plan: StepPlan) -> StepResult:
-        tasks = [asyncio.ensure_future(l.execute(plan)) for l in self.links]
+        await self.send(plan)
+        return await self.receive(plan)
+
+    async def send(self, plan: StepPlan) -> None:
+        await asyncio.gather(*(l.send(plan) for l in self.links))
+
+    async def receive(self, plan: StepPlan) -> StepResult:
+        """Every rank's answer to `plan` (the oldest unanswered), within step_timeout_s."""
+        tasks = [asyncio.ensure_future(l.receive(plan)) for l in self.links]
         done, pending = await asyncio.wait(tasks, timeout=self.step_timeout_s, return_when=asyncio.FIRST_EXCEPTION)
         for t in pending:
             t.cancel()

@@ -35,10 +35,15 @@ class ScheduledSample:
 class WorkerView:
     """Builds each step's plan from the samples' known-to-worker flags."""
 
-    def __init__(self, kv: KVCacheManager) -> None:
-        """Plans for a worker that knows nothing yet, with block ops taken from `kv`."""
+    def __init__(self, kv: KVCacheManager, max_model_len: int) -> None:
+        """Plans for a worker that knows nothing yet, with block ops taken from `kv`, for
+        samples of at most `max_model_len` tokens."""
         self.kv = kv
+        self.max_model_len = max_model_len
         self._next_step_id = 0
+        # By step id, until its result is applied: the samples the step samples a token
+        # for, each with whether that token got a placeholder (Sample.num_pending_tokens).
+        self._sampling: dict[int, dict[Sample, bool]] = {}
         # Sequence ids the worker must drop, in order (an ordered set). Ids, not records:
         # a finished sample's record is gone.
         self._to_drop: dict[int, None] = {}
@@ -84,10 +89,44 @@ class WorkerView:
         if sample.known_to_worker:
             plan.cached_requests.append(self._cached_data(item))
         else:
+            if sample.num_pending_tokens:
+                # Only the worker knows the placeholders' ids: a row sent in full would
+                # lack them (Scheduler.can_schedule_ahead keeps such steps serial).
+                raise RuntimeError(f"{sample.label} would be sent in full with {sample.num_pending_tokens} "
+                                   "tokens pending")
             sample.known_to_worker = True
             plan.new_requests.append(self._new_data(item))
         sample.num_computed_tokens += item.num_tokens - len(item.draft_token_ids)
+        if not sample.is_root and sample.num_computed_tokens == sample.num_target_tokens:
+            self._samples(plan.step_id, sample)
         self.kv.prefix.cache_full_blocks(sample)
+
+    def _samples(self, step_id: int, sample: Sample) -> None:
+        """The step samples a token for the sample: a placeholder unless it is the last."""
+        # NOTE: the last token (max_tokens or max_model_len) gets none, so no later plan
+        # schedules the sample: with it, the step's target is what it computed.
+        placeholder = self._continues(sample)
+        sample.num_pending_tokens += placeholder
+        self._sampling.setdefault(step_id, {})[sample] = placeholder
+
+    def _continues(self, sample: Sample) -> bool:
+        """The token this row samples (after those pending) may be followed by more: its
+        length limits are not reached (eos or a stop is only known from the result)."""
+        after = sample.num_pending_tokens + 1
+        return (sample.num_output_tokens + after < sample.sampling.max_tokens
+                and sample.num_tokens + after < self.max_model_len)
+
+    def in_flight(self, sample: Sample) -> bool:
+        """A plan whose result is not applied yet samples a token for the sample."""
+        return any(sample in sampling for sampling in self._sampling.values())
+
+    def take_pending(self, step_id: int) -> set[Sample]:
+        """The step's result is in (or never comes): its placeholders are resolved.
+        Returns the samples it sampled a token for (whatever happened to them since)."""
+        sampling = self._sampling.pop(step_id, {})
+        for sample, placeholder in sampling.items():
+            sample.num_pending_tokens -= placeholder
+        return set(sampling)
 
     def _new_data(self, item: ScheduledSample) -> NewRequestData:
         sample = item.sample
