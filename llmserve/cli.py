@@ -134,12 +134,21 @@ def _generate(args) -> int:
 
 
 def _router_error(target: str, err) -> StartupError:
-    """A failed call to the router as the cause and what to change on this side."""
+    """A failed call to the router as the cause and what to change on this side. Only a
+    connection that failed is "cannot reach": a status the router sent (a worker lost
+    mid-stream, none ready) is reported as it came, and so is a stream cut off midway."""
+    from llmserve.client import StreamFailed, is_transport_failure
+
     code = err.code().name
     if code == "UNAUTHENTICATED":
         return StartupError(f"the router at {target} refused the call: {err.details()}",
                             "set LLMSERVE_API_KEY, or --api-key-file, to a key the router accepts")
-    if code == "UNAVAILABLE":
+    if isinstance(err, StreamFailed):
+        if err.transport:
+            return StartupError(f"lost the connection to the router at {target} mid-stream: "
+                                f"{rpc_cause(code, err.details())}")
+        return StartupError(f"the request failed mid-stream ({code}): {err.details()}")
+    if code == "UNAVAILABLE" and is_transport_failure(err):
         cause = rpc_cause(code, err.details())
         fix = "is `llmserve up` running? --target sets the router's address"
         if "TLS" in cause or "certificate" in cause:

@@ -11,7 +11,10 @@ system's roots if none), and `api_key` goes with every call as `authorization: B
 services read too), and the address from LLMSERVE_TARGET (else localhost:50051). `insecure=True` (or LLMSERVE_INSECURE=1) talks plaintext to a
 server run with --insecure, and sends no key.
 
-RPC failures surface as ``grpc.aio.AioRpcError`` (``.code()`` keeps the status).
+RPC failures surface as ``grpc.aio.AioRpcError`` (``.code()`` keeps the status). A
+``generate`` stream that fails after its first delta raises ``StreamFailed``, a subclass
+that says so: e.g. UNAVAILABLE "worker lost: the worker at ... stopped answering", not a
+connection problem. ``is_transport_failure(err)`` tells the two apart.
 Leaving a ``generate`` loop early (``break``, task cancel) cancels the call, and the
 server aborts the request.
 """
@@ -46,6 +49,40 @@ _FINISH_REASONS = {
 
 class GenerationError(RuntimeError):
     """A sample finished with finish_reason "error" (the server's message attached)."""
+
+
+# What gRPC's own failures say (no server sent these statuses): the call never reached a
+# server, or lost its connection to it.
+TRANSPORT_FAILURES = ("failed to connect to all addresses", "Connection refused", "DNS resolution failed",
+                      "Socket closed", "Connection reset", "Broken pipe", "GOAWAY", "keepalive watchdog",
+                      "Ssl handshake failed", "CERTIFICATE_VERIFY_FAILED", "WRONG_VERSION_NUMBER",
+                      "No route to host", "Network is unreachable", "Cancelling all calls")
+
+
+def is_transport_failure(err: grpc.aio.AioRpcError) -> bool:
+    """Whether `err` is the connection failing (never reached the server, or lost it),
+    rather than a status the server sent (which names its own cause)."""
+    if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL):
+        return False
+    details = err.details() or ""
+    return any(needle in details for needle in TRANSPORT_FAILURES)
+
+
+class StreamFailed(grpc.aio.AioRpcError):
+    """A Generate stream that failed after `deltas` deltas arrived. ``code()`` and
+    ``details()`` are the failure's, as on any AioRpcError (code catching that still
+    works); ``transport`` says whether the connection broke rather than the server
+    ending the stream with this status."""
+
+    def __init__(self, err: grpc.aio.AioRpcError, deltas: int):
+        super().__init__(err.code(), err.initial_metadata(), err.trailing_metadata(), err.details(),
+                         err.debug_error_string())
+        self.deltas = deltas
+        self.transport = is_transport_failure(err)
+
+    def __str__(self) -> str:
+        how = "the connection to the server broke" if self.transport else "the server ended it"
+        return f"the stream failed after {self.deltas} deltas ({how}): {self.code().name}: {self.details()}"
 
 
 @dataclass
@@ -115,6 +152,10 @@ class ModelInfo:
     data_parallel_size: int = 1
     quantization: str = "none"
     dtype_reason: str = ""
+    # One engine step's limits and why (0 and "": a router that predates them).
+    max_num_batched_tokens: int = 0
+    max_num_seqs: int = 0
+    step_budget_reason: str = ""
 
     @classmethod
     def from_pb(cls, msg: pb.ModelInfo) -> "ModelInfo":
@@ -133,6 +174,9 @@ class ModelInfo:
             data_parallel_size=msg.data_parallel_size or 1,
             quantization=msg.quantization or "none",
             dtype_reason=msg.dtype_reason,
+            max_num_batched_tokens=msg.max_num_batched_tokens,
+            max_num_seqs=msg.max_num_seqs,
+            step_budget_reason=msg.step_budget_reason,
         )
 
 
@@ -264,9 +308,15 @@ class LLMServeClient:
             request_id=request_id, model=model, priority=priority,
         )
         call = self._stub.Generate(request, metadata=metadata)
+        deltas = 0
         try:
             async for msg in call:
+                deltas += 1
                 yield GenerationDelta.from_pb(msg)
+        except grpc.aio.AioRpcError as err:
+            if deltas:  # Mid-stream: the request reached the server, whatever failed since.
+                raise StreamFailed(err, deltas) from err
+            raise
         finally:
             # NOTE: a no-op when the stream ended; otherwise (break, cancellation,
             # an exception in the caller) it tells the server to abort the request.

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from llmserve.scheduler.preemption import PreemptionMode
 from llmserve.contract.grpc_server import ServerOptions, service_command
 from llmserve.contract.security import SecurityOptions
+from llmserve.contract.step_budget import by_device_help
 from llmserve.settings import group, positive_int, setting
 from llmserve.scheduler.admission import QUEUED_TOKENS_PER_STEP_BUDGET
 
@@ -17,9 +18,12 @@ class SchedulerConfig:
     service all take. The worker's cache shape is not here: it is a fact the worker
     reports when it registers (KVCacheShape), not a setting."""
 
-    max_num_seqs: int = setting(256, parse=positive_int, help="most sequences in one step")
-    max_num_batched_tokens: int = setting(512, parse=positive_int,
-                                          help="most tokens computed in one step (long prompts are chunked to fit)")
+    # None: by the device the worker reports at registration (step_budget.py resolves it).
+    max_num_seqs: int | None = setting(None, parse=positive_int, unset=by_device_help("max_num_seqs"),
+                                       help="most sequences in one step")
+    max_num_batched_tokens: int | None = setting(
+        None, parse=positive_int, unset=by_device_help("max_num_batched_tokens"),
+        help="most tokens computed in one step (long prompts are chunked to fit)")
     enable_chunked_prefill: bool = setting(True, flag="chunked-prefill",
                                            help="split prompts longer than a step's token budget (off: prompts fit one step whole)")
     enable_prefix_caching: bool = setting(True, flag="prefix-caching",
@@ -44,6 +48,11 @@ class SchedulerConfig:
         None, parse=positive_int, unset="never",
         help="no drafts in a step that schedules more than N sequences: a full batch is compute-bound, so rejected "
              "drafts' extra rows cost it the most and accepted ones save it the least (vLLM's setting of this name)")
+    async_scheduling: bool = setting(True, flag="async-scheduling",
+                                     help="pipelined engine loop: plan step N+1 while the worker runs step N (tokens "
+                                          "sampled at N are placeholders the worker fills in); steps that need the "
+                                          "real tokens first (a possible preemption, swap-in, copy-on-write, drafts, "
+                                          "multi-step) run serially; off: the serial loop, for comparison and debugging")
     # NOTE: the bounds apply to requests from routers (the service); the in-process
     # engine queues whatever its caller adds. See admission.py.
     max_queued_requests: int | None = setting(
@@ -70,6 +79,37 @@ class SchedulerConfig:
         object.__setattr__(self, "preemption_mode", PreemptionMode(self.preemption_mode))
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepWatchdogConfig:
+    """How long a worker has to answer a step before it counts as stopped (step_watchdog.py):
+    max(floor, factor x the 99th percentile of recent steps' seconds per step x the plan's
+    steps), the floor raised for the first steps and for prefill-heavy plans."""
+
+    enabled: bool = setting(True, flag="step-watchdog",
+                            help="drop a worker whose step goes unanswered past its bound (a frozen GPU or "
+                                 "collective looks so from outside): its requests end with UNAVAILABLE, health "
+                                 "turns NOT_SERVING and the worker may register again")
+    floor_s: float = setting(5.0, flag="step-watchdog-floor",
+                             help="seconds every step has, however fast recent steps were")
+    factor: float = setting(5.0, flag="step-watchdog-factor",
+                            help="a step has this many times the 99th percentile of recent steps' time (per step "
+                                 "of a multi-step plan)")
+    warmup_steps: int = setting(16, flag="step-watchdog-warmup-steps", parse=int,
+                                help="steps after a registration that get --step-watchdog-warmup-floor (lazy "
+                                     "compilation and first allocations make them slow)")
+    warmup_floor_s: float = setting(60.0, flag="step-watchdog-warmup-floor",
+                                    help="seconds each of the first steps after a registration has")
+    prefill_floor_s: float = setting(20.0, flag="step-watchdog-prefill-floor",
+                                     help="seconds a prefill-heavy step (half its tokens or more from prompts) has")
+
+    def __post_init__(self) -> None:
+        for name in ("floor_s", "factor", "warmup_floor_s", "prefill_floor_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"step watchdog: {name} must be positive, got {getattr(self, name)}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"step watchdog: warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
 @dataclass(frozen=True)
 class SchedulerServiceConfig:
     scheduling: SchedulerConfig = group(SchedulerConfig)
@@ -82,6 +122,7 @@ class SchedulerServiceConfig:
                                           help="seconds between queue / KV-usage log lines while busy")
     step_timeout_s: float = setting(300.0, flag="step-timeout",
                                     help="seconds a worker group has to answer a step before it counts as lost")
+    step_watchdog: StepWatchdogConfig = group(StepWatchdogConfig)
 
 
 COMMAND = service_command("scheduler", "request queues, KV block tables, engine loop", SchedulerServiceConfig,

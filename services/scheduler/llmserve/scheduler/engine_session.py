@@ -1,11 +1,12 @@
 """One registered worker (group) and everything that exists only because it does: the
 scheduler core sized from its KV cache, the engine loop that drives it, its readiness
-probe and its health watchdog.
+probe, its health watchdog and its step watchdog (step_watchdog.py).
 
     RegisterWorker ──▶ EngineSession(core, worker, loop) ── readiness step ran ──▶ SERVING
                               │                                   │
-                              │ lost (stream broke, health        │ halted (an error no
-                              │ checks failed, replaced)          │ request can be blamed for)
+                              │ lost (stream broke, health checks │ halted (an error no
+                              │ or a step went unanswered,        │ request can be blamed for)
+                              │ replaced)                         │
                               ▼                                   ▼
                             LOST ◀──── lost later ──────────── HALTED
 
@@ -24,12 +25,14 @@ from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
 from llmserve.contract.worker_info import WorkerInfo
-from llmserve.scheduler.config import SchedulerServiceConfig
+from llmserve.scheduler.config import SchedulerServiceConfig, StepWatchdogConfig
 from llmserve.scheduler.engine_loop import EngineHalted, EngineLoop
 from llmserve.scheduler.kv_events import KvEventLog
 from llmserve.scheduler.request import Request
 from llmserve.scheduler.routers import RouterHub, RouterSession, owned_by_router
 from llmserve.scheduler.scheduler import KVCacheShape, Scheduler
+from llmserve.scheduler import step_budget
+from llmserve.scheduler.step_watchdog import Stall, StepWatchdog
 from llmserve.scheduler.telemetry import SchedulerTelemetry
 from llmserve.scheduler.worker_link import WorkerGroup, WorkerLink, WorkerLost
 
@@ -42,10 +45,13 @@ WORKER_HEALTH_POLL_S = 0.5
 
 
 def core_for(config: SchedulerServiceConfig, info: WorkerInfo) -> Scheduler:
-    """A scheduler core for a worker whose registration says `info`."""
+    """A scheduler core for a worker whose registration says `info`, its step budget
+    resolved for the worker's device (logged: it decides the step sizes)."""
     cache = KVCacheShape(num_blocks=info.num_kv_blocks, block_size=info.block_size,
                          max_model_len=info.max_model_len, num_cpu_blocks=info.num_cpu_blocks)
-    return Scheduler(config.scheduling, cache, eos_token_ids=info.eos_token_ids)
+    scheduling, budget = step_budget.config_for(config.scheduling, info)
+    logger.info("%s", budget.describe())
+    return Scheduler(scheduling, cache, eos_token_ids=info.eos_token_ids)
 
 
 class EngineState(enum.Enum):
@@ -64,10 +70,12 @@ class EngineSession:
     turns SERVING once a readiness step has run (and the service is not draining)."""
 
     def __init__(self, core: Scheduler, worker: WorkerLink | WorkerGroup, server, routers: RouterHub,
-                 telemetry: SchedulerTelemetry, kv_events: KvEventLog, draining: Callable[[], bool]):
+                 telemetry: SchedulerTelemetry, kv_events: KvEventLog, draining: Callable[[], bool],
+                 step_watchdog: StepWatchdogConfig | None = None):
         """`core` plans for `worker` (core_for(config, worker.info) builds one); `server`
         carries the health status; outputs go through `routers`; `draining()` says
-        whether the service refuses new requests (then health stays NOT_SERVING)."""
+        whether the service refuses new requests (then health stays NOT_SERVING);
+        `step_watchdog` bounds how long a step may go unanswered (step_watchdog.py)."""
         self.core = core
         self.worker = worker
         self.state = EngineState.STARTING
@@ -78,12 +86,17 @@ class EngineSession:
         self.loop = EngineLoop(self.core, worker, self, self._work)
         self._loop_task: asyncio.Task | None = None
         self._probe: asyncio.Future | None = None  # The readiness request's outcome.
+        step_watchdog = StepWatchdogConfig() if step_watchdog is None else step_watchdog
+        self.step_watchdog = StepWatchdog(step_watchdog) if step_watchdog.enabled else None
+        self._step_watch: asyncio.Task | None = None
 
     def start(self) -> None:
         """Starts the loop, the readiness step and the watchdog."""
         self.start_loop()
         asyncio.create_task(self._prove_ready(), name="readiness-probe")
         asyncio.create_task(self._watch_worker(), name="worker-watchdog")
+        if self.step_watchdog is not None:
+            self._step_watch = asyncio.create_task(self.step_watchdog.watch(self._stalled), name="step-watchdog")
 
     def start_loop(self) -> asyncio.Task:
         """Starts the engine loop only (tests drive readiness themselves); its task."""
@@ -140,9 +153,13 @@ class EngineSession:
         self.publish_kv_events()
 
     def step_started(self, plan: StepPlan, start_ns: int):
+        if self.step_watchdog is not None:
+            self.step_watchdog.started(plan)
         return self.telemetry.step_started(self.core, plan, start_ns)
 
     def step_finished(self, plan: StepPlan, result: StepResult, span, seconds: float) -> None:
+        if self.step_watchdog is not None:
+            self.step_watchdog.finished(plan, result)
         self.telemetry.step_finished(self.core, plan, result, span, seconds)
 
     # --- KV events ----------------------------------------------------------------
@@ -204,6 +221,15 @@ class EngineSession:
                 logger.error("worker %s stopped answering health checks", self.worker.address)
                 await self.drop("it stopped answering health checks")
 
+    async def _stalled(self, stall: Stall) -> None:
+        """A step went unanswered past its bound: the worker is as good as gone (a frozen
+        process keeps its connection, so nothing else would notice for a minute)."""
+        if self.state not in (EngineState.STARTING, EngineState.SERVING):
+            return  # Halted (its requests failed already) or dropped meanwhile.
+        reason = stall.describe(self.worker.address)
+        logger.error("%s; dropping it (it may register again)", reason)
+        await self.drop(reason)
+
     async def drop(self, reason: str) -> None:
         """The worker is gone (or replaced): its requests fail, its link closes."""
         if self.lost:
@@ -215,15 +241,17 @@ class EngineSession:
         self.deliver(self.core.fail_requests(self.router_request_ids(), f"worker lost: {reason}",
                                              ErrorCode.UNAVAILABLE))
         self.forget_cached_blocks()  # The worker's KV went with it.
-        if self._loop_task is not None and self._loop_task is not asyncio.current_task():
-            self._loop_task.cancel()
+        for task in (self._loop_task, self._step_watch):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
         await self.worker.close()
 
     async def close(self) -> None:
         """Shutdown: the routers' requests are aborted; the loop and the link stop."""
         self.abort(self.router_request_ids())
-        if self._loop_task is not None:
-            self._loop_task.cancel()
+        for task in (self._loop_task, self._step_watch):
+            if task is not None:
+                task.cancel()
         if not self.lost:
             self.state = EngineState.LOST
             await self.worker.close()
@@ -232,6 +260,8 @@ class EngineSession:
         """The engine cannot go on (see engine_loop.py): never a silent hang with SERVING.
         Every live request fails, new ones are refused until a worker registers again."""
         self.halted, self.state = reason, EngineState.HALTED
+        if self._step_watch is not None:
+            self._step_watch.cancel()  # No step runs any more: none can stall.
         logger.error("engine halted: %s; health NOT_SERVING until a worker registers again", reason)
         await self.server.set_serving(False)
         if self._probe is not None and not self._probe.done():
