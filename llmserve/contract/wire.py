@@ -242,6 +242,7 @@ def worker_info_to_pb(info: WorkerInfo) -> worker_pb2.WorkerInfo:
         cuda_graphs=info.cuda_graphs,
         quantization=info.quantization,
         dtype_reason=info.dtype_reason,
+        device_memory_bytes=info.device_memory_bytes,
     )
 
 
@@ -262,6 +263,7 @@ def worker_info_from_pb(msg: worker_pb2.WorkerInfo) -> WorkerInfo:
         cuda_graphs=msg.cuda_graphs,
         quantization=msg.quantization or "none",
         dtype_reason=msg.dtype_reason,
+        device_memory_bytes=msg.device_memory_bytes,
     )
 
 

@@ -22,3 +22,6 @@ class WorkerInfo:
     cuda_graphs: bool = False  # Decode steps replay CUDA graphs.
     quantization: str = "none"  # "none", "int8" (W8A8 where the CPU has VNNI), "int8-weight-only"
     dtype_reason: str = ""  # Why `dtype`: --dtype auto's choice and its grounds, or "--dtype".
+    # The device's total memory (CUDA; 0 on the CPU): with `device` it picks the step
+    # budget by device (contract/step_budget.py), on both sides of the registration.
+    device_memory_bytes: int = 0

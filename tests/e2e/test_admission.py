@@ -210,6 +210,16 @@ async def test_bench_overload_brief_run(bounded, model_dir, capsys):
     assert "TTFT overloaded" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+async def test_model_info_and_the_log_say_the_set_budget(bounded):
+    cluster, _, log_dir = bounded
+    info = await _model_info(cluster)
+    assert (info.max_num_seqs, info.max_num_batched_tokens) == (1, 512)
+    assert info.step_budget_reason == "set by --max-num-seqs, the other by device: cpu"
+    line = "step budget: 512 batched tokens, 1 sequences (set by --max-num-seqs, the other by device: cpu)"
+    assert (log_dir / "scheduler.log").read_text().count(line) == 1
+
+
 async def _model_info(cluster):
     async with cluster.client() as client:
         return await client.model_info()

@@ -43,6 +43,9 @@ async def test_model_info_and_tokenize(cluster, model_dir):
         assert info.tensor_parallel_size == 1 and info.max_model_len == 8192
         # --device auto on a host without a GPU: the CPU, eager (graphs are a CUDA thing).
         assert info.device == "cpu" and not info.cuda_graphs
+        # The step budget the scheduler resolved at registration: nothing set, so the CPU's.
+        assert (info.max_num_batched_tokens, info.max_num_seqs) == (512, 256)
+        assert info.step_budget_reason == "by device: cpu"
         tok = hf_tokenizer(str(model_dir))
         reply = await stub.Tokenize(pb.TokenizeRequest(text="Hello world"), timeout=5)
         assert list(reply.token_ids) == tok("Hello world")["input_ids"] and reply.count == len(reply.token_ids)

@@ -18,6 +18,7 @@ from llmserve.contract.plan import SampledToken, StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
 from llmserve.scheduler.request import Request, Sample
 from llmserve.scheduler.scheduler import KVCacheShape, Scheduler, SchedulerConfig
+from llmserve.scheduler.step_budget import on_cpu
 
 NO_EOS = (10_000,)  # An eos id the fake workers never produce.
 
@@ -266,9 +267,10 @@ def build_scheduler(config: dict, num_blocks: int, eos, num_cpu_blocks: int = 0)
     cache = KVCacheShape(num_blocks=num_blocks, block_size=config.pop("block_size", 16),
                          max_model_len=config.pop("max_model_len"), num_cpu_blocks=num_cpu_blocks)
     clock = config.pop("clock", time.monotonic)
-    # NOTE: these tests were written against a 2048-token default step budget.
+    # NOTE: these tests were written against a 2048-token default step budget; the rest
+    # of the budget is a CPU worker's (a core is built for a registered worker's device).
     config.setdefault("max_num_batched_tokens", 2048)
-    return LabelledScheduler(SchedulerConfig(**config), cache, eos, clock=clock)
+    return LabelledScheduler(on_cpu(SchedulerConfig(**config)), cache, eos, clock=clock)
 
 
 def make_scheduler(num_blocks: int = 64, eos=NO_EOS, **config) -> Scheduler:

@@ -106,7 +106,7 @@ def check_kv_sizing(model_dir, settings) -> dict:
         "uses_graphs": runner.graphs is not None, "log_lines": lines,
         "num_kv_blocks": runner.num_kv_blocks, "block_bytes": block_bytes, "kv_bytes": kv_bytes,
         "kv_bytes_allocated": allocated, "fits_bytes": fits, "kv_over_fits": kv_bytes / fits, "memory": memory,
-        "smoke": smoke_step(runner, settings.max_num_batched_tokens),
+        "smoke": smoke_step(runner, runner.settings.max_num_batched_tokens),  # As resolved by device.
     }
 
 

@@ -266,7 +266,8 @@ def summarize(base: list[Outcome], calibration: list[Outcome], loaded: list[Outc
     return report
 
 
-async def run_phases(args, endpoints: Endpoints, vocab_size: int, seats: int) -> dict:
+async def run_phases(args, endpoints: Endpoints, vocab_size: int, seats: int | None) -> dict:
+    """`seats`: the cluster's --max-num-seqs; None (by device): what its GetModelInfo says."""
     rng = random.Random(args.seed)
     prompts = random_prompts(tuple(args.input_len), vocab_size, rng)
     async with endpoints.client() as client:
@@ -275,7 +276,7 @@ async def run_phases(args, endpoints: Endpoints, vocab_size: int, seats: int) ->
         calibration: list[Outcome] = []
         rate = args.request_rate
         if rate is None:
-            concurrency = args.concurrency or seats
+            concurrency = args.concurrency or seats or (await client.model_info()).max_num_seqs
             rate, calibration = await capacity(client, prompts, args.output_len, concurrency, args.calibrate_s)
         offered = args.overload * rate
         watch = ClusterWatch(endpoints)

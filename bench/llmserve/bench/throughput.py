@@ -22,8 +22,9 @@ from llmserve.bench.step_records import RecordingEngine
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 from llmserve.worker.config import RunnerConfig
 from llmserve.worker.device import dtype_name
-from llmserve.worker.model_runner import ModelRunner
+from llmserve.worker.model_runner import ModelRunner, device_facts
 from llmserve.contract.sampling import SamplingParams
+from llmserve.contract.step_budget import device_defaults
 
 
 def _sampling(r: BenchRequest) -> SamplingParams:
@@ -142,8 +143,9 @@ def _run_baseline(baseline: str, model_dir: Path, requests: list[BenchRequest], 
     from llmserve.bench import hf_baseline
 
     if quant := llama_cpp.quant_of(baseline):
-        settings = llama_cpp.server_settings(requests, max_slots=args.engine.scheduling.max_num_seqs,
-                                             threads=torch.get_num_threads())
+        # By device (None): the sequence cap our engine got on this run's device.
+        seats = args.engine.scheduling.max_num_seqs or device_defaults(*device_facts(device))[1]
+        settings = llama_cpp.server_settings(requests, max_slots=seats, threads=torch.get_num_threads())
         return llama_cpp.run_llama_cpp(llama_cpp.LlamaCppBuild(Path(args.llama_cpp_dir)), model_dir.name, quant,
                                        requests, settings)
     if baseline == "hf":

@@ -17,6 +17,7 @@ from llmserve.contract.plan import StepPlan
 from llmserve.contract.sampling import SamplingParams
 from llmserve.scheduler.config import SchedulerConfig
 from llmserve.scheduler.scheduler import KVCacheShape, Scheduler
+from llmserve.scheduler.step_budget import config_for
 
 
 @dataclass
@@ -30,9 +31,11 @@ class Completion:
 class InProcessEngine:
     def __init__(self, runner, config: SchedulerConfig = SchedulerConfig()):
         """The scheduler core under `config` driving `runner` (a ModelRunner, or anything
-        with its `info` and `execute`)."""
+        with its `info` and `execute`); a step budget left "by device" is resolved from the
+        runner's device, as the scheduler service does at registration."""
         info = runner.info
         self.runner = runner
+        config, self.step_budget = config_for(config, info)
         # NOTE: the cache must hold one whole sequence, or a request could never run.
         cache = KVCacheShape(num_blocks=info.num_kv_blocks, block_size=info.block_size,
                              max_model_len=min(info.max_model_len, info.num_kv_blocks * info.block_size),

@@ -75,8 +75,9 @@ def startup_lines(spec: ClusterSpec) -> list[str]:
     return [
         f"router: model {spec.worker.served_model_name or spec.model_dir.name}, port {spec.router_port}{http}"
         f"{shown.get('router', '')}, routing {spec.router.routing_policy}, {public}",
-        f"scheduler{replicas}: port {schedulers}{shown.get('scheduler', '')}, max-num-seqs {scheduling.max_num_seqs}, "
-        f"max-num-batched-tokens {scheduling.max_num_batched_tokens}, {internal}",
+        f"scheduler{replicas}: port {schedulers}{shown.get('scheduler', '')}, max-num-seqs "
+        f"{scheduling.max_num_seqs or 'by device'}, max-num-batched-tokens "
+        f"{scheduling.max_num_batched_tokens or 'by device'}, {internal}",
         f"worker{replicas}: model {spec.model_dir}, device {runner.device}, dtype {runner.dtype}, quantization "
         f"{runner.quantization}, tp {spec.tp_size} x pp {spec.pp_size}, port {workers}{shown.get('worker', '')}, "
         f"{internal}",

@@ -230,12 +230,18 @@ class BlockAudit(_message.Message):
     def __init__(self, gpu_blocks: _Optional[_Iterable[_Union[HeldBlock, _Mapping]]] = ..., cpu_blocks: _Optional[_Iterable[_Union[HeldBlock, _Mapping]]] = ..., orphaned_gpu_blocks: _Optional[_Iterable[int]] = ..., orphaned_cpu_blocks: _Optional[_Iterable[int]] = ..., problems: _Optional[_Iterable[str]] = ..., num_total_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ...) -> None: ...
 
 class ServingInfo(_message.Message):
-    __slots__ = ("worker", "num_kv_blocks")
+    __slots__ = ("worker", "num_kv_blocks", "max_num_batched_tokens", "max_num_seqs", "step_budget_reason")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    STEP_BUDGET_REASON_FIELD_NUMBER: _ClassVar[int]
     worker: _worker_pb2.WorkerInfo
     num_kv_blocks: int
-    def __init__(self, worker: _Optional[_Union[_worker_pb2.WorkerInfo, _Mapping]] = ..., num_kv_blocks: _Optional[int] = ...) -> None: ...
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    step_budget_reason: str
+    def __init__(self, worker: _Optional[_Union[_worker_pb2.WorkerInfo, _Mapping]] = ..., num_kv_blocks: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., step_budget_reason: _Optional[str] = ...) -> None: ...
 
 class SubscribeKvEventsRequest(_message.Message):
     __slots__ = ("after_sequence", "instance_id")

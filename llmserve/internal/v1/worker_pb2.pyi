@@ -13,7 +13,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "model_path", "num_kv_blocks", "block_size", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "tensor_parallel_size", "bos_token_id", "num_cpu_blocks", "device", "cuda_graphs", "quantization", "dtype_reason")
+    __slots__ = ("model", "model_path", "num_kv_blocks", "block_size", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "tensor_parallel_size", "bos_token_id", "num_cpu_blocks", "device", "cuda_graphs", "quantization", "dtype_reason", "device_memory_bytes")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class WorkerInfo(_message.Message):
     CUDA_GRAPHS_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     DTYPE_REASON_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     model: str
     model_path: str
     num_kv_blocks: int
@@ -44,7 +45,8 @@ class WorkerInfo(_message.Message):
     cuda_graphs: bool
     quantization: str
     dtype_reason: str
-    def __init__(self, model: _Optional[str] = ..., model_path: _Optional[str] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tensor_parallel_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., device: _Optional[str] = ..., cuda_graphs: _Optional[bool] = ..., quantization: _Optional[str] = ..., dtype_reason: _Optional[str] = ...) -> None: ...
+    device_memory_bytes: int
+    def __init__(self, model: _Optional[str] = ..., model_path: _Optional[str] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tensor_parallel_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., device: _Optional[str] = ..., cuda_graphs: _Optional[bool] = ..., quantization: _Optional[str] = ..., dtype_reason: _Optional[str] = ..., device_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class NewRequest(_message.Message):
     __slots__ = ("seq_id", "token_ids", "num_prompt_tokens", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "draft_token_ids", "trace_context")

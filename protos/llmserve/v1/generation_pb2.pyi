@@ -155,7 +155,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "vocab_size", "eos_token_ids", "dtype", "block_size", "num_kv_blocks", "tensor_parallel_size", "bos_token_id", "device", "cuda_graphs", "data_parallel_size", "quantization", "dtype_reason")
+    __slots__ = ("model", "max_model_len", "vocab_size", "eos_token_ids", "dtype", "block_size", "num_kv_blocks", "tensor_parallel_size", "bos_token_id", "device", "cuda_graphs", "data_parallel_size", "quantization", "dtype_reason", "max_num_batched_tokens", "max_num_seqs", "step_budget_reason")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +170,9 @@ class ModelInfo(_message.Message):
     DATA_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     DTYPE_REASON_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    STEP_BUDGET_REASON_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     vocab_size: int
@@ -184,4 +187,7 @@ class ModelInfo(_message.Message):
     data_parallel_size: int
     quantization: str
     dtype_reason: str
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., device: _Optional[str] = ..., cuda_graphs: _Optional[bool] = ..., data_parallel_size: _Optional[int] = ..., quantization: _Optional[str] = ..., dtype_reason: _Optional[str] = ...) -> None: ...
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    step_budget_reason: str
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., device: _Optional[str] = ..., cuda_graphs: _Optional[bool] = ..., data_parallel_size: _Optional[int] = ..., quantization: _Optional[str] = ..., dtype_reason: _Optional[str] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., step_budget_reason: _Optional[str] = ...) -> None: ...

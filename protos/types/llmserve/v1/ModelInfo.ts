@@ -64,6 +64,20 @@ export interface ModelInfo {
    * instruction sets, a measurement), or "--dtype" when it was given.
    */
   'dtype_reason'?: (string);
+  /**
+   * Most tokens one engine step computes (prompts longer than this are split into
+   * chunks): the scheduler's --max-num-batched-tokens, or the default for its device.
+   */
+  'max_num_batched_tokens'?: (number);
+  /**
+   * Most sequences one engine step runs (--max-num-seqs, or the default for the device).
+   */
+  'max_num_seqs'?: (number);
+  /**
+   * Why these two: "by device: cuda (<GPU name>), 79.6 GiB", "by device: cpu", or
+   * "set by --max-num-seqs" and the like when given.
+   */
+  'step_budget_reason'?: (string);
 }
 
 /**
@@ -129,4 +143,18 @@ export interface ModelInfo__Output {
    * instruction sets, a measurement), or "--dtype" when it was given.
    */
   'dtype_reason': (string);
+  /**
+   * Most tokens one engine step computes (prompts longer than this are split into
+   * chunks): the scheduler's --max-num-batched-tokens, or the default for its device.
+   */
+  'max_num_batched_tokens': (number);
+  /**
+   * Most sequences one engine step runs (--max-num-seqs, or the default for the device).
+   */
+  'max_num_seqs': (number);
+  /**
+   * Why these two: "by device: cuda (<GPU name>), 79.6 GiB", "by device: cpu", or
+   * "set by --max-num-seqs" and the like when given.
+   */
+  'step_budget_reason': (string);
 }

@@ -22,6 +22,7 @@ import grpc
 from llmserve.contract.block_hash import prompt_block_hashes
 from llmserve.contract.security import SecurityOptions
 from llmserve.contract.startup_errors import StartupError
+from llmserve.contract.step_budget import StepBudget
 from llmserve.contract.worker_info import WorkerInfo
 from llmserve.router.discovery import ReplicaAddress, SchedulerEntry, resolve_all, split_entries
 from llmserve.router.kv_index import KvIndex
@@ -43,7 +44,8 @@ class Replica:
         self.name = str(address)
         self.link = SchedulerLink(address.target, security, placements, max_message_bytes,
                                   tls_name=address.tls_name, name=self.name)
-        self.info: tuple[WorkerInfo, int] | None = None  # (worker info, KV blocks) once it served.
+        # (worker info, KV blocks, step budget) once it served.
+        self.info: tuple[WorkerInfo, int, StepBudget] | None = None
         self.serving = False  # Its scheduler says SERVING, on a live session.
         self.listed = True  # Still among --scheduler's replicas.
         self.saturated = False
@@ -237,7 +239,7 @@ class ReplicaSet:
     def routable(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.routable]
 
-    def serving_infos(self) -> list[tuple[WorkerInfo, int]]:
+    def serving_infos(self) -> list[tuple[WorkerInfo, int, StepBudget]]:
         return [r.info for r in self.replicas.values() if r.routable and r.info is not None]
 
     def choose(self, prompt_ids: Sequence[int], exclude: Sequence[Replica] = ()) -> tuple[Replica, int] | None:

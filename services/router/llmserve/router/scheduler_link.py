@@ -21,6 +21,7 @@ from llmserve.contract.security import SecurityOptions
 from llmserve.contract.startup_errors import rpc_cause
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.contract.sampling import SamplingParams
+from llmserve.contract.step_budget import StepBudget
 from llmserve.contract.worker_info import WorkerInfo
 from llmserve.router.placements import Placements
 
@@ -58,8 +59,9 @@ class SchedulerLink:
         self.saturated = False
         self.saturation_changed = asyncio.Event()
 
-    async def wait_serving_info(self, deadline: float | None = None) -> tuple[WorkerInfo, int]:
-        """Polls until the scheduler has a worker; returns (worker info, KV blocks). While
+    async def wait_serving_info(self, deadline: float | None = None) -> tuple[WorkerInfo, int, StepBudget]:
+        """Polls until the scheduler has a worker; returns (worker info, KV blocks, the step
+        budget it resolved; zeros from a scheduler that predates it). While
         it waits, `waiting` says why (and `fix` what to check); every few seconds it says
         so in the log, with the time left before `deadline` (a loop.time()) if there is one."""
         loop = asyncio.get_running_loop()
@@ -69,7 +71,8 @@ class SchedulerLink:
                 # No wait_for_ready: a refused connection fails at once with its reason.
                 info = await self._stub.GetServingInfo(scheduler_pb2.GetServingInfoRequest(), timeout=5)
                 self.waiting = self.fix = ""
-                return wire.worker_info_from_pb(info.worker), info.num_kv_blocks
+                budget = StepBudget(info.max_num_batched_tokens, info.max_num_seqs, info.step_budget_reason)
+                return wire.worker_info_from_pb(info.worker), info.num_kv_blocks, budget
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     self.waiting = f"the scheduler at {self.name} has no worker yet"

@@ -21,6 +21,7 @@ from llmserve.contract import wire
 from llmserve.contract.api_keys import ApiKeyInterceptor, ApiKeys
 from llmserve.contract.grpc_server import ServiceServer
 from llmserve.contract.retry_info import retry_status
+from llmserve.contract.step_budget import StepBudget
 from llmserve.model_store import resolve_model_dir
 from llmserve.router.config import RouterConfig
 from llmserve.router.generation import Generation, GenerationError
@@ -130,8 +131,10 @@ def _deadline_budget_ms(context) -> int:
     return max(1, int(remaining * 1000))
 
 
-def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer,
-                num_replicas: int = 1) -> generation_pb2.ModelInfo:
+def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer, num_replicas: int = 1,
+                budget: StepBudget | None = None) -> generation_pb2.ModelInfo:
+    """The public ModelInfo; the step budget is the first replica's, as the worker's facts are."""
+    budget = budget or StepBudget(0, 0, "")
     return generation_pb2.ModelInfo(
         model=served.name,
         max_model_len=served.max_model_len,
@@ -147,6 +150,9 @@ def _model_info(served: ServedModel, worker, num_kv_blocks: int, tokenizer,
         data_parallel_size=num_replicas,
         quantization=worker.quantization,
         dtype_reason=worker.dtype_reason,
+        max_num_batched_tokens=budget.max_num_batched_tokens,
+        max_num_seqs=budget.max_num_seqs,
+        step_budget_reason=budget.reason,
     )
 
 
@@ -259,9 +265,9 @@ def _update_served(config: RouterConfig, servicer: GenerationServicer, tokenizer
                    longest_token_bytes: int, infos: list, num_replicas: int) -> None:
     """The served model's limits from the serving replicas: the smallest of their context
     lengths (a request must fit wherever it lands), the first one's model facts."""
-    worker, _ = infos[0]
+    worker, _, budget = infos[0]
     # Each KV cache must hold at least one whole sequence, or a request could never run there.
-    max_model_len = min(min(w.max_model_len, blocks * w.block_size) for w, blocks in infos)
+    max_model_len = min(min(w.max_model_len, blocks * w.block_size) for w, blocks, _ in infos)
     if max_model_len < worker.max_model_len:
         logger.warning("max_model_len lowered from %d to %d: a KV cache holds only that many tokens",
                        worker.max_model_len, max_model_len)
@@ -269,8 +275,8 @@ def _update_served(config: RouterConfig, servicer: GenerationServicer, tokenizer
     served = ServedModel(name=config.served_model_name or tokenizer.name, max_model_len=max_model_len,
                          vocab_size=worker.vocab_size, max_prompt_bytes=max_prompt_bytes)
     first = servicer.generation.served is None
-    servicer.set_ready(served, _model_info(served, worker, sum(blocks for _, blocks in infos), tokenizer,
-                                           num_replicas))
+    servicer.set_ready(served, _model_info(served, worker, sum(blocks for _, blocks, _ in infos), tokenizer,
+                                           num_replicas, budget))
     if first:
         logger.info("requests: max_model_len %d tokens, prompts up to %d bytes, messages up to %d bytes",
                     max_model_len, max_prompt_bytes, config.max_request_bytes)

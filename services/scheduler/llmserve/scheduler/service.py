@@ -34,6 +34,7 @@ from llmserve.contract.peers import ROUTER, WORKER, PeerCheck
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmserve.scheduler.config import SchedulerServiceConfig
 from llmserve.scheduler.engine_session import EngineSession, EngineState, core_for
+from llmserve.scheduler import step_budget
 from llmserve.scheduler.kv_events import KvEventLog
 from llmserve.scheduler.membership import GroupAssembly
 from llmserve.scheduler.routers import RouterHub, RouterSession, owned_by_router
@@ -105,7 +106,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def new_engine(self, core: Scheduler, worker: WorkerLink | WorkerGroup) -> EngineSession:
         """The engine session of a newly registered worker (not started yet)."""
         self.engine = EngineSession(core, worker, self.server, self.routers, self.telemetry, self.kv_events,
-                                    draining=lambda: self.draining)
+                                    draining=lambda: self.draining, step_watchdog=self.config.step_watchdog)
         return self.engine
 
     # --- router sessions -----------------------------------------------------
@@ -211,9 +212,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def GetServingInfo(self, request, context):
         if self.engine is None or self.engine.state is not EngineState.SERVING:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no worker is ready yet")
+        # The budget core_for resolved (a pure function of the config and the worker's info).
+        budget = step_budget.budget_for(self.config.scheduling, self.engine.worker.info)
         return scheduler_pb2.ServingInfo(
             worker=wire.worker_info_to_pb(self.engine.worker.info),
             num_kv_blocks=self.engine.core.stats().num_total_blocks,
+            max_num_batched_tokens=budget.max_num_batched_tokens, max_num_seqs=budget.max_num_seqs,
+            step_budget_reason=budget.reason,
         )
 
     # --- shutdown ------------------------------------------------------------

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from llmserve.contract.grpc_server import ServerOptions, service_command
 from llmserve.contract.security import SecurityOptions
+from llmserve.contract.step_budget import by_device_help
 from llmserve.settings import format_bytes, group, parse_bytes, positive_int, setting
 
 from llmserve.worker.device import DEVICES, DTYPE_NAMES
@@ -55,11 +56,14 @@ class RunnerConfig:
     gpu_memory_utilization: float = setting(0.9, help="on GPU: share of device memory for weights, activations "
                                                       "and the KV cache")
     enforce_eager: bool = setting(False, help="on CUDA: run decode steps eagerly, without CUDA graphs")
-    max_num_seqs: int = setting(256, parse=positive_int,
-                                help="largest decode batch captured as a CUDA graph (the scheduler's step limit)")
-    max_num_batched_tokens: int = setting(512, parse=positive_int,
-                                          help="tokens of the profiling forward that sizes the KV cache "
-                                               "(the scheduler's step budget)")
+    # None: by device, the scheduler's rule (contract/step_budget.py), so both size one step alike.
+    max_num_seqs: int | None = setting(None, parse=positive_int, unset=by_device_help("max_num_seqs"),
+                                       help="largest decode batch captured as a CUDA graph (the scheduler's step "
+                                            "limit)")
+    max_num_batched_tokens: int | None = setting(None, parse=positive_int,
+                                                 unset=by_device_help("max_num_batched_tokens"),
+                                                 help="tokens of the profiling forward that sizes the KV cache "
+                                                      "(the scheduler's step budget)")
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,9 @@ class WorkerConfig:
                                     unset="$MASTER_ADDR:$MASTER_PORT")
     dist_timeout_s: float = setting(60.0, flag="dist-timeout",
                                     help="seconds to wait for every rank to join, and for any collective")
+    simulated_step_ms: float = setting(0.0, help="benchmarks of the host path (`llmserve bench overhead`): load no "
+                                                 "weights, run each step's input preparation, then sleep this many "
+                                                 "ms for the device and return deterministic tokens; 0 = the model")
 
 
 COMMAND = service_command("worker", "model shard + KV cache; executes step plans", WorkerConfig,

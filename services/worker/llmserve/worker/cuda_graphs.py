@@ -4,8 +4,10 @@ captured per decode batch size.
 A decode step of B sequences launches a few hundred small kernels (per layer: norms,
 projections, rotary, the cache write, attention, the MLP); at small B the GPU idles
 between launches. Captured once per batch size of a ladder (1, 2, 4, 8, 16, 24, 32, ...
-up to max_num_seqs), a step becomes one graph replay: the batch is padded to the next
-captured size, its inputs are copied into the graph's static buffers, the graph runs.
+up to max_num_seqs, the step's sequence cap: 256 or 1,024 by device, see
+llmserve/contract/step_budget.py), a step becomes one graph replay: the batch is padded
+to the next captured size, its inputs are copied into the graph's static buffers, the
+graph runs.
 
 Padding rows write no KV (slot -1: the cache-write kernel skips them) and attend over one
 key of block 0 (seq_len 1): finite garbage that nothing reads. Every row's computation is
@@ -33,10 +35,20 @@ from llmserve.worker.attention.triton_backend import TritonAttentionMetadata
 logger = logging.getLogger(__name__)
 
 
+# (from, stride): the ladder's spacing from each size on. Wider apart past 256: a step of
+# up to 1,024 sequences (the sequence cap on large cards) pads at most 6% with a stride
+# of 32, while 131 graphs at a stride of 8 would double the capture time (profiling
+# captures them once more) for no measurable gain.
+LADDER_STRIDES = ((8, 8), (256, 16), (512, 32))
+
+
 def capture_sizes(max_num_seqs: int) -> list[int]:
-    """Batch sizes to capture: 1, 2, 4, then multiples of 8, up to and including max_num_seqs."""
+    """Batch sizes to capture, up to and including max_num_seqs (the resolved sequence
+    cap): 1, 2, 4, multiples of 8 to 256, of 16 to 512, of 32 beyond."""
     sizes = {s for s in (1, 2, 4) if s <= max_num_seqs}
-    sizes.update(range(8, max_num_seqs + 1, 8))
+    ends = [start for start, _ in LADDER_STRIDES[1:]] + [max_num_seqs + 1]
+    for (start, stride), end in zip(LADDER_STRIDES, ends):
+        sizes.update(range(start, min(end, max_num_seqs + 1), stride))
     sizes.add(max_num_seqs)
     return sorted(sizes)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ import torch
 from llmserve.contract.arith import cdiv
 from llmserve.contract.plan import NewRequestData, SampledToken, StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
+from llmserve.contract.step_budget import resolve_step_budget
 from llmserve.contract.worker_info import WorkerInfo
 from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker import kv_cache as kvc
@@ -37,6 +39,14 @@ def _as_ids(value) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
+def device_facts(device: torch.device) -> tuple[str, int]:
+    """What the registration says of `device`: "cpu" or "cuda (<GPU name>)", and its total
+    memory in bytes (0 on the CPU)."""
+    if device.type != "cuda":
+        return "cpu", 0
+    return f"cuda ({torch.cuda.get_device_name(device)})", torch.cuda.get_device_properties(device).total_memory
+
+
 def eos_token_ids(model_dir: Path, config) -> tuple[int, ...]:
     """Union of config.json's and generation_config.json's eos ids (int or list)."""
     ids = _as_ids(getattr(config, "eos_token_id", None))
@@ -58,13 +68,19 @@ class ModelRunner:
         (no parallel group) to share instead of loading them again (benchmarks time
         several KV caches and batches against one copy of the weights)."""
         self.model_dir = Path(model_dir)
-        self.settings = settings
         dist = dist or DistInit()
         block_size = self.block_size = settings.block_size
         self.config = load_config(self.model_dir)
         # This rank's device first (a CUDA rank makes cuda:{local_rank} current), then the dtype
         # there (auto: the checkpoint's own on CUDA; on the CPU, device.dtype_choice).
         self.device = resolve_device(settings.device, dist.rank)
+        # The step budget the scheduler will resolve from this registration, by the same rule:
+        # the profiling forward and the CUDA-graph ladder must size the steps it will send.
+        self.device_label, self.device_memory_bytes = device_facts(self.device)
+        budget = resolve_step_budget(settings.max_num_batched_tokens, settings.max_num_seqs, self.device_label,
+                                     self.device_memory_bytes)
+        self.settings = settings = replace(settings, max_num_batched_tokens=budget.max_num_batched_tokens,
+                                           max_num_seqs=budget.max_num_seqs)
         self.dtype_choice = dtype_choice(settings.dtype, self.device, self.config, settings.quantization)
         self.dtype = self.dtype_choice.dtype
         self.quantization = settings.quantization
@@ -181,7 +197,8 @@ class ModelRunner:
             bos_token_id=cfg.bos_token_id if getattr(cfg, "bos_token_id", None) is not None else -1,
             num_cpu_blocks=self.num_cpu_blocks,
             tensor_parallel_size=self.parallel.tp.size,
-            device=f"cuda ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else "cpu",
+            device=self.device_label,
+            device_memory_bytes=self.device_memory_bytes,
             cuda_graphs=self.graphs is not None,
             quantization=self.quantization,
             dtype_reason=self.dtype_choice.reason,
