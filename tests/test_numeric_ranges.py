@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from llmserve.contract import wire
 from llmserve.contract.sampling import INT64_MAX, INT64_MIN
 from llmserve.internal.v1 import scheduler_pb2, worker_pb2
-from llmserve.router.validation import RequestError, ServedModel, check_sampling, resolve_sampling
+from llmserve.router.validation import MAX_N, RequestError, ServedModel, check_sampling, resolve_sampling
 from llmserve.v1 import generation_pb2
 from llmserve.worker.sampler import seeded_generator_seed
 
@@ -83,8 +83,10 @@ def test_every_accepted_number_fits_from_router_to_worker_and_back(drawn):
     assert (received.seed, received.max_tokens, received.top_k, received.logprobs) == (
         sampling.seed, sampling.max_tokens, sampling.top_k, sampling.logprobs)
     # Scheduler: its records, its plans on the worker wire, results back, outputs out.
-    sched = build_scheduler(dict(max_model_len=SERVED.max_model_len, block_size=4, max_num_seqs=64),
-                            num_blocks=64, eos=[0])
+    # Room for the largest n the router accepts: MAX_N samples of the 5-token prompt hold
+    # 2 blocks of 4 tokens each (a smaller cache refuses n >= 33 as too big for it).
+    sched = build_scheduler(dict(max_model_len=SERVED.max_model_len, block_size=4, max_num_seqs=MAX_N),
+                            num_blocks=2 * MAX_N, eos=[0])
     sched.add_request(add.request_id, list(add.prompt_token_ids), received, n=add.n or 1, priority=add.priority)
     worker = FakeWorker(4)
     for _ in range(3):
