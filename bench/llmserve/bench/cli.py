@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from llmserve.bench import llama_cpp
 from llmserve.bench.overload import add_overload_arguments
+from llmserve.bench.overhead import add_overhead_flags
 from llmserve.bench.decode_variants import VARIANTS
 from llmserve.bench.random_model import PRESETS
 from llmserve.bench.routing import add_routing_arguments
@@ -215,6 +216,10 @@ BENCHES = (
                  engine=None),
     BenchCommand("kv-sizing", "the KV cache the worker sizes vs what fits after start-up", _kv_sizing_flags,
                  "llmserve.bench.kv_sizing:bench_kv_sizing", engine=KvSizingSettings),
+    BenchCommand("overhead", "the host path per step without a GPU: a cluster over TLS with a simulated device step "
+                             "(--simulated-step-ms), decode batches and a mixed scenario, serial vs pipelined loop: "
+                             "device-busy fraction and host ms per step by phase", add_overhead_flags,
+                 "llmserve.bench.overhead:bench_overhead", engine=None),
     BenchCommand("make-model", "a random-weight Llama HF directory of a realistic shape (no download)",
                  _make_model_flags, "llmserve.bench.random_model:bench_make_model", engine=None),
 )

@@ -28,7 +28,8 @@ class EngineSettings:
     """What an engine is built from, in process or as a local cluster: the worker's model
     and runner settings and the scheduler's, as the services declare them."""
 
-    worker: WorkerConfig = group(WorkerConfig, skip=SET_BY_LAUNCHER)
+    # --simulated-step-ms is `llmserve bench overhead`'s own (the in-process engine has no simulated worker).
+    worker: WorkerConfig = group(WorkerConfig, skip=SET_BY_LAUNCHER + ("simulated-step-ms",))
     scheduler: SchedulerServiceConfig = group(SchedulerServiceConfig, skip=SET_BY_LAUNCHER + (
         "log-stats-interval", "step-timeout"))
 

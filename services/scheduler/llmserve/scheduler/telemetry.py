@@ -75,6 +75,9 @@ class SchedulerTelemetry:
 
     def __init__(self, metrics: SchedulerMetrics):
         self.metrics = metrics
+        # Per-phase host time for `llmserve bench overhead`; a no-op unless its variable is set.
+        from llmserve.scheduler import phase_timing
+        phase_timing.install()
 
     def request_added(self, request: Request, trace_context: Mapping[str, str], prompt_tokens: int, n: int) -> None:
         request.stream.spans = RequestSpans(request.request_id, trace_context, prompt_tokens, n)

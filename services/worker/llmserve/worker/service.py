@@ -10,6 +10,7 @@ allocates blocks: block ids arrive in the plan.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import time
@@ -26,7 +27,7 @@ from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_g
 from llmserve.contract.plan import StepResult
 from llmserve.contract.startup_errors import StartupError, rpc_cause
 from llmserve.telemetry import WorkerMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
-from llmserve.telemetry import tracing
+from llmserve.telemetry import step_phases, tracing
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._stream_lock = asyncio.Lock()
         # Every step runs on the thread that loaded the model (see `new_compute_thread`).
         self._compute_thread = compute_thread or new_compute_thread()
+        # Arrival times of the queued plans, while step phases are recorded (bench overhead).
+        self._arrivals: collections.deque[float] = collections.deque()
 
     @property
     def driven(self) -> bool:
@@ -86,8 +89,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             # multi-step plan between two of its steps.
             reader = asyncio.create_task(self._read_commands(request_iterator, plans))
             try:
-                while (plan_pb := await plans.get()) is not None:
-                    yield wire.step_result_to_pb(await self._execute(plan_pb))
+                while True:
+                    ready = time.perf_counter()
+                    if (plan_pb := await plans.get()) is None:
+                        break
+                    if self._arrivals:
+                        # How long the plan sat behind an earlier one (two in flight): not transport.
+                        step_phases.add("queued", max(0.0, ready - self._arrivals.popleft()))
+                    result = await self._execute(plan_pb)
+                    start = time.perf_counter()
+                    reply = wire.step_result_to_pb(result)
+                    step_phases.add("encode", time.perf_counter() - start)
+                    yield reply
             finally:
                 reader.cancel()
 
@@ -98,6 +111,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if command.WhichOneof("kind") == "interrupt":
                     self.runner.interrupt(command.interrupt.step_id)
                 elif command.WhichOneof("kind") == "plan":
+                    if step_phases.enabled():
+                        self._arrivals.append(time.perf_counter())
                     plans.put_nowait(command.plan)
         finally:
             plans.put_nowait(None)
@@ -107,9 +122,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         span = tracing.trace.INVALID_SPAN
         try:
             plan = wire.step_plan_from_pb(plan_pb)
+            decoded = time.perf_counter()
+            step_phases.add("encode", decoded - start)
             span = self._step_span(plan)
             # In a thread: torch releases the GIL, so health checks stay responsive.
-            result = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self.runner.execute, plan)
+            result = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_timed, plan)
         except Exception as exc:  # A bad plan or a failed forward fails the step, not the worker.
             logger.exception("step %d failed", plan_pb.step_id)
             result = StepResult(step_id=plan_pb.step_id, error=f"{type(exc).__name__}: {exc}")
@@ -123,6 +140,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if span.is_recording():
             self._end_spans(span, plan, result)
         return result
+
+    def _run_timed(self, plan):
+        """runner.execute, its time on the compute thread recorded (bench overhead's
+        transport is the scheduler's round trip less this and the protobuf work)."""
+        start = time.perf_counter()
+        try:
+            return self.runner.execute(plan)
+        finally:
+            step_phases.add("execute", time.perf_counter() - start)
 
     @staticmethod
     def _step_span(plan):
@@ -209,6 +235,8 @@ def load_runner(config: WorkerConfig):
     from llmserve.worker.models.checkpoint import check_model_dir
     from llmserve.worker.model_runner import ModelRunner
 
+    if config.simulated_step_ms > 0:
+        return _simulated_runner(config)
     dist = None
     if config.tp_size * config.pp_size > 1:
         dist = DistInit.from_env(config.tp_size, config.pp_size, config.rank, config.dist_init, config.dist_timeout_s)
@@ -216,6 +244,17 @@ def load_runner(config: WorkerConfig):
     model_dir = resolve_model_dir(config.model)
     check_model_dir(model_dir)  # A wrong directory fails in a line, before any weights load.
     return ModelRunner(model_dir, config.runner, model_name=config.served_model_name or model_dir.name, dist=dist)
+
+
+def _simulated_runner(config: WorkerConfig):
+    from llmserve.model_store import resolve_model_dir
+    from llmserve.worker.simulated_runner import SimulatedRunner
+
+    if config.tp_size * config.pp_size > 1:
+        raise StartupError("--simulated-step-ms runs one worker process: it takes no --tp-size or --pp-size")
+    model_dir = resolve_model_dir(config.model)  # Its config.json only: no weights are read.
+    return SimulatedRunner(model_dir, config.runner, config.simulated_step_ms,
+                           model_name=config.served_model_name or model_dir.name)
 
 
 async def load_servicer(config: WorkerConfig, metrics: WorkerMetrics | None = None, on_fatal=None) -> WorkerServicer:
@@ -228,6 +267,7 @@ async def load_servicer(config: WorkerConfig, metrics: WorkerMetrics | None = No
 
 async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
     setup_tracing("llmserve-worker")
+    step_phases.start("worker")  # Per-phase host time, only when LLMSERVE_STEP_PHASES_DIR is set.
     metrics = WorkerMetrics(setup_metrics("worker", config.server.metrics_port, config.server.host))
     # The port first: one held by another process fails in a line, not after the model loads.
     server = ServiceServer("llmserve.internal.v1.Worker", config.server.host, config.server.port, config.security,

@@ -1,0 +1,214 @@
+"""`llmserve bench overhead`: the host path of a step, measured without a GPU.
+
+A local cluster as deployed (router, scheduler and worker processes, mutual TLS) whose
+worker simulates the device (`--simulated-step-ms X`: each step does the real input
+preparation, then sleeps X ms, then returns deterministic tokens; worker/simulated_runner.py).
+For each X and each engine loop (serial; pipelined with the scheduler's async_scheduling
+where it exists) it drives decode batches (N requests at once, short prompts, eos
+ignored) and a mixed scenario (decodes running while long prompts arrive, so steps carry
+prefill chunks beside decodes), and reports per scenario: steps, wall time, the device-busy
+fraction (X x steps / wall) and host ms per step by phase (bench/overhead_phases.py says
+what each covers). Every output token is checked against the simulated worker's function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from llmserve.bench.overhead_phases import format_table, phase_figures
+from llmserve.contract.arith import cdiv
+from llmserve.telemetry import step_phases
+
+SETTLE_LIMIT_S = 5.0
+
+
+async def settled_snapshot(phases_dir: Path) -> tuple[dict, dict]:
+    """(scheduler, worker) totals once two reads a write interval and a half apart agree:
+    both services have written what they did (a step still being written would differ)."""
+    read = lambda: (step_phases.read(phases_dir, "scheduler"), step_phases.read(phases_dir, "worker"))  # noqa: E731
+    last, deadline = read(), time.monotonic() + SETTLE_LIMIT_S
+    while time.monotonic() < deadline:
+        await asyncio.sleep(1.5 * step_phases.WRITE_INTERVAL_S)
+        now = read()
+        if now == last and all(now):
+            return now
+        last = now
+    return last
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    decoders: int  # Requests decoding from the start: short prompts, `max_tokens` each.
+    prompt_len: int
+    max_tokens: int
+    prefills: int = 0  # Long-prompt requests arriving while they decode (the mixed scenario).
+    prefill_len: int = 0
+    prefill_concurrency: int = 1
+
+
+def scenarios(batches: list[int], prompt_len: int, max_tokens: int, mixed: bool = True) -> list[Scenario]:
+    out = [Scenario(f"decode-{b}", b, prompt_len, max_tokens) for b in batches]
+    if mixed:
+        # 64 decodes (fewer when the largest batch is smaller) and 512-token prompts two at
+        # a time: most steps carry a prefill chunk beside the decode rows.
+        decoders = min(64, max(batches))
+        out.append(Scenario(f"mixed-{decoders}+prefill", decoders, prompt_len, max_tokens,
+                            prefills=max(4, max_tokens // 8), prefill_len=512, prefill_concurrency=2))
+    return out
+
+
+LOOPS = [False, True]  # async_scheduling: the serial loop, then the pipelined one.
+
+
+def cluster_spec(model_dir: Path, step_ms: float, pipelined: bool, todo: list[Scenario], phases_dir: Path,
+                 log_dir: Path | None):
+    from llmserve.launcher.cluster import ClusterSpec, free_port
+    from llmserve.scheduler.config import SchedulerConfig, SchedulerServiceConfig
+    from llmserve.worker.config import RunnerConfig, WorkerConfig
+
+    max_seqs = max(s.decoders + s.prefill_concurrency * bool(s.prefills) for s in todo)
+    # Block ids for every request of the largest scenario at its longest, twice over: no preemption.
+    blocks = max(cdiv(max(s.prompt_len, s.prefill_len) + s.max_tokens, 16) * (s.decoders + s.prefill_concurrency)
+                 for s in todo)
+    scheduling = replace(SchedulerConfig(), max_num_seqs=max(256, max_seqs),
+                         max_num_batched_tokens=max(2048, max_seqs + 512))
+    scheduling = replace(scheduling, async_scheduling=pipelined)
+    worker = WorkerConfig(simulated_step_ms=step_ms, runner=RunnerConfig(num_kv_blocks=2 * blocks + 64, swap_space=0))
+    env = {step_phases.ENV: str(phases_dir)}
+    return ClusterSpec(model_dir=model_dir, scheduler=SchedulerServiceConfig(scheduling=scheduling), worker=worker,
+                       router_port=free_port(), scheduler_port=free_port(), worker_port=free_port(),
+                       log_level="WARNING", log_dir=log_dir, service_env={"scheduler": env, "worker": env})
+
+
+def prompts(scenario: Scenario, vocab_size: int, seed: int) -> list[tuple[list[int], int]]:
+    """(prompt ids, max_tokens) per request, decoders first; distinct random prompts."""
+    rng = random.Random(seed)
+    draw = lambda n: [rng.randrange(1, vocab_size) for _ in range(n)]  # noqa: E731
+    return ([(draw(scenario.prompt_len), scenario.max_tokens) for _ in range(scenario.decoders)]
+            + [(draw(scenario.prefill_len), 2) for _ in range(scenario.prefills)])
+
+
+def expected_tokens(prompt: list[int], count: int, vocab_size: int, eos: frozenset[int]) -> list[int]:
+    """What the simulated worker samples after `prompt`, `count` tokens."""
+    from llmserve.worker.simulated_runner import simulated_token
+
+    out, previous = [], prompt[-1]
+    for position in range(len(prompt), len(prompt) + count):
+        previous = simulated_token(position, previous, vocab_size, eos)
+        out.append(previous)
+    return out
+
+
+async def drive(client, scenario: Scenario, requests: list[tuple[list[int], int]]) -> tuple[float, list]:
+    """Sends the scenario's requests (decoders at once, prefills `prefill_concurrency` at
+    a time); the wall time and each request's tokens (or its error)."""
+    limit = asyncio.Semaphore(scenario.prefill_concurrency)
+
+    async def one(index: int, prompt: list[int], max_tokens: int):
+        ids = []
+        try:
+            if index < scenario.decoders:
+                async for delta in client.generate(token_ids=prompt, max_tokens=max_tokens, temperature=0.0,
+                                                   ignore_eos=True):
+                    ids += delta.token_ids
+                return ids
+            async with limit:
+                async for delta in client.generate(token_ids=prompt, max_tokens=max_tokens, temperature=0.0,
+                                                   ignore_eos=True):
+                    ids += delta.token_ids
+            return ids
+        except Exception as err:  # Counted as a bad request, not fatal to the run.
+            return err
+
+    start = time.perf_counter()
+    outputs = await asyncio.gather(*(one(i, p, m) for i, (p, m) in enumerate(requests)))
+    return time.perf_counter() - start, outputs
+
+
+async def run_scenarios(cluster, phases_dir: Path, step_ms: float, todo: list[Scenario], model: dict,
+                        seed: int) -> list[dict]:
+    """Every scenario on one cluster, each between two snapshots of the phase totals."""
+    results = []
+    async with cluster.client() as client:
+        async for _ in client.generate(token_ids=[1, 2, 3], max_tokens=4, ignore_eos=True):
+            pass  # Warm-up: connections open, first-step costs paid.
+        for i, scenario in enumerate(todo):
+            requests = prompts(scenario, model["vocab_size"], seed + i)
+            before = await settled_snapshot(phases_dir)
+            wall, outputs = await drive(client, scenario, requests)
+            after = await settled_snapshot(phases_dir)
+            bad = sum(out != expected_tokens(p, m, model["vocab_size"], model["eos"])
+                      for (p, m), out in zip(requests, outputs))
+            figures = phase_figures((before[0], after[0]), (before[1], after[1]), step_ms, wall)
+            results.append({"scenario": scenario.name, "scenario_settings": dataclasses.asdict(scenario),
+                            "figures": figures, "tokens_ok": bad == 0, "bad_requests": bad,
+                            "output_tokens": sum(len(o) for o in outputs if isinstance(o, list))})
+    return results
+
+
+def model_facts(model_dir: Path) -> dict:
+    from llmserve.worker.config import RunnerConfig
+    from llmserve.worker.simulated_runner import SimulatedRunner
+
+    runner = SimulatedRunner(model_dir, RunnerConfig(num_kv_blocks=1), 1.0)  # Reads config.json only.
+    return {"vocab_size": runner.vocab_size, "eos": runner.eos_ids}
+
+
+def run_configuration(model_dir: Path, step_ms: float, pipelined: bool, todo: list[Scenario], model: dict,
+                      seed: int, log_dir: Path | None) -> list[dict]:
+    from llmserve.launcher.cluster import LocalCluster
+
+    with tempfile.TemporaryDirectory(prefix="llmserve-phases-") as phases_dir:
+        spec = cluster_spec(model_dir, step_ms, pipelined, todo, Path(phases_dir), log_dir)
+        with LocalCluster(spec) as cluster:
+            results = asyncio.run(run_scenarios(cluster, Path(phases_dir), step_ms, todo, model, seed))
+    loop = "pipelined" if pipelined else "serial"
+    return [{"step_ms": step_ms, "loop": loop, **r} for r in results]
+
+
+def bench_overhead(args) -> int:
+    from llmserve.bench.report import machine_info, write_json
+    from llmserve.model_store import resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model)
+    todo = scenarios(args.batches, args.prompt_len, args.max_tokens, mixed=not args.no_mixed)
+    loops = [False] if args.serial_only else LOOPS
+    model = model_facts(model_dir)
+    log_dir = Path(args.log_dir) if args.log_dir else None
+    results = []
+    for step_ms in args.simulated_step_ms:
+        for pipelined in loops:
+            results += run_configuration(model_dir, step_ms, pipelined, todo, model, args.seed, log_dir)
+    print(format_table(results))
+    print("phases: host ms per device step (bench/llmserve/bench/overhead_phases.py says what each covers); "
+          "busy % = simulated device time / wall time")
+    report = {"bench": "overhead", "machine": machine_info(), "model": str(model_dir),
+              "settings": {"simulated_step_ms": args.simulated_step_ms, "batches": args.batches,
+                           "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
+                           "loops": ["pipelined" if p else "serial" for p in loops], "transport": "mutual TLS"},
+              "results": results}
+    if args.output_dir:
+        write_json(report, Path(args.output_dir) / f"overhead-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    return 0 if all(r["tokens_ok"] for r in results) else 1
+
+
+def add_overhead_flags(p) -> None:
+    p.add_argument("--model", default="default",
+                   help="model directory whose config.json and tokenizer the cluster uses (no weights are loaded)")
+    p.add_argument("--simulated-step-ms", type=float, nargs="+", default=[1.0, 3.0],
+                   help="simulated device time per step, ms; one cluster per value and loop")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256, 1024], help="decode batch sizes")
+    p.add_argument("--prompt-len", type=int, default=8, help="prompt tokens of each decoding request")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens each decoding request generates")
+    p.add_argument("--no-mixed", action="store_true", help="skip the mixed prefill + decode scenario")
+    p.add_argument("--serial-only", action="store_true", help="the serial loop only")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", default=None, help="the cluster's logs go here")
+    p.add_argument("--output-dir", default="bench-results", help="JSON goes here ('' = none)")

@@ -1,0 +1,70 @@
+"""`llmserve bench overhead`: a smoke run through a real cluster (TLS, simulated 1 ms
+device step), and its per-phase arithmetic."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from llmserve.bench.overhead import LOOPS, expected_tokens, scenarios
+from llmserve.bench.overhead_phases import PHASES, format_table, phase_figures
+
+MAX_TOKENS = 16
+
+
+def test_smoke_every_phase_is_measured_and_the_tokens_are_the_simulated_ones(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "llmserve.cli", "--log-level", "WARNING", "bench", "overhead",
+                          "--simulated-step-ms", "1", "--batches", "1", "8", "--max-tokens", str(MAX_TOKENS),
+                          "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "| step ms |" in out.stdout and "transport" in out.stdout
+    (path,) = tmp_path.glob("overhead-*.json")
+    report = json.loads(path.read_text())
+    loops = ["pipelined" if p else "serial" for p in LOOPS]
+    assert report["settings"]["loops"] == loops and report["machine"]["cpu"]
+    assert [(r["loop"], r["scenario"]) for r in report["results"]] == [
+        (loop, name) for loop in loops for name in ("decode-1", "decode-8", "mixed-8+prefill")]
+    for r in report["results"]:
+        f = r["figures"]
+        assert r["tokens_ok"] and r["bad_requests"] == 0
+        # Every decoding request ran MAX_TOKENS steps at least (its prompt took one more).
+        assert f["steps"] >= MAX_TOKENS and f["plans"] >= 1
+        assert 0 < f["device_busy"] <= 1
+        assert f["device_s"] == pytest.approx(f["steps"] * 0.001)
+        for phase in PHASES:
+            assert math.isfinite(f["host_ms_per_step"][phase]) and f["host_ms_per_step"][phase] >= 0, phase
+        # Host work the step path cannot skip: each of these is measured, not defaulted.
+        for phase in ("schedule", "encode", "transport", "prepare", "update", "dispatch"):
+            assert f["host_ms_per_step"][phase] > 0, phase
+    mixed = [r for r in report["results"] if r["scenario"].startswith("mixed")]
+    assert all(r["figures"]["mixed_steps"] >= 1 for r in mixed)  # Prefill chunks did ride with decodes.
+    decode8 = next(r for r in report["results"] if r["scenario"] == "decode-8")
+    assert decode8["output_tokens"] == 8 * MAX_TOKENS
+
+
+def test_phases_come_from_the_two_services_snapshots():
+    before = ({"schedule": 1.0, "encode": 0.1, "round_trip": 2.0, "update": 0.5, "dispatch": 0.2}, {"steps": 10})
+    after = ({"schedule": 1.1, "encode": 0.12, "round_trip": 2.5, "update": 0.55, "dispatch": 0.22},
+             {"steps": 110, "plans": 100, "encode": 0.03, "execute": 0.4, "queued": 0.01, "prepare": 0.05,
+              "sync": 0.01, "device": 0.2})
+    f = phase_figures((before[0], after[0]), (before[1], after[1]), step_ms=2.0, wall_s=0.5)
+    assert f["steps"] == 100 and f["device_busy"] == pytest.approx(0.4)
+    ms = f["host_ms_per_step"]
+    assert ms["schedule"] == pytest.approx(1.0) and ms["encode"] == pytest.approx(0.5)
+    # The round trip less both ends' protobuf work, the worker's execute time and its queue wait.
+    assert ms["transport"] == pytest.approx((0.5 - 0.02 - 0.03 - 0.4 - 0.01) * 10)
+    assert f["host_ms_per_step_total"] == pytest.approx(sum(ms.values()))
+    assert "transport" in format_table([{"step_ms": 2.0, "loop": "serial", "scenario": "x", "figures": f,
+                                         "tokens_ok": True, "bad_requests": 0}])
+
+
+def test_scenarios_and_the_expected_chain():
+    todo = scenarios([1, 64], prompt_len=8, max_tokens=32)
+    assert [s.name for s in todo] == ["decode-1", "decode-64", "mixed-64+prefill"]
+    assert todo[-1].prefills >= 4 and todo[-1].prefill_len > todo[-1].prompt_len
+    chain = expected_tokens([5, 6], 3, vocab_size=50, eos=frozenset())
+    assert len(chain) == 3 and chain == expected_tokens([9, 6], 3, vocab_size=50, eos=frozenset())
