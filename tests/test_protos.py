@@ -71,6 +71,20 @@ def test_packages_are_versioned_with_the_api():
     assert re.search(rf"^//\s+{re.escape(version)}\s", (PROTO_ROOT / "llmserve/v1/generation.proto").read_text(), re.M)
 
 
+def test_every_distribution_pins_the_api_version_it_ships():
+    """A bump of llmserve-api must move the base's pin with it: a clean install resolves
+    the pin against protos/ and fails on a mismatch (an existing venv hides it)."""
+    (version,) = set(api_versions().values())
+    repo = PROTO_ROOT.parent
+    pins = {}
+    for pyproject in [repo / "pyproject.toml", *repo.glob("*/pyproject.toml"), *repo.glob("services/*/pyproject.toml")]:
+        for requirement in tomllib.loads(pyproject.read_text())["project"].get("dependencies", []):
+            if re.match(r"llmserve-api\b", requirement):
+                pins[str(pyproject.relative_to(repo))] = requirement
+    assert pins, "no distribution depends on llmserve-api"
+    assert all(pin == f"llmserve-api=={version}" for pin in pins.values()), pins
+
+
 def test_the_python_wheel_holds_the_generated_modules_and_nothing_internal(tmp_path):
     wheel = build_api_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())

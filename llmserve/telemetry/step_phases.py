@@ -14,6 +14,7 @@ import atexit
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 ENV = "LLMSERVE_STEP_PHASES_DIR"
@@ -33,6 +34,39 @@ def add(phase: str, amount: float) -> None:
     distinct keys is atomic under the GIL."""
     if _totals is not None:
         _totals[phase] = _totals.get(phase, 0.0) + amount
+
+
+class _Timer:
+    """Adds the seconds its `with` block took to `phase`."""
+
+    __slots__ = ("phase", "start")
+
+    def __init__(self, phase: str):
+        self.phase = phase
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        add(self.phase, time.perf_counter() - self.start)
+
+
+class _Off:
+    """What `timed` returns while recording is off: a `with` that costs two calls."""
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+_OFF = _Off()
+
+
+def timed(phase: str) -> _Timer | _Off:
+    """`with timed("schedule"): ...` adds the block's seconds to the phase when on."""
+    return _Timer(phase) if _totals is not None else _OFF
 
 
 def start(service: str) -> bool:

@@ -53,6 +53,7 @@ from llmserve.contract.outputs import RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.scheduler.scheduler import Scheduler
 from llmserve.scheduler.worker_link import WorkerLost
+from llmserve.telemetry import step_phases
 
 logger = logging.getLogger(__name__)
 
@@ -168,17 +169,21 @@ class EngineLoop:
             return None, None, 0.0
         start, start_ns = time.perf_counter(), time.time_ns()
         try:
-            expired = core.expire(time.monotonic())
+            with step_phases.timed("schedule"):
+                expired = core.expire(time.monotonic())
         except Exception as err:
             raise EngineHalted(f"ending requests past their deadline failed: {err}") from err
         if expired:
             self.observer.deliver(expired)
         try:
-            plan = core.schedule()
+            with step_phases.timed("schedule"):
+                plan = core.schedule()
         except Exception as err:
             raise EngineHalted(f"building step failed: {err}") from err
         if plan.is_empty:
+            # Nothing can run until an abort or a new request changes the picture.
             return None, None, 0.0
+        step_phases.add("plans", 1)
         return plan, self.observer.step_started(plan, start_ns), start
 
     async def _send(self, plan: StepPlan) -> StepResult | None:
@@ -227,24 +232,9 @@ class EngineLoop:
 
     async def _serial_step(self) -> bool:
         """One step of the serial loop; False when there was nothing to run."""
-        core = self.core
-        if not core.has_unfinished_requests():
+        plan, span, start = self._plan()
+        if plan is None:
             return False
-        start, start_ns = time.perf_counter(), time.time_ns()
-        try:
-            expired = core.expire(time.monotonic())
-        except Exception as err:
-            raise EngineHalted(f"ending requests past their deadline failed: {err}") from err
-        if expired:
-            self.observer.deliver(expired)
-        try:
-            plan = core.schedule()
-        except Exception as err:
-            raise EngineHalted(f"building step failed: {err}") from err
-        if plan.is_empty:
-            # Nothing can run until an abort or a new request changes the picture.
-            return False
-        span = self.observer.step_started(plan, start_ns)
         try:
             result = await self.worker.execute(plan)
         except WorkerLost:
@@ -260,7 +250,8 @@ class EngineLoop:
     def _apply(self, plan: StepPlan, result: StepResult) -> None:
         """Applies the result; a failure fails the plan's requests, and only them."""
         try:
-            outputs = self.core.update_from_output(plan, result)
+            with step_phases.timed("update"):
+                outputs = self.core.update_from_output(plan, result)
         except Exception as err:
             logger.exception("applying step %d failed", plan.step_id)
             try:

@@ -22,6 +22,7 @@ from llmserve.scheduler.request import Request
 from llmserve.scheduler.scheduler import Scheduler
 from llmserve.scheduler.stream_interval import OutputCoalescer
 from llmserve.scheduler.telemetry import SchedulerTelemetry
+from llmserve.telemetry import step_phases
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,10 @@ class RouterHub:
     def dispatch(self, core: Scheduler, outputs: list[RequestOutput]) -> None:
         """Groups outputs by owning router, one update message per router. Outputs of
         requests no router owns are dropped."""
+        with step_phases.timed("dispatch"):
+            self._dispatch(core, outputs)
+
+    def _dispatch(self, core: Scheduler, outputs: list[RequestOutput]) -> None:
         ended = {r.request_id: r for r in core.take_ended()}
         per_session: dict[int, tuple[RouterSession, list]] = {}
         finished: list[Request] = []

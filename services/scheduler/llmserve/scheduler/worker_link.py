@@ -4,6 +4,7 @@ interrupt a multi-step plan while it runs)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 import grpc
@@ -15,6 +16,7 @@ from llmserve.contract.security import SecurityOptions
 from llmserve.internal.v1 import worker_pb2_grpc
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.worker_info import WorkerInfo
+from llmserve.telemetry import step_phases
 
 
 class WorkerLost(RuntimeError):
@@ -34,6 +36,7 @@ class WorkerLink:
         # allows one write at a time, and the plan's write is done by then.
         self._interruptible: int | None = None
         self._interrupt_task: asyncio.Task | None = None
+        self._sent_at: dict[int, float] = {}  # step id -> when its send began (bench overhead's round trip)
 
     async def execute(self, plan: StepPlan) -> StepResult:
         await self.send(plan)
@@ -41,8 +44,11 @@ class WorkerLink:
 
     async def send(self, plan: StepPlan) -> None:
         """Write the plan; the worker runs plans in the order sent and answers each."""
+        self._sent_at[plan.step_id] = time.perf_counter()
         try:
-            await self._call.write(wire.plan_command_to_pb(plan))
+            with step_phases.timed("encode"):
+                command = wire.plan_command_to_pb(plan)
+            await self._call.write(command)
         except grpc.aio.AioRpcError as err:
             raise WorkerLost(f"worker {self.address}: {err.code().name} {err.details()}") from err
         if plan.num_steps > 1:  # Written: an interrupt may follow it from now on.
@@ -61,7 +67,12 @@ class WorkerLink:
                 self._interrupt_task = None
         if reply is grpc.aio.EOF:
             raise WorkerLost(f"worker {self.address} closed its stream")
-        result = wire.step_result_from_pb(reply)
+        with step_phases.timed("encode"):
+            result = wire.step_result_from_pb(reply)
+        if (sent := self._sent_at.pop(plan.step_id, None)) is not None:
+            # From writing the plan to its decoded result, whatever the loop did meanwhile
+            # (with two plans in flight a reply may wait for the loop to come back to it).
+            step_phases.add("round_trip", time.perf_counter() - sent)
         if result.step_id != plan.step_id:
             raise WorkerLost(f"worker {self.address} answered step {result.step_id}, expected {plan.step_id}")
         return result
