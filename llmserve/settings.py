@@ -98,7 +98,7 @@ class Option:
 
     @property
     def shown_default(self) -> str:
-        if self.is_bool:
+        if self.is_bool and self.default is not None:
             return "on" if self.default else "off"
         return self.unset if self.default is None else self.show(self.default)
 
@@ -173,7 +173,8 @@ def _walk(cls: type, defaults: Any, skip: set[str]) -> Iterable[Option]:
         name = meta["flag"] or f.name.replace("_", "-")
         if name in skip:
             continue
-        is_bool = hints[f.name] is bool
+        # `bool | None`: an on/off flag whose None default is decided later (its `unset` says how).
+        is_bool = hints[f.name] in (bool, bool | None)
         yield Option(name=name, paths=((f.name,),), default=default, help=meta["help"], choices=meta["choices"],
                      parse=meta["parse"] or (bool if is_bool else _parser_for(hints[f.name])),
                      is_bool=is_bool, show=meta["show"], unset=meta["unset"])

@@ -3,6 +3,7 @@ reports at registration, an explicit setting wins, the choice is logged and repo
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ from llmserve.contract.worker_info import WorkerInfo
 from llmserve.scheduler.config import SchedulerConfig, SchedulerServiceConfig
 from llmserve.scheduler.engine_session import core_for
 from llmserve.scheduler.step_budget import config_for, on_cpu
-from llmserve.settings import resolve
+from llmserve.settings import add_flags, options, resolve
 
 GIB = 2**30
 H100 = "cuda (NVIDIA H100 80GB HBM3)"
@@ -80,15 +81,16 @@ def test_registration_logs_the_choice_once(caplog):
     with caplog.at_level(logging.INFO, logger="llmserve.scheduler.engine_session"):
         core = core_for(SchedulerServiceConfig(), worker(H100, int(79.6 * GIB)))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step budget")]
-    assert lines == [f"step budget: 16384 batched tokens, 1024 sequences (by device: {H100}, 79.6 GiB)"]
+    assert lines == [f"step budget: 16384 batched tokens, 1024 sequences (by device: {H100}, 79.6 GiB); "
+                     "engine loop: pipelined (by device)"]
     # The core plans with the resolved budget.
     assert (core.config.max_num_batched_tokens, core.config.max_num_seqs) == (16384, 1024)
     assert core.queues.max_num_seqs == 1024
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="llmserve.scheduler.engine_session"):
         core_for(SchedulerServiceConfig(scheduling=SchedulerConfig(max_num_seqs=32)), worker())
-    assert "step budget: 512 batched tokens, 32 sequences (set by --max-num-seqs, the other by device: cpu)" in [
-        r.getMessage() for r in caplog.records]
+    assert ("step budget: 512 batched tokens, 32 sequences (set by --max-num-seqs, the other by device: cpu); "
+            "engine loop: serial (by device)") in [r.getMessage() for r in caplog.records]
 
 
 def test_the_worker_reports_its_device_memory_over_the_wire():
@@ -114,3 +116,20 @@ def test_model_info_reports_the_budget():
 def test_describe_is_the_log_line():
     assert StepBudget(512, 256, "by device: cpu").describe() == (
         "step budget: 512 batched tokens, 256 sequences (by device: cpu)")
+
+
+def test_the_pipelined_loop_is_on_for_a_gpu_worker_and_off_on_the_cpu_unless_set():
+    """--async-scheduling is `bool | None`: unset (None) resolves by device at registration;
+    either flag, its variable or a file key wins."""
+    default = resolve(SchedulerServiceConfig, environ={}).scheduling
+    assert default.async_scheduling is None
+    assert config_for(default, worker(H100, 80 * GIB))[0].async_scheduling is True
+    assert config_for(default, worker())[0].async_scheduling is False
+    parser = argparse.ArgumentParser()
+    add_flags(parser, SchedulerServiceConfig)
+    off = resolve(SchedulerServiceConfig, parser.parse_args(["--no-async-scheduling"]), environ={}).scheduling
+    assert config_for(off, worker(H100, 80 * GIB))[0].async_scheduling is False
+    on = resolve(SchedulerServiceConfig, environ={"LLMSERVE_ASYNC_SCHEDULING": "1"}).scheduling
+    assert config_for(on, worker())[0].async_scheduling is True
+    (option,) = [o for o in options(SchedulerServiceConfig) if o.name == "async-scheduling"]
+    assert option.is_bool and option.shown_default == "by device: on for a GPU worker, off on the CPU"

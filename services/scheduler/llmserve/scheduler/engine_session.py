@@ -50,7 +50,9 @@ def core_for(config: SchedulerServiceConfig, info: WorkerInfo) -> Scheduler:
     cache = KVCacheShape(num_blocks=info.num_kv_blocks, block_size=info.block_size,
                          max_model_len=info.max_model_len, num_cpu_blocks=info.num_cpu_blocks)
     scheduling, budget = step_budget.config_for(config.scheduling, info)
-    logger.info("%s", budget.describe())
+    how = "set by --async-scheduling" if config.scheduling.async_scheduling is not None else "by device"
+    logger.info("%s; engine loop: %s (%s)", budget.describe(),
+                "pipelined" if scheduling.async_scheduling else "serial", how)
     return Scheduler(scheduling, cache, eos_token_ids=info.eos_token_ids)
 
 

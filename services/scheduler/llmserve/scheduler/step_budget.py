@@ -1,6 +1,7 @@
-"""The scheduling config a registered worker gets: --max-num-batched-tokens and
---max-num-seqs default to None ("by device"), resolved here from the device the worker
-reports (the rule is llmserve/contract/step_budget.py, which the worker applies too)."""
+"""The scheduling config a registered worker gets: --max-num-batched-tokens,
+--max-num-seqs and --async-scheduling default to None ("by device"), resolved here from
+the device the worker reports (the budget's rule is llmserve/contract/step_budget.py,
+which the worker applies too; the pipelined loop is on for a GPU worker)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,15 @@ def config_for(config: SchedulerConfig, info: WorkerInfo) -> tuple[SchedulerConf
     service's own config stays "by device" for the next worker, which may differ)."""
     budget = budget_for(config, info)
     return replace(config, max_num_batched_tokens=budget.max_num_batched_tokens,
-                   max_num_seqs=budget.max_num_seqs), budget
+                   max_num_seqs=budget.max_num_seqs, async_scheduling=pipelined_for(config, info)), budget
+
+
+def pipelined_for(config: SchedulerConfig, info: WorkerInfo) -> bool:
+    """--async-scheduling as set, else on where the worker's device computes while the
+    host plans (CUDA); off on the CPU, where both would share the same cores."""
+    if config.async_scheduling is not None:
+        return config.async_scheduling
+    return getattr(info, "device", "cpu").startswith("cuda")
 
 
 def on_cpu(config: SchedulerConfig) -> SchedulerConfig:
