@@ -151,6 +151,15 @@ class SchedulerLink:
         await self._write(scheduler_pb2.RouterMessage(add=add))
 
     async def _write(self, message: scheduler_pb2.RouterMessage) -> None:
+        """Writes on the shared Session stream. NOTE: a caller may be cancelled mid-write
+        (its client went away); a write cut halfway would leave the stream that every
+        request shares unusable, so the write runs as a task of its own and a cancelled
+        caller only stops waiting for it (its abort, written next, follows it in order)."""
+        task = asyncio.ensure_future(self._locked_write(message))
+        task.add_done_callback(_retrieve)
+        await asyncio.shield(task)
+
+    async def _locked_write(self, message: scheduler_pb2.RouterMessage) -> None:
         async with self._write_lock:
             await self._call.write(message)
 
@@ -181,3 +190,10 @@ class SchedulerLink:
         if self._call is not None:
             self._call.cancel()
         await self._channel.close()
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    """Marks a shielded write's failure as seen: its caller, if still waiting, got it
+    already; if cancelled meanwhile, the session's reader reports the broken stream."""
+    if not task.cancelled():
+        task.exception()
