@@ -21,6 +21,11 @@ from llmserve.contract.sampling import SamplingParams
 from llmserve.v1 import generation_pb2
 from llmserve.contract.worker_info import WorkerInfo
 
+# The Execute stream's message revision (worker.proto's WorkerInfo.wire_revision):
+# 2 = cached rows and sampled tokens as packed columns. A worker registers with it and
+# the scheduler refuses another revision.
+WIRE_REVISION = 2
+
 
 def _optional(msg, name: str, default=None):
     return getattr(msg, name) if msg.HasField(name) else default
@@ -243,6 +248,7 @@ def worker_info_to_pb(info: WorkerInfo) -> worker_pb2.WorkerInfo:
         quantization=info.quantization,
         dtype_reason=info.dtype_reason,
         device_memory_bytes=info.device_memory_bytes,
+        wire_revision=WIRE_REVISION,
     )
 
 
@@ -284,16 +290,7 @@ def step_plan_to_pb(plan: StepPlan) -> worker_pb2.StepPlan:
             )
             for r in plan.new_requests
         ],
-        cached_requests=[
-            worker_pb2.CachedRequest(
-                seq_id=r.seq_id,
-                new_block_ids=r.new_block_ids,
-                num_computed_tokens=r.num_computed_tokens,
-                num_scheduled_tokens=r.num_scheduled_tokens,
-                draft_token_ids=r.draft_token_ids,
-            )
-            for r in plan.cached_requests
-        ],
+        cached=_cached_rows_to_pb(plan.cached_requests),
         finished_seq_ids=plan.finished_seq_ids,
         swap_out=_moves_to_pb(plan.swap_out),
         swap_in=_moves_to_pb(plan.swap_in),
@@ -328,16 +325,7 @@ def step_plan_from_pb(msg: worker_pb2.StepPlan) -> StepPlan:
             )
             for r in msg.new_requests
         ],
-        cached_requests=[
-            CachedRequestData(
-                seq_id=r.seq_id,
-                new_block_ids=list(r.new_block_ids),
-                num_computed_tokens=r.num_computed_tokens,
-                num_scheduled_tokens=r.num_scheduled_tokens,
-                draft_token_ids=list(r.draft_token_ids),
-            )
-            for r in msg.cached_requests
-        ],
+        cached_requests=_cached_rows_from_pb(msg.cached),
         finished_seq_ids=list(msg.finished_seq_ids),
         swap_out=_moves_from_pb(msg.swap_out),
         swap_in=_moves_from_pb(msg.swap_in),
@@ -355,33 +343,72 @@ def _moves_from_pb(msgs) -> list[tuple[int, int]]:
     return [(m.src, m.dst) for m in msgs]
 
 
-def step_result_to_pb(result: StepResult) -> worker_pb2.StepResult:
-    return worker_pb2.StepResult(
-        step_id=result.step_id,
-        sampled=[
-            worker_pb2.SampledToken(
-                seq_id=s.seq_id,
-                token_id=s.token_id,
-                logprobs=logprobs_to_pb(s.logprobs) if s.logprobs is not None else None,
-            )
-            for s in result.sampled
-        ],
-        error=result.error,
-        num_steps=result.num_steps,
+def _cached_rows_to_pb(rows: list[CachedRequestData]) -> worker_pb2.CachedRows:
+    """One packed array per field; the ragged ones as counts + one flat array."""
+    msg = worker_pb2.CachedRows(
+        seq_ids=[r.seq_id for r in rows],
+        num_computed_tokens=[r.num_computed_tokens for r in rows],
+        num_scheduled_tokens=[r.num_scheduled_tokens for r in rows],
+        num_new_blocks=[len(r.new_block_ids) for r in rows],
     )
+    for r in rows:
+        if r.new_block_ids:  # NOTE: most decode rows get no new block in a step
+            msg.new_block_ids.extend(r.new_block_ids)
+    if any(r.draft_token_ids for r in rows):
+        msg.num_drafts.extend(len(r.draft_token_ids) for r in rows)
+        for r in rows:
+            msg.draft_token_ids.extend(r.draft_token_ids)
+    return msg
+
+
+def _cached_rows_from_pb(msg: worker_pb2.CachedRows) -> list[CachedRequestData]:
+    """ValueError when the columns disagree in length (a malformed plan names itself)."""
+    n = len(msg.seq_ids)
+    columns = (msg.num_computed_tokens, msg.num_scheduled_tokens, msg.num_new_blocks)
+    if any(len(c) != n for c in columns) or len(msg.num_drafts) not in (0, n):
+        raise ValueError(f"cached rows: {n} seq ids but {[len(c) for c in columns]} counts "
+                         f"and {len(msg.num_drafts)} draft counts")
+    blocks = _split(list(msg.new_block_ids), list(msg.num_new_blocks), "new_block_ids")
+    drafts = _split(list(msg.draft_token_ids), list(msg.num_drafts), "draft_token_ids") if msg.num_drafts else None
+    return [
+        CachedRequestData(seq_id, block_ids, computed, scheduled, drafts[i] if drafts else [])
+        for i, (seq_id, computed, scheduled, block_ids) in enumerate(
+            zip(msg.seq_ids, msg.num_computed_tokens, msg.num_scheduled_tokens, blocks))
+    ]
+
+
+def _split(flat: list[int], counts: list[int], what: str) -> list[list[int]]:
+    """flat cut into consecutive pieces of counts[i] items."""
+    if any(c < 0 for c in counts) or sum(counts) != len(flat):
+        raise ValueError(f"cached rows: counts of {what} sum to {sum(counts)} but it holds {len(flat)}")
+    if not flat:
+        return [[] for _ in counts]
+    out, start = [], 0
+    for c in counts:
+        out.append(flat[start : start + c])
+        start += c
+    return out
+
+
+def step_result_to_pb(result: StepResult) -> worker_pb2.StepResult:
+    sampled = result.sampled
+    tokens = worker_pb2.SampledTokens(seq_ids=[s.seq_id for s in sampled], token_ids=[s.token_id for s in sampled])
+    for i, s in enumerate(sampled):
+        if s.logprobs is not None:
+            tokens.logprobs_entry.append(i)
+            tokens.logprobs.append(logprobs_to_pb(s.logprobs))
+    return worker_pb2.StepResult(step_id=result.step_id, sampled_tokens=tokens, error=result.error,
+                                 num_steps=result.num_steps)
 
 
 def step_result_from_pb(msg: worker_pb2.StepResult) -> StepResult:
-    return StepResult(
-        step_id=msg.step_id,
-        sampled=[
-            SampledToken(
-                seq_id=s.seq_id,
-                token_id=s.token_id,
-                logprobs=logprobs_from_pb(s.logprobs) if s.HasField("logprobs") else None,
-            )
-            for s in msg.sampled
-        ],
-        error=msg.error,
-        num_steps=max(1, msg.num_steps),
-    )
+    tokens = msg.sampled_tokens
+    if len(tokens.token_ids) != len(tokens.seq_ids) or len(tokens.logprobs_entry) != len(tokens.logprobs):
+        raise ValueError(f"step {msg.step_id}'s result: {len(tokens.seq_ids)} seq ids, {len(tokens.token_ids)} "
+                         f"tokens, {len(tokens.logprobs)} logprobs for {len(tokens.logprobs_entry)} entries")
+    sampled = [SampledToken(seq_id, token_id) for seq_id, token_id in zip(tokens.seq_ids, tokens.token_ids)]
+    for i, lp in zip(tokens.logprobs_entry, tokens.logprobs):
+        if not 0 <= i < len(sampled):
+            raise ValueError(f"step {msg.step_id}'s result: logprobs for entry {i} of {len(sampled)}")
+        sampled[i].logprobs = logprobs_from_pb(lp)
+    return StepResult(step_id=msg.step_id, sampled=sampled, error=msg.error, num_steps=max(1, msg.num_steps))

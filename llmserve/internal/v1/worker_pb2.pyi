@@ -13,7 +13,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "model_path", "num_kv_blocks", "block_size", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "tensor_parallel_size", "bos_token_id", "num_cpu_blocks", "device", "cuda_graphs", "quantization", "dtype_reason", "device_memory_bytes")
+    __slots__ = ("model", "model_path", "num_kv_blocks", "block_size", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "tensor_parallel_size", "bos_token_id", "num_cpu_blocks", "device", "cuda_graphs", "quantization", "dtype_reason", "device_memory_bytes", "wire_revision")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class WorkerInfo(_message.Message):
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     DTYPE_REASON_FIELD_NUMBER: _ClassVar[int]
     DEVICE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WIRE_REVISION_FIELD_NUMBER: _ClassVar[int]
     model: str
     model_path: str
     num_kv_blocks: int
@@ -46,7 +47,8 @@ class WorkerInfo(_message.Message):
     quantization: str
     dtype_reason: str
     device_memory_bytes: int
-    def __init__(self, model: _Optional[str] = ..., model_path: _Optional[str] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tensor_parallel_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., device: _Optional[str] = ..., cuda_graphs: _Optional[bool] = ..., quantization: _Optional[str] = ..., dtype_reason: _Optional[str] = ..., device_memory_bytes: _Optional[int] = ...) -> None: ...
+    wire_revision: int
+    def __init__(self, model: _Optional[str] = ..., model_path: _Optional[str] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tensor_parallel_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., device: _Optional[str] = ..., cuda_graphs: _Optional[bool] = ..., quantization: _Optional[str] = ..., dtype_reason: _Optional[str] = ..., device_memory_bytes: _Optional[int] = ..., wire_revision: _Optional[int] = ...) -> None: ...
 
 class NewRequest(_message.Message):
     __slots__ = ("seq_id", "token_ids", "num_prompt_tokens", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "draft_token_ids", "trace_context")
@@ -77,19 +79,23 @@ class NewRequest(_message.Message):
     trace_context: _containers.ScalarMap[str, str]
     def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
-class CachedRequest(_message.Message):
-    __slots__ = ("seq_id", "new_block_ids", "num_computed_tokens", "num_scheduled_tokens", "draft_token_ids")
-    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
-    NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+class CachedRows(_message.Message):
+    __slots__ = ("seq_ids", "num_computed_tokens", "num_scheduled_tokens", "num_new_blocks", "new_block_ids", "num_drafts", "draft_token_ids")
+    SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_NEW_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    seq_id: int
+    seq_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_computed_tokens: _containers.RepeatedScalarFieldContainer[int]
+    num_scheduled_tokens: _containers.RepeatedScalarFieldContainer[int]
+    num_new_blocks: _containers.RepeatedScalarFieldContainer[int]
     new_block_ids: _containers.RepeatedScalarFieldContainer[int]
-    num_computed_tokens: int
-    num_scheduled_tokens: int
+    num_drafts: _containers.RepeatedScalarFieldContainer[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq_id: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, seq_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., num_new_blocks: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_drafts: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WorkerCommand(_message.Message):
     __slots__ = ("plan", "interrupt")
@@ -106,7 +112,7 @@ class Interrupt(_message.Message):
     def __init__(self, step_id: _Optional[int] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_requests", "cached_requests", "finished_seq_ids", "swap_out", "swap_in", "copies", "num_steps", "trace_context")
+    __slots__ = ("step_id", "new_requests", "cached", "finished_seq_ids", "swap_out", "swap_in", "copies", "num_steps", "trace_context")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -116,7 +122,7 @@ class StepPlan(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
-    CACHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
     SWAP_IN_FIELD_NUMBER: _ClassVar[int]
@@ -125,14 +131,14 @@ class StepPlan(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
-    cached_requests: _containers.RepeatedCompositeFieldContainer[CachedRequest]
+    cached: CachedRows
     finished_seq_ids: _containers.RepeatedScalarFieldContainer[int]
     swap_out: _containers.RepeatedCompositeFieldContainer[BlockMove]
     swap_in: _containers.RepeatedCompositeFieldContainer[BlockMove]
     copies: _containers.RepeatedCompositeFieldContainer[BlockMove]
     num_steps: int
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copies: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., num_steps: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached: _Optional[_Union[CachedRows, _Mapping]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copies: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., num_steps: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class BlockMove(_message.Message):
     __slots__ = ("src", "dst")
@@ -142,24 +148,26 @@ class BlockMove(_message.Message):
     dst: int
     def __init__(self, src: _Optional[int] = ..., dst: _Optional[int] = ...) -> None: ...
 
-class SampledToken(_message.Message):
-    __slots__ = ("seq_id", "token_id", "logprobs")
-    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+class SampledTokens(_message.Message):
+    __slots__ = ("seq_ids", "token_ids", "logprobs_entry", "logprobs")
+    SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_ENTRY_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
-    seq_id: int
-    token_id: int
-    logprobs: _generation_pb2.TokenLogprobs
-    def __init__(self, seq_id: _Optional[int] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_generation_pb2.TokenLogprobs, _Mapping]] = ...) -> None: ...
+    seq_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs_entry: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedCompositeFieldContainer[_generation_pb2.TokenLogprobs]
+    def __init__(self, seq_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs_entry: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "sampled", "error", "num_steps")
+    __slots__ = ("step_id", "sampled_tokens", "error", "num_steps")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
-    SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
-    sampled: _containers.RepeatedCompositeFieldContainer[SampledToken]
+    sampled_tokens: SampledTokens
     error: str
     num_steps: int
-    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., error: _Optional[str] = ..., num_steps: _Optional[int] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., sampled_tokens: _Optional[_Union[SampledTokens, _Mapping]] = ..., error: _Optional[str] = ..., num_steps: _Optional[int] = ...) -> None: ...

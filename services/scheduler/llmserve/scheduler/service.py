@@ -78,6 +78,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def RegisterWorker(self, request, context):
         # Only a worker may register: anyone else would replace the live worker.
         await self.peers.require(context, WORKER, "RegisterWorker")
+        if request.info.wire_revision != wire.WIRE_REVISION:
+            # NOTE: a plan field moved between revisions would parse as absent on the other side.
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"worker {request.address} speaks step wire revision {request.info.wire_revision} "
+                                f"but this scheduler speaks {wire.WIRE_REVISION}: run the same llmserve release on both")
         info = wire.worker_info_from_pb(request.info)
         tp, pp = max(1, request.tp_size), max(1, request.pp_size)
         if tp * pp > 1:
