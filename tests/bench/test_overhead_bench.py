@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from llmserve.bench.overhead import LOOPS, expected_tokens, scenarios
+from llmserve.bench.overhead import LOOPS, expected_tokens, scenarios, steady_state
 from llmserve.bench.overhead_phases import PHASES, format_table, phase_figures
 
 MAX_TOKENS = 16
@@ -44,6 +44,21 @@ def test_smoke_every_phase_is_measured_and_the_tokens_are_the_simulated_ones(tmp
     assert all(r["figures"]["mixed_steps"] >= 1 for r in mixed)  # Prefill chunks did ride with decodes.
     decode8 = next(r for r in report["results"] if r["scenario"] == "decode-8")
     assert decode8["output_tokens"] == 8 * MAX_TOKENS
+    assert 0 < decode8["figures"]["steady_busy"] <= 1 and decode8["figures"]["steady_steps"] < MAX_TOKENS
+
+
+def test_steady_state_counts_steps_while_every_decoder_runs():
+    # Decoder a starts at t=0, b at t=2 (a partial batch before); a ends at 10, b at 12.
+    a = [(float(t), 1) for t in range(0, 11)]
+    b = [(float(t), 1) for t in range(2, 13)]
+    window = steady_state([a, b], step_ms=500.0)
+    assert window["steady_window_s"] == 8.0  # from b's first token to a's last
+    assert window["steady_steps"] == 8.0  # tokens at 3..10 each
+    assert window["steady_busy"] == pytest.approx(0.5 * 8 / 8)
+    # Tokens held back and sent 4 at a time count as the steps that made them.
+    chunked = steady_state([[(0.0, 1), (4.0, 4), (8.0, 4)], [(0.0, 1), (4.0, 4), (8.0, 4), (9.0, 3)]], 1000.0)
+    assert chunked["steady_steps"] == 8.0 and chunked["steady_busy"] == pytest.approx(1.0)
+    assert steady_state([[(1.0, 1)], []], 1.0)["steady_window_s"] == 0.0
 
 
 def test_phases_come_from_the_two_services_snapshots():

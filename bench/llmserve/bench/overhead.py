@@ -68,7 +68,7 @@ LOOPS = [False, True]  # async_scheduling: the serial loop, then the pipelined o
 
 
 def cluster_spec(model_dir: Path, step_ms: float, pipelined: bool, todo: list[Scenario], phases_dir: Path,
-                 log_dir: Path | None):
+                 log_dir: Path | None, stream_interval: int = 1):
     from llmserve.launcher.cluster import ClusterSpec, free_port
     from llmserve.scheduler.config import SchedulerConfig, SchedulerServiceConfig
     from llmserve.worker.config import RunnerConfig, WorkerConfig
@@ -82,7 +82,8 @@ def cluster_spec(model_dir: Path, step_ms: float, pipelined: bool, todo: list[Sc
     scheduling = replace(scheduling, async_scheduling=pipelined)
     worker = WorkerConfig(simulated_step_ms=step_ms, runner=RunnerConfig(num_kv_blocks=2 * blocks + 64, swap_space=0))
     env = {step_phases.ENV: str(phases_dir)}
-    return ClusterSpec(model_dir=model_dir, scheduler=SchedulerServiceConfig(scheduling=scheduling), worker=worker,
+    return ClusterSpec(model_dir=model_dir, worker=worker,
+                       scheduler=SchedulerServiceConfig(scheduling=scheduling, stream_interval=stream_interval),
                        router_port=free_port(), scheduler_port=free_port(), worker_port=free_port(),
                        log_level="WARNING", log_dir=log_dir, service_env={"scheduler": env, "worker": env})
 
@@ -106,10 +107,12 @@ def expected_tokens(prompt: list[int], count: int, vocab_size: int, eos: frozens
     return out
 
 
-async def drive(client, scenario: Scenario, requests: list[tuple[list[int], int]]) -> tuple[float, list]:
+async def drive(client, scenario: Scenario, requests: list[tuple[list[int], int]]) -> tuple[float, list, list]:
     """Sends the scenario's requests (decoders at once, prefills `prefill_concurrency` at
-    a time); the wall time and each request's tokens (or its error)."""
+    a time); the wall time, each request's tokens (or its error), and each decoder's
+    token arrivals (perf_counter time, tokens) for the steady-state window."""
     limit = asyncio.Semaphore(scenario.prefill_concurrency)
+    arrivals: list[list[tuple[float, int]]] = [[] for _ in range(scenario.decoders)]
 
     async def one(index: int, prompt: list[int], max_tokens: int):
         ids = []
@@ -118,6 +121,7 @@ async def drive(client, scenario: Scenario, requests: list[tuple[list[int], int]
                 async for delta in client.generate(token_ids=prompt, max_tokens=max_tokens, temperature=0.0,
                                                    ignore_eos=True):
                     ids += delta.token_ids
+                    arrivals[index].append((time.perf_counter(), len(delta.token_ids)))
                 return ids
             async with limit:
                 async for delta in client.generate(token_ids=prompt, max_tokens=max_tokens, temperature=0.0,
@@ -129,7 +133,24 @@ async def drive(client, scenario: Scenario, requests: list[tuple[list[int], int]
 
     start = time.perf_counter()
     outputs = await asyncio.gather(*(one(i, p, m) for i, (p, m) in enumerate(requests)))
-    return time.perf_counter() - start, outputs
+    return time.perf_counter() - start, outputs, arrivals
+
+
+def steady_state(arrivals: list[list[tuple[float, int]]], step_ms: float) -> dict:
+    """Device-busy over the window when every decoder runs: from the moment the last one
+    got its first token to the moment the first one got its last. Each decode step gives
+    every running decoder one token, so tokens per decoder in the window count the steps
+    the device ran in it (the whole run's busy % also counts the arrival, when the first
+    steps run partial batches, and the tail)."""
+    if not arrivals or any(not a for a in arrivals):
+        return {"steady_window_s": 0.0, "steady_steps": 0.0, "steady_busy": float("nan")}
+    begin = max(a[0][0] for a in arrivals)
+    end = min(a[-1][0] for a in arrivals)
+    if end <= begin:
+        return {"steady_window_s": 0.0, "steady_steps": 0.0, "steady_busy": float("nan")}
+    steps = sum(n for a in arrivals for t, n in a if begin < t <= end) / len(arrivals)
+    return {"steady_window_s": end - begin, "steady_steps": steps,
+            "steady_busy": step_ms / 1000.0 * steps / (end - begin)}
 
 
 async def run_scenarios(cluster, phases_dir: Path, step_ms: float, todo: list[Scenario], model: dict,
@@ -142,11 +163,12 @@ async def run_scenarios(cluster, phases_dir: Path, step_ms: float, todo: list[Sc
         for i, scenario in enumerate(todo):
             requests = prompts(scenario, model["vocab_size"], seed + i)
             before = await settled_snapshot(phases_dir)
-            wall, outputs = await drive(client, scenario, requests)
+            wall, outputs, arrivals = await drive(client, scenario, requests)
             after = await settled_snapshot(phases_dir)
             bad = sum(out != expected_tokens(p, m, model["vocab_size"], model["eos"])
                       for (p, m), out in zip(requests, outputs))
             figures = phase_figures((before[0], after[0]), (before[1], after[1]), step_ms, wall)
+            figures.update(steady_state(arrivals, step_ms))
             results.append({"scenario": scenario.name, "scenario_settings": dataclasses.asdict(scenario),
                             "figures": figures, "tokens_ok": bad == 0, "bad_requests": bad,
                             "output_tokens": sum(len(o) for o in outputs if isinstance(o, list))})
@@ -162,11 +184,11 @@ def model_facts(model_dir: Path) -> dict:
 
 
 def run_configuration(model_dir: Path, step_ms: float, pipelined: bool, todo: list[Scenario], model: dict,
-                      seed: int, log_dir: Path | None) -> list[dict]:
+                      seed: int, log_dir: Path | None, stream_interval: int = 1) -> list[dict]:
     from llmserve.launcher.cluster import LocalCluster
 
     with tempfile.TemporaryDirectory(prefix="llmserve-phases-") as phases_dir:
-        spec = cluster_spec(model_dir, step_ms, pipelined, todo, Path(phases_dir), log_dir)
+        spec = cluster_spec(model_dir, step_ms, pipelined, todo, Path(phases_dir), log_dir, stream_interval)
         with LocalCluster(spec) as cluster:
             results = asyncio.run(run_scenarios(cluster, Path(phases_dir), step_ms, todo, model, seed))
     loop = "pipelined" if pipelined else "serial"
@@ -185,14 +207,17 @@ def bench_overhead(args) -> int:
     results = []
     for step_ms in args.simulated_step_ms:
         for pipelined in loops:
-            results += run_configuration(model_dir, step_ms, pipelined, todo, model, args.seed, log_dir)
+            results += run_configuration(model_dir, step_ms, pipelined, todo, model, args.seed, log_dir,
+                                         args.stream_interval)
     print(format_table(results))
     print("phases: host ms per device step (bench/llmserve/bench/overhead_phases.py says what each covers); "
-          "busy % = simulated device time / wall time")
+          "busy % = simulated device time / wall time; steady % = the same while every decoder runs "
+          "(after the last first token, before the first finish)")
     report = {"bench": "overhead", "machine": machine_info(), "model": str(model_dir),
               "settings": {"simulated_step_ms": args.simulated_step_ms, "batches": args.batches,
                            "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
-                           "loops": ["pipelined" if p else "serial" for p in loops], "transport": "mutual TLS"},
+                           "loops": ["pipelined" if p else "serial" for p in loops], "transport": "mutual TLS",
+                           "stream_interval": args.stream_interval},
               "results": results}
     if args.output_dir:
         write_json(report, Path(args.output_dir) / f"overhead-{time.strftime('%Y%m%d-%H%M%S')}.json")
@@ -209,6 +234,9 @@ def add_overhead_flags(p) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens each decoding request generates")
     p.add_argument("--no-mixed", action="store_true", help="skip the mixed prefill + decode scenario")
     p.add_argument("--serial-only", action="store_true", help="the serial loop only")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="the scheduler's --stream-interval: tokens sent to the router every N steps; above 1 it "
+                        "separates the engine's host path from per-token streaming on a small host")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default=None, help="the cluster's logs go here")
     p.add_argument("--output-dir", default="bench-results", help="JSON goes here ('' = none)")

@@ -63,7 +63,8 @@ def phase_figures(scheduler: tuple[dict, dict], worker: tuple[dict, dict], step_
     }
 
 
-HEADER = ("step ms", "loop", "scenario", "steps", "wall s", "busy %", *PHASES, "host", "wall/step", "tokens")
+HEADER = ("step ms", "loop", "scenario", "steps", "wall s", "busy %", "steady %", *PHASES, "host", "wall/step",
+          "tokens")
 
 
 def table_rows(results: list[dict]) -> list[tuple[str, ...]]:
@@ -71,7 +72,7 @@ def table_rows(results: list[dict]) -> list[tuple[str, ...]]:
     for r in results:
         f = r["figures"]
         rows.append((f"{r['step_ms']:g}", r["loop"], r["scenario"], str(f["steps"]), f"{f['wall_s']:.2f}",
-                     f"{100 * f['device_busy']:.1f}", *(f"{f['host_ms_per_step'][p]:.3f}" for p in PHASES),
+                     f"{100 * f['device_busy']:.1f}", f"{100 * f.get('steady_busy', float('nan')):.1f}", *(f"{f['host_ms_per_step'][p]:.3f}" for p in PHASES),
                      f"{f['host_ms_per_step_total']:.3f}", f"{f['wall_ms_per_step']:.3f}",
                      "ok" if r["tokens_ok"] else f"BAD ({r['bad_requests']})"))
     return rows
