@@ -141,14 +141,16 @@ class KVCacheManager:
         With `swapped`, for samples still on the CPU, as if they were swapped in."""
         pool = self.cpu_pool if swapped else self.pool
         needed = 0
-        writers: Counter[int] = Counter()
+        writers: Counter[int] | None = None  # NOTE: built only when a shared block is written (rare)
+        bs = self.block_size
         for sample, num_new in items:
             table = sample.cpu_table if swapped else sample.block_table
             start = sample.num_computed_tokens
-            needed += max(0, self.num_blocks_for(start + num_new) - len(table))
-            if start % self.block_size and pool.ref_count(table[start // self.block_size]) > 1:
-                writers[table[start // self.block_size]] += 1
-        for block_id, num_writers in writers.items():
+            needed += max(0, -(-(start + num_new) // bs) - len(table))
+            if start % bs and pool.ref_count(table[start // bs]) > 1:
+                writers = writers if writers is not None else Counter()
+                writers[table[start // bs]] += 1
+        for block_id, num_writers in (writers or {}).items():
             needed += num_writers if pool.ref_count(block_id) > num_writers else num_writers - 1
         return needed
 
@@ -202,6 +204,11 @@ class KVCacheManager:
             child.block_hashes = list(parent.block_hashes)
             child.num_offered_blocks = parent.num_offered_blocks
         self.free(parent)
+
+    def blocks_to_hold_at_most(self, samples: Sequence[Sample]) -> int:
+        """An upper bound of blocks_to_hold in O(samples), not O(blocks): shared blocks
+        counted once per holder, a copy-on-write for every sample."""
+        return sum(max(len(s.block_table or s.cpu_table), self.num_blocks_for(s.num_tokens)) + 1 for s in samples)
 
     def blocks_to_hold(self, samples: Sequence[Sample]) -> int:
         """Blocks the samples need to hold all their tokens' KV, counting the blocks they

@@ -169,6 +169,8 @@ class OutputProcessor:
         # Failing here, rather than in schedule(), keeps the running loop free of
         # requests that could only preempt everyone and then themselves, forever.
         samples = sample.request.samples
+        if self.kv.blocks_to_hold_at_most(samples) <= self.kv.num_total_blocks:
+            return None  # NOTE: the common case, decided without walking every block table
         num_blocks = self.kv.blocks_to_hold(samples)
         what = f"{sample.num_tokens} tokens" if len(samples) == 1 else f"{len(samples)} samples"
         if error := self.kv.too_small_for(num_blocks, what):

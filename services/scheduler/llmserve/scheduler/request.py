@@ -196,7 +196,8 @@ class Sample:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        # NOTE: read several times per row per step: no property hops
+        return len(self.request.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def num_target_tokens(self) -> int:
