@@ -28,10 +28,16 @@ from llmserve.worker.sampler import SamplingRows
 # A valid value, unlike the default, for every field (floats exact in float32, as the
 # wire carries them).
 SET = dict(max_tokens=7, temperature=0.5, top_p=0.25, top_k=3, seed=-(2**40), ignore_eos=True, logprobs=2,
-           stop_token_ids=(5, 9), stop=("END", "\n\n"))
+           stop_token_ids=(5, 9), stop=("END", "\n\n"), repetition_penalty=1.25, frequency_penalty=0.5,
+           presence_penalty=-0.75, min_p=0.125, logit_bias=((3, 1.5), (7, -2.0)), min_tokens=2)
 FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
 SERVED = ServedModel(name="m", max_model_len=64, vocab_size=100, max_prompt_bytes=1 << 20)
 PROMPT_LEN = 3
+
+
+def _public_pb(**extra) -> generation_pb2.SamplingParams:
+    """SET as a gRPC client sends it (a map field takes a dict)."""
+    return generation_pb2.SamplingParams(**{**SET, "logit_bias": dict(SET["logit_bias"])}, **extra)
 
 
 def _changed(sampling: SamplingParams) -> set[str]:
@@ -47,7 +53,7 @@ def test_every_field_has_a_test_value_unlike_its_default():
 
 def test_grpc_params_convert_field_for_field():
     # NOTE: the public message names its fields as the dataclass does.
-    pb = generation_pb2.SamplingParams(n=2, **SET)
+    pb = _public_pb(n=2)
     pb = generation_pb2.SamplingParams.FromString(pb.SerializeToString())
     sampling, n = wire.sampling_from_public_pb(pb)
     assert n == 2
@@ -56,7 +62,8 @@ def test_grpc_params_convert_field_for_field():
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_openai_body_converts_field_for_field(endpoint):
-    body = {**SET, "stop": list(SET["stop"]), "stop_token_ids": list(SET["stop_token_ids"]), "n": 2}
+    body = {**SET, "stop": list(SET["stop"]), "stop_token_ids": list(SET["stop_token_ids"]), "n": 2,
+            "logit_bias": {str(t): b for t, b in SET["logit_bias"]}}  # JSON's keys are strings.
     if endpoint == "chat":  # Chat asks for logprobs as a flag and a count.
         body.update(logprobs=True, top_logprobs=SET["logprobs"])
         sampling, n = ChatCompletionRequest(model="m", messages=[], **body).sampling()
@@ -67,7 +74,7 @@ def test_openai_body_converts_field_for_field(endpoint):
 
 
 def test_the_router_keeps_every_field_through_validation_and_defaults():
-    sampling, n = wire.sampling_from_public_pb(generation_pb2.SamplingParams(**SET))
+    sampling, n = wire.sampling_from_public_pb(_public_pb())
     check_sampling(sampling, n)
     assert resolve_sampling(sampling, PROMPT_LEN, SERVED) == SamplingParams(**SET)
 
@@ -103,10 +110,11 @@ def test_the_worker_receives_the_same_type_and_samples_with_every_column():
     assert batch.states[1].sampling == sent
     inputs = batch.build_inputs(rows)
     # SamplingRows: one column per setting the sampler reads, named as the field; [S] = [1].
-    columns = [f.name for f in dataclasses.fields(SamplingRows) if f.name != "output_index"]
+    columns = [f.name for f in dataclasses.fields(SamplingRows) if f.name not in SamplingRows.ROW_STATE]
     assert columns and set(columns) <= set(FIELDS)
     for name in columns:
         column = getattr(inputs.sampling, name)
         value = column.tolist() if hasattr(column, "tolist") else column
         assert value == [SET[name]], name
     assert inputs.sampling.output_index == [0]
+    assert inputs.sampling.token_ids == [[1, 2, 3]] and inputs.sampling.num_prompt_tokens == [PROMPT_LEN]

@@ -47,3 +47,20 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     # Stop strings never leave the router (ROUTER_ONLY_FIELDS).
     stop: tuple[str, ...] = field(default=())
+    # Penalties, as vLLM defines them (worker/sampler.py applies them, in this order):
+    # repetition over prompt + output tokens (a seen token's logit l becomes l / r if
+    # l > 0, else l * r), then frequency and presence over output tokens only (l -= f *
+    # count, l -= p * (count > 0)).
+    repetition_penalty: float = 1.0  # 1 means off; > 1 discourages repeats.
+    frequency_penalty: float = 0.0  # [-2, 2]; 0 means off.
+    presence_penalty: float = 0.0  # [-2, 2]; 0 means off.
+    min_p: float = 0.0  # [0, 1]: drop tokens less likely than min_p x the top one's; 0 means off.
+    # (token id, bias) pairs, ids ascending: added to the logits before anything else.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # No eos, stop token id or stop string ends a sample before it has this many tokens.
+    min_tokens: int = 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the sampler needs the row's token history (any penalty on)."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0

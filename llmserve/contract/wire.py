@@ -74,6 +74,12 @@ def sampling_from_public_pb(msg: generation_pb2.SamplingParams) -> tuple[Samplin
         logprobs=_optional(msg, "logprobs"),
         stop_token_ids=tuple(msg.stop_token_ids),
         stop=tuple(msg.stop),
+        repetition_penalty=_optional(msg, "repetition_penalty", 1.0),
+        frequency_penalty=msg.frequency_penalty,
+        presence_penalty=msg.presence_penalty,
+        min_p=msg.min_p,
+        logit_bias=tuple(sorted(msg.logit_bias.items())),
+        min_tokens=msg.min_tokens,
     )
     return sampling, _optional(msg, "n", 1)
 
@@ -89,6 +95,12 @@ def sampling_to_pb(p: SamplingParams) -> sampling_pb2.SamplingParams:
         ignore_eos=p.ignore_eos,
         logprobs=p.logprobs,
         stop_token_ids=p.stop_token_ids,
+        repetition_penalty=p.repetition_penalty,
+        frequency_penalty=p.frequency_penalty,
+        presence_penalty=p.presence_penalty,
+        min_p=p.min_p,
+        logit_bias=dict(p.logit_bias),
+        min_tokens=p.min_tokens,
     )
 
 
@@ -102,6 +114,12 @@ def sampling_from_pb(msg: sampling_pb2.SamplingParams) -> SamplingParams:
         ignore_eos=msg.ignore_eos,
         logprobs=_optional(msg, "logprobs"),
         stop_token_ids=tuple(msg.stop_token_ids),
+        repetition_penalty=msg.repetition_penalty or 1.0,  # 0 (unset by an older sender): off.
+        frequency_penalty=msg.frequency_penalty,
+        presence_penalty=msg.presence_penalty,
+        min_p=msg.min_p,
+        logit_bias=tuple(sorted(msg.logit_bias.items())),
+        min_tokens=msg.min_tokens,
     )
 
 

@@ -135,3 +135,16 @@ def test_independent_of_delta_boundaries(seed):
         deltas = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
         assert run(stops, deltas) == reference(stops, text), (stops, deltas)
         assert run(stops, list(text)) == reference(stops, text), (stops, text)
+
+
+def test_text_fed_before_min_tokens_ends_no_match():
+    # A stop string ending in protected text (can_stop=False) is emitted as text...
+    assert StopStringMatcher(["END"]).feed("aEND", can_stop=False) == ("aEND", None)
+    # ...one that begins there and ends later stops...
+    m = StopStringMatcher(["END"])
+    assert (m.feed("xEN", can_stop=False), m.held) == (("x", None), "EN")
+    assert m.feed("D tail") == ("", "END")
+    # ...and a shorter one wholly inside held protected text never does.
+    m = StopStringMatcher(["a", "abc"])
+    assert m.feed("xab", can_stop=False) == ("x", None)
+    assert m.feed("d") == ("abd", None)

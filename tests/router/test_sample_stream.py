@@ -55,3 +55,21 @@ def test_grouping_of_outputs_changes_nothing(smollm2, seed):
             assert finish == FinishReason.STOP and stop_reason in stops and len(ids) < len(token_ids)
         else:
             assert finish == FinishReason.LENGTH and ids == token_ids
+
+
+def test_min_tokens_holds_off_stop_strings(smollm2):
+    # "fox" ends in the 4th token: with min_tokens 4 it is text, with 3 it stops.
+    token_ids = smollm2.encode_text("The quick brown fox jumps over the fox again", False)
+    ends = [i for i in range(1, len(token_ids) + 1) if "fox" in smollm2.decode(token_ids[:i])]
+    first_end = ends[0]
+    later_end = next(i for i in ends if "fox" in smollm2.decode(token_ids[first_end:i]))
+
+    def run(min_tokens):
+        stream = SampleStream(0, IncrementalDetokenizer(smollm2), StopStringMatcher(["fox"]), min_tokens=min_tokens)
+        delta = stream.process(RequestOutput("r", new_token_ids=token_ids, finish_reason=FinishReason.LENGTH),
+                               lambda t: smollm2.decode([t]))
+        return delta.text, len(delta.token_ids), delta.stop_reason
+
+    assert run(first_end - 1) == (smollm2.decode(token_ids[:first_end]).split("fox")[0], first_end, "fox")
+    text, kept, reason = run(first_end)
+    assert (kept, reason) == (later_end, "fox") and text.count("fox") == 1

@@ -73,3 +73,132 @@ def test_seeded_rows_follow_distribution():
     toks, _ = _sample(Sampler(), lg, [P(seed=s) for s in range(n)], [0] * n)
     freq = torch.bincount(torch.tensor(toks), minlength=3).float() / n
     assert (freq - probs).abs().max() < 0.04, freq
+
+
+# ---- logit_bias, min_tokens, penalties, min_p: each against a plain-torch reference of
+# its definition, one row at a time (sampler.py's docstring states them) ----------------
+
+def _reference_adjusted(logits: torch.Tensor, params, histories, prompt_lens, output_index) -> torch.Tensor:
+    """logit_bias, then stop ids masked under min_tokens, then repetition (prompt + output),
+    frequency and presence (output only): a loop over rows and tokens."""
+    out = logits.clone()
+    for r, p in enumerate(params):
+        for token, bias in p.logit_bias:
+            out[r, token] += bias
+        if output_index[r] < p.min_tokens:
+            for token in p.stop_token_ids:
+                out[r, token] = float("-inf")
+        history = list(histories[r])
+        outputs = history[prompt_lens[r]:]
+        for token in set(history):
+            if p.repetition_penalty != 1:
+                l = out[r, token]
+                out[r, token] = l / p.repetition_penalty if l > 0 else l * p.repetition_penalty
+        for token in set(outputs):
+            out[r, token] -= p.frequency_penalty * outputs.count(token) + p.presence_penalty
+    return out
+
+
+def _rows(params, output_index, histories, prompt_lens) -> SamplingRows:
+    return SamplingRows.from_params(params, output_index, histories, prompt_lens)
+
+
+MIXED = [
+    P(temperature=0.0),
+    P(temperature=0.0, logit_bias=((3, 2.5), (7, -1.5), (49, 100.0))),
+    P(temperature=0.0, repetition_penalty=1.5),
+    P(temperature=0.0, frequency_penalty=0.75, presence_penalty=-0.5),
+    P(temperature=0.0, repetition_penalty=0.5, frequency_penalty=-0.25, presence_penalty=1.25, logit_bias=((0, 4.0),)),
+    P(temperature=0.0, min_tokens=3, stop_token_ids=(2, 11)),
+    P(temperature=0.0, min_tokens=1, stop_token_ids=(5,)),
+]
+HISTORIES = [[1, 2], [4, 4, 9], [1, 2, 2, 3, 40, 40], [5, 6, 6, 6, 7, 8, 8], [0, 0, 1, 30, 30, 30], [2], [5, 5]]
+PROMPT_LENS = [2, 1, 3, 2, 4, 1, 1]
+OUTPUT_INDEX = [0, 2, 3, 5, 2, 2, 1]  # Row 5 is under its min_tokens, row 6 just past it.
+
+
+def test_adjusted_logits_match_the_definitions_exactly():
+    from llmserve.worker.sampler import adjusted_logits
+
+    lg = _logits(rows=len(MIXED), vocab=50, seed=3)
+    got = adjusted_logits(lg.clone(), _rows(MIXED, OUTPUT_INDEX, HISTORIES, PROMPT_LENS))  # In place.
+    ref = _reference_adjusted(lg, MIXED, HISTORIES, PROMPT_LENS, OUTPUT_INDEX)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert torch.equal(got[0], lg[0])  # A row using none of them is untouched...
+    assert got[5, 2] == got[5, 11] == float("-inf") and torch.equal(got[6], lg[6])  # ...and past min_tokens.
+
+
+def test_no_row_using_them_costs_nothing():
+    from llmserve.worker.sampler import adjusted_logits
+
+    lg = _logits(rows=3)
+    before = lg.clone()
+    assert adjusted_logits(lg, _rows([P(), P(temperature=0.0), P(min_tokens=2)], [0, 0, 5], [[1]] * 3, [1] * 3)) is lg
+    assert torch.equal(lg, before)
+
+
+def test_greedy_follows_the_adjusted_logits_and_other_rows_keep_their_tokens():
+    lg = _logits(rows=len(MIXED), vocab=50, seed=4)
+    ref = _reference_adjusted(lg, MIXED, HISTORIES, PROMPT_LENS, OUTPUT_INDEX).argmax(-1)
+    out = Sampler(seed=0)(lg.clone(), _rows(MIXED, OUTPUT_INDEX, HISTORIES, PROMPT_LENS))
+    assert out.token_ids.tolist() == ref.tolist()
+    assert out.token_ids[1] == 49  # +100 forces a token.
+    alone = Sampler(seed=0)(lg[[0]], _rows([MIXED[0]], [0], [HISTORIES[0]], [2]))
+    assert out.token_ids[0] == alone.token_ids[0] == lg[0].argmax()
+
+
+def test_penalties_bite_where_the_reference_says():
+    # A row whose top token is repeated in its output: a frequency penalty moves greedy off it.
+    lg = torch.tensor([[3.0, 2.5, 0.0, -1.0]])
+    history, prompt_len = [2, 0, 0], 1  # Token 0 twice in the output.
+    plain = P(temperature=0.0)
+    assert Sampler()(lg, _rows([plain], [2], [history], [prompt_len])).token_ids.tolist() == [0]
+    freq = P(temperature=0.0, frequency_penalty=0.5)  # 3 - 2 * 0.5 = 2 < 2.5
+    assert Sampler()(lg, _rows([freq], [2], [history], [prompt_len])).token_ids.tolist() == [1]
+    # Presence counts outputs only: token 2, in the prompt only, keeps its logit.
+    lg2 = torch.tensor([[0.0, 0.0, 1.0, 0.5]])
+    pres = P(temperature=0.0, presence_penalty=2.0)
+    assert Sampler()(lg2, _rows([pres], [2], [history], [prompt_len])).token_ids.tolist() == [2]
+    # Repetition counts the prompt too: 1.0 / 4 = 0.25 < 0.5.
+    rep = P(temperature=0.0, repetition_penalty=4.0)
+    assert Sampler()(lg2, _rows([rep], [2], [history], [prompt_len])).token_ids.tolist() == [3]
+
+
+def test_min_p_keeps_exactly_the_tokens_the_definition_keeps():
+    from llmserve.worker.sampler import _filtered_probs
+
+    lg = _logits(rows=3, vocab=40, seed=5)
+    params = [P(temperature=0.7, min_p=0.2), P(temperature=1.3, min_p=0.05), P(temperature=1.0)]
+    probs = _filtered_probs(lg, _rows(params, [0] * 3, [[]] * 3, [0] * 3))
+    for r, p in enumerate(params):
+        full = (lg[r] / p.temperature).softmax(-1)
+        keep = full >= p.min_p * full.max()
+        assert torch.equal(probs[r] > 0, keep), r
+        torch.testing.assert_close(probs[r], torch.where(keep, full, 0.0) / full[keep].sum())
+
+
+def test_min_p_sampling_stays_in_its_support():
+    lg = torch.tensor([[2.0, 1.9, 0.0, -3.0]]).repeat(500, 1)
+    toks, _ = _sample(Sampler(seed=2), lg, [P(temperature=1.0, min_p=0.5)] * 500, [0] * 500)
+    assert set(toks) == {0, 1}
+
+
+def test_random_rows_sample_from_the_adjusted_distribution():
+    # A -100 bias bans a token for random rows too; min_tokens bans a stop id.
+    lg = torch.zeros(400, 4)
+    params = [P(temperature=1.0, logit_bias=((1, -100.0),), min_tokens=2, stop_token_ids=(3,))] * 400
+    toks, _ = _sample(Sampler(seed=3), lg, params, [0] * 400)
+    assert set(toks) == {0, 2}
+
+
+def test_draft_positions_see_the_drafts_before_them_as_output():
+    from llmserve.contract.plan import NewRequestData, StepPlan
+    from llmserve.worker.input_batch import InputBatch
+
+    sampling = P(temperature=0.0, frequency_penalty=1.0)
+    batch = InputBatch(block_size=4, num_blocks=8, max_model_len=64)
+    plan = StepPlan(step_id=0, new_requests=[NewRequestData(1, [1, 2, 3, 4], 3, sampling, [0, 1], 3, 3,
+                                                            draft_token_ids=[7, 8])])
+    rows = batch.build_inputs(batch.apply_plan(plan)).sampling
+    assert [list(h) for h in rows.token_ids] == [[1, 2, 3, 4], [1, 2, 3, 4, 7], [1, 2, 3, 4, 7, 8]]
+    assert rows.output_index == [1, 2, 3] and rows.num_prompt_tokens == [3, 3, 3]

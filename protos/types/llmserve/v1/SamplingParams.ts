@@ -47,12 +47,43 @@ export interface SamplingParams {
    * Extra token ids that end generation (besides the model's eos ids).
    */
   'stop_token_ids'?: (number)[];
+  /**
+   * Divides (a positive logit) or multiplies (a negative one) the logit of every token
+   * already in the prompt or the output; > 1 discourages repeats. Unset: 1.0 (off).
+   */
+  'repetition_penalty'?: (number | string);
+  /**
+   * Subtracted from a token's logit once per time it occurs in the output (not the
+   * prompt); in [-2, 2], 0 is off.
+   */
+  'frequency_penalty'?: (number | string);
+  /**
+   * Subtracted from a token's logit if it occurs in the output (not the prompt) at all;
+   * in [-2, 2], 0 is off.
+   */
+  'presence_penalty'?: (number | string);
+  /**
+   * Drops tokens whose probability (after temperature) is below min_p times the most
+   * likely token's; in [0, 1], 0 is off.
+   */
+  'min_p'?: (number | string);
+  /**
+   * Token id -> bias in [-100, 100], added to that token's logit before any other
+   * setting applies (+100 all but forces a token, -100 all but bans it).
+   */
+  'logit_bias'?: ({[key: number]: number | string});
+  /**
+   * No eos token, stop token id or stop string ends a sample before it has this many
+   * tokens. At most max_tokens.
+   */
+  'min_tokens'?: (number);
   '_max_tokens'?: "max_tokens";
   '_temperature'?: "temperature";
   '_top_p'?: "top_p";
   '_seed'?: "seed";
   '_n'?: "n";
   '_logprobs'?: "logprobs";
+  '_repetition_penalty'?: "repetition_penalty";
 }
 
 /**
@@ -100,10 +131,41 @@ export interface SamplingParams__Output {
    * Extra token ids that end generation (besides the model's eos ids).
    */
   'stop_token_ids': (number)[];
+  /**
+   * Divides (a positive logit) or multiplies (a negative one) the logit of every token
+   * already in the prompt or the output; > 1 discourages repeats. Unset: 1.0 (off).
+   */
+  'repetition_penalty'?: (number);
+  /**
+   * Subtracted from a token's logit once per time it occurs in the output (not the
+   * prompt); in [-2, 2], 0 is off.
+   */
+  'frequency_penalty': (number);
+  /**
+   * Subtracted from a token's logit if it occurs in the output (not the prompt) at all;
+   * in [-2, 2], 0 is off.
+   */
+  'presence_penalty': (number);
+  /**
+   * Drops tokens whose probability (after temperature) is below min_p times the most
+   * likely token's; in [0, 1], 0 is off.
+   */
+  'min_p': (number);
+  /**
+   * Token id -> bias in [-100, 100], added to that token's logit before any other
+   * setting applies (+100 all but forces a token, -100 all but bans it).
+   */
+  'logit_bias': ({[key: number]: number});
+  /**
+   * No eos token, stop token id or stop string ends a sample before it has this many
+   * tokens. At most max_tokens.
+   */
+  'min_tokens': (number);
   '_max_tokens'?: "max_tokens";
   '_temperature'?: "temperature";
   '_top_p'?: "top_p";
   '_seed'?: "seed";
   '_n'?: "n";
   '_logprobs'?: "logprobs";
+  '_repetition_penalty'?: "repetition_penalty";
 }

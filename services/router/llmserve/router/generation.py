@@ -37,6 +37,7 @@ from llmserve.router.usage import Usage
 from llmserve.router.validation import (
     RequestError,
     ServedModel,
+    check_known_fields,
     check_model_name,
     check_sampling,
     check_token_ids,
@@ -103,7 +104,8 @@ class Generation:
         try:  # NOTE: the record (its id) is ours from here on; the finally releases it.
             record.telemetry.admitted(record.request_id, len(job.prompt_ids))
             streams = [SampleStream(index=i, detokenizer=new_detokenizer(self.tokenizer),
-                                    stop_matcher=StopStringMatcher(job.sampling.stop)) for i in range(job.n)]
+                                    stop_matcher=StopStringMatcher(job.sampling.stop),
+                                    min_tokens=job.sampling.min_tokens) for i in range(job.n)]
             unfinished = set(range(job.n))  # Samples the client has not seen end.
             attempts = Attempts(self.replicas, record, job, lambda: self.draining)
             await attempts.start(unfinished)
@@ -173,6 +175,7 @@ class Generation:
         record = self.placements.claim(request.request_id, telemetry)
         try:
             check_model_name(request.model, self.served)
+            check_known_fields(request)  # A newer client's fields would be dropped: refused.
             # The one conversion of a gRPC client's settings (the OpenAI API's: given).
             sampling, n = given or wire.sampling_from_public_pb(request.params)
             check_sampling(sampling, n)

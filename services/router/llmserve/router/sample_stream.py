@@ -30,6 +30,7 @@ class SampleStream:
     index: int
     detokenizer: StreamDetokenizer | IncrementalDetokenizer
     stop_matcher: StopStringMatcher
+    min_tokens: int = 0  # A stop string counts only where it ends in a later token's text.
     num_tokens: int = 0
     num_cached_tokens: int = 0
     finish_reason: FinishReason = FinishReason.NONE
@@ -49,12 +50,13 @@ class SampleStream:
         emit, matched, kept = "", None, 0
         for token_id in out.new_token_ids:
             kept += 1
-            text, matched = self.stop_matcher.feed(self.detokenizer.push([token_id]))
+            can_stop = self.num_tokens + kept > self.min_tokens
+            text, matched = self.stop_matcher.feed(self.detokenizer.push([token_id]), can_stop)
             emit += text
             if matched is not None:
                 break
         if matched is None and out.finished:
-            text, matched = self.stop_matcher.feed(self.detokenizer.flush())
+            text, matched = self.stop_matcher.feed(self.detokenizer.flush(), self.num_tokens + kept > self.min_tokens)
             emit += text
         self.num_tokens += kept
         finish, stop_reason = out.finish_reason, ""

@@ -7,6 +7,10 @@ everything after it are dropped) or can no longer be one (then it is emitted).
 When several stop strings match, the one that *ends* first wins (ties: the longer one),
 which is what a character-by-character check would see; so the result does not depend
 on how the text was cut into deltas.
+
+Text fed with `can_stop=False` (a sample's first min_tokens tokens) is never the end of
+a match: a stop string counts only where it ends in text fed later (it may begin
+earlier).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ class StopStringMatcher:
         self.stops: tuple[str, ...] = tuple(dict.fromkeys(s for s in stops if s))
         self._max_hold = max((len(s) for s in self.stops), default=1) - 1
         self._held = ""
+        self._blocked = 0  # Leading characters of _held fed with can_stop=False: no match ends there.
         self.matched: str | None = None  # The stop string that ended the text, if any.
 
     @property
@@ -29,8 +34,9 @@ class StopStringMatcher:
         """Text held back as a possible start of a stop string."""
         return self._held
 
-    def feed(self, text_delta: str) -> tuple[str, str | None]:
+    def feed(self, text_delta: str, can_stop: bool = True) -> tuple[str, str | None]:
         """Returns (text to emit now, the stop string matched by this delta or None).
+        `can_stop` False: no match may end in this delta (min_tokens).
 
         After a match everything is dropped: further feeds return ("", None).
         """
@@ -39,7 +45,8 @@ class StopStringMatcher:
         if not self.stops:
             return text_delta, None
         text = self._held + text_delta
-        match = self._first_match(text)
+        blocked = len(text) if not can_stop else self._blocked
+        match = self._first_match(text, blocked) if can_stop else None
         if match is not None:
             start, stop = match
             self._held = ""
@@ -47,17 +54,19 @@ class StopStringMatcher:
             return text[:start], stop
         keep = self._partial_suffix_len(text)
         self._held = text[len(text) - keep:]
+        self._blocked = max(0, blocked - (len(text) - keep))
         return text[: len(text) - keep], None
 
     def flush(self) -> str:
         """The held-back text, at the end of the sequence (not a stop string after all)."""
-        held, self._held = self._held, ""
+        held, self._held, self._blocked = self._held, "", 0
         return held
 
-    def _first_match(self, text: str) -> tuple[int, str] | None:
+    def _first_match(self, text: str, blocked: int = 0) -> tuple[int, str] | None:
+        """The first stop string ending after text[:blocked]: (its start, it)."""
         best: tuple[int, int, str] | None = None  # (end, -len, stop)
         for stop in self.stops:
-            i = text.find(stop)
+            i = text.find(stop, max(0, blocked - len(stop) + 1))
             if i < 0:
                 continue
             key = (i + len(stop), -len(stop), stop)

@@ -11,11 +11,13 @@ import math
 from dataclasses import dataclass, replace
 
 import grpc
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from llmserve.contract.sampling import SamplingParams
 
 MAX_LOGPROBS = 20
 MAX_N = 64
+MAX_LOGIT_BIAS = 1024  # Entries of one request's logit_bias.
 # Error details travel in a trailer: a message echoing a huge client string would exceed
 # the client's metadata limit and reach it as a transport error instead.
 MAX_ERROR_CHARS = 1024
@@ -29,16 +31,39 @@ def shown(text: str, limit: int = 80) -> str:
 
 
 class RequestError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
+    """`param`: the request field it is about, where one is (the OpenAI error body's)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, param: str | None = None):
         if len(message) > MAX_ERROR_CHARS:
             message = message[:MAX_ERROR_CHARS] + "..."
         super().__init__(message)
         self.code = code
         self.message = message
+        self.param = param
 
 
-def invalid(message: str) -> RequestError:
-    return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message)
+def invalid(message: str, param: str | None = None) -> RequestError:
+    return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message, param)
+
+
+def check_known_fields(msg, path: str = "") -> None:
+    """Refuses a message carrying fields this server's API version does not know (a newer
+    client's): protobuf keeps them as unknown fields, which nothing here would read, so
+    the request would run as if they were not there. `path`: where msg is, for the error."""
+    unknown = UnknownFieldSet(msg)
+    if len(unknown):
+        numbers = sorted({field.field_number for field in unknown})
+        raise invalid(f"{path or msg.DESCRIPTOR.name} has field number(s) {numbers} of {msg.DESCRIPTOR.full_name} "
+                      f"that this server does not know (a newer API version's?): it cannot honour them")
+    for field, value in msg.ListFields():
+        if field.message_type is None or field.message_type.GetOptions().map_entry:
+            continue
+        name = f"{path}.{field.name}" if path else field.name
+        if field.is_repeated:
+            for i, item in enumerate(value):
+                check_known_fields(item, f"{name}[{i}]")
+        else:
+            check_known_fields(value, name)
 
 
 @dataclass(frozen=True)
@@ -84,6 +109,28 @@ def check_sampling(sampling: SamplingParams, n: int) -> None:
         raise invalid("stop strings must not be empty")
     if sampling.max_tokens is not None and sampling.max_tokens < 1:
         raise invalid(f"max_tokens must be at least 1, got {sampling.max_tokens}")
+    _check_sampling_extras(sampling)
+
+
+def _check_sampling_extras(sampling: SamplingParams) -> None:
+    """Penalties, min_p, logit_bias's values and min_tokens (logit_bias's ids are checked
+    against the vocabulary by resolve_sampling)."""
+    if not sampling.repetition_penalty > 0 or math.isinf(sampling.repetition_penalty):
+        raise invalid(f"repetition_penalty must be a finite number > 0, got {sampling.repetition_penalty}")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if not -2 <= getattr(sampling, name) <= 2:
+            raise invalid(f"{name} must be in [-2, 2], got {getattr(sampling, name)}")
+    if not 0 <= sampling.min_p <= 1:
+        raise invalid(f"min_p must be in [0, 1], got {sampling.min_p}")
+    if len(sampling.logit_bias) > MAX_LOGIT_BIAS:
+        raise invalid(f"logit_bias has {len(sampling.logit_bias)} entries; at most {MAX_LOGIT_BIAS}")
+    for token_id, bias in sampling.logit_bias:
+        if not -100 <= bias <= 100:
+            raise invalid(f"logit_bias of token {token_id} must be in [-100, 100], got {bias}")
+    if sampling.min_tokens < 0:
+        raise invalid(f"min_tokens must be >= 0, got {sampling.min_tokens}")
+    if sampling.max_tokens is not None and sampling.min_tokens > sampling.max_tokens:
+        raise invalid(f"min_tokens ({sampling.min_tokens}) must not exceed max_tokens ({sampling.max_tokens})")
 
 
 def check_prompt_tokens(prompt_len: int, served: ServedModel) -> None:
@@ -110,4 +157,11 @@ def resolve_sampling(sampling: SamplingParams, prompt_len: int, served: ServedMo
             f"exceeds max_model_len {served.max_model_len}"
         )
     check_token_ids(list(sampling.stop_token_ids), served)
+    try:
+        check_token_ids([token_id for token_id, _ in sampling.logit_bias], served)
+    except RequestError as err:
+        raise invalid(f"logit_bias: {err.message}") from None
+    if sampling.min_tokens > max_tokens:
+        raise invalid(f"min_tokens ({sampling.min_tokens}) exceeds the {max_tokens} tokens the prompt leaves "
+                      f"room for (max_model_len {served.max_model_len})")
     return replace(sampling, max_tokens=max_tokens, top_k=max(sampling.top_k, 0))

@@ -156,7 +156,9 @@ class OutputProcessor:
         """
         sampling = sample.sampling
         is_eos = token_id in sample.request.eos_token_ids and not sampling.ignore_eos
-        if is_eos or token_id in sampling.stop_token_ids:
+        # NOTE: the worker masks these ids until min_tokens outputs (worker_view's
+        # _worker_sampling); counting only after it keeps a runner without that mask honest.
+        if (is_eos or token_id in sampling.stop_token_ids) and sample.num_output_tokens > sampling.min_tokens:
             sample.stop_token_id = token_id
             return RequestStatus.FINISHED_STOPPED
         if sample.num_output_tokens >= sampling.max_tokens or sample.num_tokens >= self.max_model_len:

@@ -12,11 +12,25 @@ block ids). Dropped ids go out in the next non-empty plan's finished_seq_ids.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan
+from llmserve.contract.sampling import SamplingParams
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
 from llmserve.scheduler.request import Sample
+
+
+def _worker_sampling(sample: Sample) -> SamplingParams:
+    """The sample's settings as its worker samples with them. The worker masks a row's
+    stop token ids until it has min_tokens outputs; the ids that end a sample are the
+    model's eos ids too (unless ignore_eos), which the scheduler holds: they join the
+    worker's stop_token_ids here. Stopping itself stays the scheduler's (its own
+    sample.sampling, unchanged)."""
+    sampling = sample.sampling
+    if not sampling.min_tokens or sampling.ignore_eos:
+        return sampling
+    extra = sorted(sample.request.eos_token_ids - set(sampling.stop_token_ids))
+    return replace(sampling, stop_token_ids=sampling.stop_token_ids + tuple(extra)) if extra else sampling
 
 
 @dataclass
@@ -134,7 +148,7 @@ class WorkerView:
             seq_id=sample.seq_id,
             token_ids=sample.all_token_ids,
             num_prompt_tokens=sample.num_prompt_tokens,
-            sampling=sample.sampling,  # Whole: the worker reads what it samples with.
+            sampling=_worker_sampling(sample),  # Whole: the worker reads what it samples with.
             block_ids=self.kv.get_block_ids(sample),
             num_computed_tokens=sample.num_computed_tokens,
             num_scheduled_tokens=item.num_tokens,

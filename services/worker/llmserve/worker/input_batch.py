@@ -175,8 +175,13 @@ class InputBatch:
         input_ids, positions, slot_mapping, sample_indices = packed.split([T, T, T, S])
         meta = self.attention_backend.build_metadata(query_lens, seq_lens, tables, slot_mapping, bs)
         # NOTE: position j of a row verifying drafts samples as the plain decode of its
-        # (num_output_tokens + j)-th token would: a seeded request draws the same token.
-        sampling = SamplingRows.from_params([st.sampling for st in sample_states],
-                                            [st.num_output_tokens + j for st, j in zip(sample_states, sample_offsets)])
+        # (num_output_tokens + j)-th token would: a seeded request draws the same token,
+        # and a penalized one sees drafts[:j] as output (the only copy of a history made).
+        sampling = SamplingRows.from_params(
+            [st.sampling for st in sample_states],
+            [st.num_output_tokens + j for st, j in zip(sample_states, sample_offsets)],
+            [st.token_ids + st.draft_token_ids[:j] if j and st.sampling.penalized else st.token_ids
+             for st, j in zip(sample_states, sample_offsets)],
+            [st.num_prompt_tokens for st in sample_states])
         return StepInputs(input_ids=input_ids, positions=positions, meta=meta, sample_indices=sample_indices,
                           sample_states=sample_states, sample_offsets=sample_offsets, sampling=sampling)

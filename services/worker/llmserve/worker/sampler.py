@@ -1,6 +1,22 @@
 """Token sampling for a batch of rows, each with its own settings (`SamplingRows`, built
 from the rows' SamplingParams), on the device the logits are on.
 
+The order, vLLM's (rows that do not use a setting skip it, and a batch where no row
+uses one pays nothing for it):
+
+    logits (float32)
+      -> logit_bias added                       }
+      -> stop ids masked while < min_tokens     } what greedy rows take the argmax of
+      -> repetition, frequency, presence        }
+      -> temperature -> min_p -> top-k -> top-p -> the exponential race (random rows)
+
+Penalties (vLLM's definitions): a token seen in the prompt or the output so far has its
+logit l divided by repetition_penalty r if l > 0, else multiplied by it; then l -=
+frequency_penalty * (times in the output) and l -= presence_penalty * (in the output at
+all); prompt tokens count for repetition only. min_p keeps a token whose probability
+after temperature is at least min_p times the most likely token's. Logprobs are of the
+raw logits (before all of it, taken first), as vLLM's default.
+
 Random rows use the exponential race: token = argmax(probs / E), E ~ Exp(1) i.i.d.,
 which samples from probs. A seeded row draws its E from a generator seeded by
 (seed, number of tokens it generated so far), so its token does not depend on the rest
@@ -13,8 +29,11 @@ more read.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 
@@ -32,8 +51,11 @@ def seeded_generator_seed(seed: int, output_index: int) -> int:
 class SamplingRows:
     """One step's sampled rows' settings, as the sampler reads them: the worker's one
     conversion of SamplingParams (`from_params`, called by InputBatch.build_inputs). A
-    setting the sampler uses is one column here. On the host; the sampler moves what
-    it needs to the logits' device."""
+    setting the sampler uses is one column here, named as the field; ROW_STATE are the
+    rows' state, not settings. On the host; the sampler moves what it needs to the
+    logits' device."""
+
+    ROW_STATE: ClassVar[frozenset[str]] = frozenset({"output_index", "token_ids", "num_prompt_tokens"})
 
     temperature: torch.Tensor  # [S] float32; <= _GREEDY_EPS: greedy
     top_p: torch.Tensor  # [S] float32; 1: off
@@ -41,16 +63,42 @@ class SamplingRows:
     seed: list[int | None]  # [S]; None: the sampler's shared generator
     logprobs: list[int | None]  # [S]; None: none; k: the sampled token's and the top k
     output_index: list[int]  # [S]: tokens the row generated before this one (a seeded row's draw)
+    min_p: torch.Tensor  # [S] float32; 0: off
+    repetition_penalty: torch.Tensor  # [S] float32; 1: off
+    frequency_penalty: torch.Tensor  # [S] float32; 0: off
+    presence_penalty: torch.Tensor  # [S] float32; 0: off
+    logit_bias: list[tuple[tuple[int, float], ...]]  # [S]; (): none
+    min_tokens: torch.Tensor  # [S] long
+    # [S]: the ids a row under min_tokens must not sample (the scheduler adds the eos ids).
+    stop_token_ids: list[tuple[int, ...]]
+    # [S]: prompt + the tokens before this one, and how many of them are the prompt; read
+    # for the rows with a penalty only (references to the worker's lists, not copies).
+    token_ids: list[Sequence[int]]
+    num_prompt_tokens: list[int]
 
     @classmethod
-    def from_params(cls, params: Sequence[SamplingParams], output_index: Sequence[int]) -> SamplingRows:
+    def from_params(cls, params: Sequence[SamplingParams], output_index: Sequence[int],
+                    token_ids: Sequence[Sequence[int]] | None = None,
+                    num_prompt_tokens: Sequence[int] | None = None) -> SamplingRows:
+        def floats(name: str) -> torch.Tensor:
+            return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32)
+
         return cls(
-            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
+            temperature=floats("temperature"),
+            top_p=floats("top_p"),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
             seed=[p.seed for p in params],
             logprobs=[p.logprobs for p in params],
             output_index=list(output_index),
+            min_p=floats("min_p"),
+            repetition_penalty=floats("repetition_penalty"),
+            frequency_penalty=floats("frequency_penalty"),
+            presence_penalty=floats("presence_penalty"),
+            logit_bias=[p.logit_bias for p in params],
+            min_tokens=torch.tensor([p.min_tokens for p in params], dtype=torch.long),
+            stop_token_ids=[p.stop_token_ids for p in params],
+            token_ids=list(token_ids) if token_ids is not None else [()] * len(params),
+            num_prompt_tokens=list(num_prompt_tokens) if num_prompt_tokens is not None else [0] * len(params),
         )
 
     def __len__(self) -> int:
@@ -59,9 +107,11 @@ class SamplingRows:
     def select(self, rows: list[int]) -> SamplingRows:
         """These rows only, in this order."""
         index = torch.tensor(rows, dtype=torch.long)
-        return SamplingRows(self.temperature[index], self.top_p[index], self.top_k[index],
-                            [self.seed[i] for i in rows], [self.logprobs[i] for i in rows],
-                            [self.output_index[i] for i in rows])
+        picked = {}
+        for f in fields(self):
+            column = getattr(self, f.name)
+            picked[f.name] = column[index] if isinstance(column, torch.Tensor) else [column[i] for i in rows]
+        return SamplingRows(**picked)
 
 
 @dataclass
@@ -80,8 +130,12 @@ class Sampler:
             self.generator.manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, rows: SamplingRows) -> SamplerOutput:
-        """logits: [S, V], one row per entry of `rows`."""
+        """logits: [S, V], one row per entry of `rows`. NOTE: float32 logits are adjusted
+        in place (logit_bias, min_tokens, penalties): a step's logits are read once."""
         logits = logits.float()
+        # Logprobs are of the raw logits: taken before the in-place adjustments.
+        raw_logprobs = _raw_logprobs(logits, rows)
+        logits = adjusted_logits(logits, rows)
         S, V = logits.shape
         # Greedy for every row (random rows overwritten below). NOTE: max(dim) returns the
         # first maximal index like argmax, and on CPU is faster over a large vocabulary.
@@ -93,7 +147,7 @@ class Sampler:
             probs = _filtered_probs(logits[index], sub)  # [R, V]
             noise = self._exponential_noise(sub, V)
             tokens[index] = (probs / noise).argmax(dim=-1)
-        return SamplerOutput(tokens, _logprobs(logits, rows, tokens))
+        return SamplerOutput(tokens, _logprobs(raw_logprobs, rows, tokens))
 
     def _exponential_noise(self, rows: SamplingRows, V: int) -> torch.Tensor:
         """E ~ Exp(1): [R, V], a seeded row's from its own (seed, output index) generator."""
@@ -111,10 +165,14 @@ class Sampler:
 
 
 def _filtered_probs(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
-    """Temperature, then top-k, then top-p; one softmax for all rows. logits: [R, V]."""
+    """Temperature, then min-p, then top-k, then top-p; one softmax for all rows. logits: [R, V]."""
     R, V = logits.shape
     dev = logits.device
     logits = logits / rows.temperature.to(dev)[:, None]
+    if bool((rows.min_p > 0).any()):
+        # probs >= min_p * max prob, as logits: l >= max l + log(min_p) (log 0 = -inf: off).
+        floor = logits.max(dim=-1, keepdim=True).values + rows.min_p.to(dev)[:, None].log()  # [R, 1]
+        logits = logits.masked_fill(logits < floor, float("-inf"))
     ks = torch.where(rows.top_k > 0, rows.top_k.clamp(max=V), V)  # [R] long, V: off
     cut_k = bool((ks < V).any())
     cut_p = bool((rows.top_p < 1.0).any())
@@ -142,17 +200,113 @@ def _filtered_probs(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     return logits.softmax(dim=-1)
 
 
-def _logprobs(logits: torch.Tensor, rows: SamplingRows, tokens: torch.Tensor) -> list[TokenLogprobs | None]:
-    """From log_softmax of the raw float32 logits (before temperature / top-k / top-p).
+def adjusted_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+    """logit_bias, the min_tokens mask and the penalties, IN PLACE on logits ([S, V]
+    float32) where a row uses one; returns logits. Each touches only its rows' (row, id)
+    entries: O(entries), never a [S, V] pass."""
+    bias = _bias_entries(rows)
+    masked = _min_tokens_entries(rows)
+    penalized = ((rows.repetition_penalty != 1) | (rows.frequency_penalty != 0)
+                 | (rows.presence_penalty != 0)).nonzero()[:, 0].tolist()
+    V = logits.shape[1]
+    flat_logits = logits.view(-1)
+    if bias is not None:
+        flat, values = (t.to(logits.device, non_blocking=True) for t in bias)
+        flat_logits.index_add_(0, _flat_index(flat, V), values)
+    if masked is not None:
+        flat_logits.index_fill_(0, _flat_index(masked.to(logits.device, non_blocking=True), V), float("-inf"))
+    if penalized:
+        _apply_penalties(flat_logits, V, rows, penalized)
+    return logits
+
+
+def _flat_index(pairs: torch.Tensor, V: int) -> torch.Tensor:
+    """[2, N] (row, token id) -> [N] indices into a [S, V] tensor's flat view."""
+    return pairs[0] * V + pairs[1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _bias_tensors(bias: tuple[tuple[int, float], ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A request's logit_bias as ([N] ids long, [N] values float32), built once per bias."""
+    return torch.tensor([t for t, _ in bias], dtype=torch.long), torch.tensor([b for _, b in bias])
+
+
+def _bias_entries(rows: SamplingRows) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """([2, N] (row, id), [N] bias) over the rows with a logit_bias, or None."""
+    biased = [i for i, bias in enumerate(rows.logit_bias) if bias]
+    if not biased:
+        return None
+    ids, values = zip(*(_bias_tensors(rows.logit_bias[i]) for i in biased))
+    counts = torch.tensor([len(t) for t in ids])
+    row = torch.tensor(biased).repeat_interleave(counts)
+    return torch.stack([row, torch.cat(ids)]), torch.cat(values)
+
+
+def _min_tokens_entries(rows: SamplingRows) -> torch.Tensor | None:
+    """[2, N] (row, id): the stop ids of the rows with fewer than min_tokens outputs."""
+    if not bool((rows.min_tokens > 0).any()):
+        return None
+    under = (rows.min_tokens > torch.tensor(rows.output_index)).nonzero()[:, 0].tolist()
+    under = [i for i in under if rows.stop_token_ids[i]]
+    if not under:
+        return None
+    counts = torch.tensor([len(rows.stop_token_ids[i]) for i in under])
+    ids = torch.tensor(list(itertools.chain.from_iterable(rows.stop_token_ids[i] for i in under)), dtype=torch.long)
+    return torch.stack([torch.tensor(under).repeat_interleave(counts), ids])
+
+
+def _apply_penalties(flat_logits: torch.Tensor, V: int, rows: SamplingRows, penalized: list[int]) -> None:
+    """In place on a [S, V] tensor's flat view, at the (row, id) entries of the
+    `penalized` rows' histories only: repetition where an id is in the prompt or the
+    output, then frequency and presence where it is in the output (one scatter of the
+    output entries into a [P, V] count), as the module's docstring defines them."""
+    dev = flat_logits.device
+    history = [rows.token_ids[i] for i in penalized]
+    lengths = torch.tensor([len(h) for h in history])
+    ids = torch.tensor(list(itertools.chain.from_iterable(history)), dtype=torch.long)  # [N]
+    local_row = torch.repeat_interleave(lengths)  # [N]: the entry's row in [P]
+    row = torch.tensor(penalized)[local_row]  # [N]: its row in [S]
+    # An entry is an output token where its position in the row is past the prompt.
+    output_start = (lengths.cumsum(0) - lengths) + torch.tensor([rows.num_prompt_tokens[i] for i in penalized])
+    is_output = torch.arange(len(ids)) >= output_start[local_row]  # [N] bool
+    flat = (row * V + ids).to(dev, non_blocking=True)  # [N]
+    rep = rows.repetition_penalty
+    if bool((rep[penalized] != 1).any()):
+        # NOTE: an id seen twice gets the same value twice (computed from the logit before).
+        seen = flat_logits[flat]
+        factor = rep.to(dev)[row.to(dev)]
+        flat_logits[flat] = torch.where(seen > 0, seen / factor, seen * factor)
+    freq, presence = rows.frequency_penalty, rows.presence_penalty
+    if bool((freq[penalized] != 0).any() or (presence[penalized] != 0).any()):
+        # counts: [P, V], each row's output ids counted (one scatter); read back at them.
+        out = is_output.to(dev)
+        local = (local_row * V + ids).to(dev)[out]
+        counts = torch.zeros(len(penalized) * V, device=dev).index_add_(0, local, torch.ones(len(local), device=dev))
+        out_flat, out_row = flat[out], row.to(dev)[out]
+        # NOTE: an id seen twice gets the same value twice, as for repetition.
+        flat_logits[out_flat] = flat_logits[out_flat] - (freq.to(dev)[out_row] * counts[local]
+                                                         + presence.to(dev)[out_row])
+
+
+def _raw_logprobs(logits: torch.Tensor, rows: SamplingRows) -> tuple[list[int], torch.Tensor] | None:
+    """(the rows asking for logprobs, their log_softmax [L, V]) of the raw float32 logits
+    (before any adjustment, temperature, top-k, top-p), or None if no row asks."""
+    rows_asking = [i for i, k in enumerate(rows.logprobs) if k is not None]
+    if not rows_asking:
+        return None
+    return rows_asking, torch.log_softmax(logits[torch.tensor(rows_asking, device=logits.device)], dim=-1)
+
+
+def _logprobs(raw: tuple[list[int], torch.Tensor] | None, rows: SamplingRows,
+              tokens: torch.Tensor) -> list[TokenLogprobs | None]:
+    """The asking rows' logprobs (`raw`: _raw_logprobs's) of the sampled ids and their top k.
     tokens: [S] long, the sampled ids (on the logits' device)."""
     asked = rows.logprobs
     out: list[TokenLogprobs | None] = [None] * len(asked)
-    rows_asking = [i for i, k in enumerate(asked) if k is not None]
-    if not rows_asking:
+    if raw is None:
         return out
-    dev = logits.device
-    index = torch.tensor(rows_asking, device=dev)
-    lp = torch.log_softmax(logits[index], dim=-1)  # [L, V]
+    rows_asking, lp = raw
+    index = torch.tensor(rows_asking, device=lp.device)
     chosen_ids = tokens[index]  # [L]
     chosen = lp.gather(1, chosen_ids[:, None])[:, 0]  # [L]
     max_k = min(max(max(asked[i] or 0 for i in rows_asking), 0), lp.shape[1])

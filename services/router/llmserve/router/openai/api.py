@@ -110,7 +110,7 @@ async def _generation_error(request: Request, err: GenerationError) -> JSONRespo
 
 
 async def _request_error(request: Request, err: RequestError) -> JSONResponse:
-    return error_response(err.code, err.message)
+    return error_response(err.code, err.message, err.param)
 
 
 # Every refusal, whoever raised it, as an OpenAI error body with its HTTP status.
@@ -163,6 +163,7 @@ def _add_generation_routes(app: FastAPI, generation: Generation, guarded: list) 
 
     @app.post("/v1/chat/completions", dependencies=guarded)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        body.check_fields()
         request_id = uuid.uuid4().hex
         pb = _translate(lambda: [body.to_pb(request_id)])
         sampling = _translate(body.sampling)
@@ -171,17 +172,24 @@ def _add_generation_routes(app: FastAPI, generation: Generation, guarded: list) 
 
     @app.post("/v1/completions", dependencies=guarded)
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        body.check_fields()
         request_id = uuid.uuid4().hex
         prompts = _translate(body.prompts)
         ids = [request_id if len(prompts) == 1 else f"{request_id}-{i}" for i in range(len(prompts))]
         requests = _translate(lambda: body.to_pb(ids))
         sampling = _translate(body.sampling)
-        renderer = _renderer(False, f"cmpl-{request_id}", body)
+        renderer = _renderer(False, f"cmpl-{request_id}", body, _echo(prompts) if body.echo else None)
         return await _respond(generation, requests, sampling, body, renderer, body.logprobs is not None, request)
 
-    def _renderer(chat: bool, response_id: str, body) -> Renderer:
+    def _renderer(chat: bool, response_id: str, body, prompt_text=None) -> Renderer:
         return Renderer(chat=chat, model=generation.served.name if generation.served else body.model,
-                        response_id=response_id, n=body.n or 1, token_text=generation.token_text)
+                        response_id=response_id, n=body.n or 1, token_text=generation.token_text,
+                        prompt_text=prompt_text)
+
+    def _echo(prompts: list[str | list[int]]) -> Callable[[int], str]:
+        """Prompt i's text for `echo`: as sent, or its token ids decoded (called once an
+        output exists, so the ids passed validation)."""
+        return lambda i: prompts[i] if isinstance(prompts[i], str) else generation.tokenizer.decode(prompts[i])
 
 
 def _translate(build):

@@ -3,10 +3,19 @@
 sends) and the sampling settings as the router's `SamplingParams`, converted here once
 (this module, not wire.py, because it reads pydantic models).
 
+Every field a client sends is honoured or refused, never silently dropped:
+
+- a field declared on a model below is honoured (each reaches `SamplingParams`, the
+  prompt, or the rendering of the reply);
+- IGNORED fields only matter to OpenAI's billing and logging: accepted, and unused;
+- NOT_SUPPORTED fields are refused by name with a 400 saying so (null is accepted: it
+  asks for nothing);
+- any other field is refused by name as unknown.
+
 Only the shape is checked here (pydantic: types, required fields); every value check
 (ranges, sizes, the model's name, the prompt's length) is `Generation`'s, shared with
-gRPC. Extensions beyond OpenAI's fields, as vLLM names them: `top_k`, `ignore_eos`,
-`stop_token_ids`, `priority`.
+gRPC. Extensions beyond OpenAI's fields, as vLLM names them: `top_k`, `min_p`,
+`repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `priority`.
 """
 
 from __future__ import annotations
@@ -20,17 +29,56 @@ from llmserve.contract.wire import public_float, public_int, public_str
 from llmserve.router.validation import invalid
 from llmserve.v1 import generation_pb2
 
+# Accepted and unused: on OpenAI's side they only key billing, logging and retention.
+IGNORED = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier"})
+
+_TOOLS = "tool calling is not supported yet"
+_STRUCTURED = "structured output is not supported yet"
+# Fields of OpenAI's API (and common extensions) this server does not implement: refused
+# by name, with why. Later items of issue #33 move some into the models below.
+NOT_SUPPORTED = {
+    "tools": _TOOLS, "tool_choice": _TOOLS, "parallel_tool_calls": _TOOLS,
+    "functions": _TOOLS, "function_call": _TOOLS,
+    "response_format": _STRUCTURED, "guided_json": _STRUCTURED, "guided_regex": _STRUCTURED,
+    "guided_choice": _STRUCTURED, "guided_grammar": _STRUCTURED, "structured_outputs": _STRUCTURED,
+    "reasoning_effort": "reasoning options are not supported yet",
+    "chat_template_kwargs": "passing variables to the chat template is not supported yet",
+    "audio": "audio output is not supported", "modalities": "output modalities other than text are not supported",
+    "prediction": "predicted outputs are not supported", "web_search_options": "web search is not supported",
+    "verbosity": "verbosity is not supported", "moderation": "moderation is not supported",
+    "prompt_cache_key": "prompt cache controls are not supported (prefix caching is automatic)",
+    "prompt_cache_retention": "prompt cache controls are not supported (prefix caching is automatic)",
+    "prompt_cache_options": "prompt cache controls are not supported (prefix caching is automatic)",
+    "prompt_logprobs": "prompt logprobs are not supported yet",
+}
+
+
+def _check_extra(model: BaseModel) -> None:
+    """Refuses, by name, a body field the model does not declare (see the module's docstring)."""
+    for name, value in (model.model_extra or {}).items():
+        if name in IGNORED:
+            continue
+        if name in NOT_SUPPORTED:
+            if value is None:
+                continue
+            raise invalid(f"{name}: {NOT_SUPPORTED[name]}", param=name)
+        raise invalid(f"{name}: unknown field (this server implements OpenAI's request fields and the "
+                      f"extensions in docs/guide/openai.md; it refuses what it would otherwise ignore)",
+                      param=name)
+
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     include_usage: bool = False  # A last chunk with `usage` and no choices.
 
 
 class _Sampling(BaseModel):
     """Fields both endpoints share."""
 
-    # NOTE: unknown fields are ignored, as OpenAI-compatible servers do: clients send
-    # fields of newer API versions (and `user`, `metadata`) that change nothing here.
-    model_config = ConfigDict(extra="ignore")
+    # NOTE: undeclared fields are kept (model_extra) so that `check_fields` can refuse
+    # each by name; pydantic's extra="forbid" would name none of them helpfully.
+    model_config = ConfigDict(extra="allow")
 
     model: str
     max_tokens: int | None = None
@@ -41,8 +89,14 @@ class _Sampling(BaseModel):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None  # Accepted for compatibility; nothing is keyed on it.
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    # Token id (a JSON object's keys are strings: "50256") -> bias in [-100, 100].
+    logit_bias: dict[int, float] | None = None
     top_k: int = 0  # Extension: 0 or -1 = off.
+    min_p: float = 0.0  # Extension: 0 = off.
+    repetition_penalty: float | None = None  # Extension: 1 (unset) = off.
+    min_tokens: int = 0  # Extension: no stop before this many tokens.
     ignore_eos: bool = False  # Extension: generate past end-of-sequence tokens.
     stop_token_ids: list[int] = Field(default_factory=list)  # Extension.
     priority: int = 0  # Extension: lower is served first (the gRPC API's priority).
@@ -50,6 +104,10 @@ class _Sampling(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    def check_fields(self) -> None:
+        """Refuses (400, by name) every field sent that is neither honoured nor ignored."""
+        _check_extra(self)
 
     def _sampling(self, max_tokens: int | None, logprobs: int | None) -> tuple[SamplingParams, int]:
         """The settings as SamplingParams, and n: read as wire.sampling_from_public_pb reads
@@ -67,20 +125,31 @@ class _Sampling(BaseModel):
             logprobs=None if logprobs is None else public_int(logprobs),
             stop_token_ids=tuple(public_int(t) for t in self.stop_token_ids),
             stop=tuple(public_str(s) for s in stop),
+            repetition_penalty=1.0 if self.repetition_penalty is None else public_float(self.repetition_penalty),
+            frequency_penalty=public_float(self.frequency_penalty or 0.0),
+            presence_penalty=public_float(self.presence_penalty or 0.0),
+            min_p=public_float(self.min_p),
+            logit_bias=tuple(sorted((public_int(t), public_float(b)) for t, b in (self.logit_bias or {}).items())),
+            min_tokens=public_int(self.min_tokens),
         )
         return sampling, 1 if self.n is None else public_int(self.n)
 
 
 class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # `name`, `tool_calls`, ...: not used by the templates here.
+    # NOTE: kept, and refused by name (`check_fields`): `name`, `tool_calls`,
+    # `tool_call_id`, ... would change what the model sees if the template got them.
+    model_config = ConfigDict(extra="allow")
 
     role: str
     content: str | list[TextPart] | None = None
+    refusal: str | None = None  # An earlier reply's refusal text: accepted as null only.
 
     @property
     def text(self) -> str:
@@ -88,12 +157,27 @@ class ChatMessage(BaseModel):
             return "".join(part.text for part in self.content)
         return self.content or ""
 
+    def check_fields(self, index: int) -> None:
+        where = f"messages.{index}."
+        if self.refusal is not None:
+            raise invalid(f"{where}refusal: an assistant refusal in the history is not supported",
+                          param=f"{where}refusal")
+        for name, value in (self.model_extra or {}).items():
+            if value is not None:  # `"tool_calls": null` and the like ask for nothing.
+                raise invalid(f"{where}{name}: not supported yet (only role and content reach the chat template)",
+                              param=f"{where}{name}")
+
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens.
     logprobs: bool = False
     top_logprobs: int | None = None
+
+    def check_fields(self) -> None:
+        super().check_fields()
+        for i, message in enumerate(self.messages):
+            message.check_fields(i)
 
     def to_pb(self, request_id: str) -> generation_pb2.GenerateRequest:
         """The prompt and its scheduling (the sampling settings: `sampling`)."""
@@ -104,7 +188,7 @@ class ChatCompletionRequest(_Sampling):
 
     def sampling(self) -> tuple[SamplingParams, int]:
         if self.top_logprobs is not None and not self.logprobs:
-            raise invalid("top_logprobs needs logprobs: true")
+            raise invalid("top_logprobs needs logprobs: true", param="top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return self._sampling(max_tokens, logprobs)
@@ -114,15 +198,27 @@ class CompletionRequest(_Sampling):
     # A prompt, or a batch of them: text or token ids.
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None  # Top logprobs per token (0: the sampled token's only).
-    echo: bool = False
-    suffix: str | None = None
+    echo: bool = False  # The prompt's text before each choice's (without logprobs only).
+    suffix: str | None = None  # Only empty: insertion is not supported.
+    best_of: int | None = None  # Only equal to n (no candidates beyond the n returned).
+
+    def check_fields(self) -> None:
+        super().check_fields()
+        if self.echo and self.logprobs is not None:
+            raise invalid("echo: with logprobs it needs the prompt's logprobs, which are not supported yet",
+                          param="echo")
+        if self.suffix:
+            raise invalid("suffix: insertion (a suffix after the completion) is not supported", param="suffix")
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise invalid(f"best_of: only best_of = n ({self.n or 1}) is supported (no extra candidates)",
+                          param="best_of")
 
     def prompts(self) -> list[str | list[int]]:
         """The batch: one entry per prompt."""
         if isinstance(self.prompt, str):
             return [self.prompt]
         if not self.prompt:
-            raise invalid("prompt is empty")
+            raise invalid("prompt is empty", param="prompt")
         if all(isinstance(p, int) for p in self.prompt):
             return [list(self.prompt)]
         return list(self.prompt)
@@ -130,10 +226,6 @@ class CompletionRequest(_Sampling):
     def to_pb(self, request_ids: list[str]) -> list[generation_pb2.GenerateRequest]:
         """One GenerateRequest per prompt of the batch (`request_ids`: one each); they all
         share the body's sampling settings (`sampling`)."""
-        if self.echo:
-            raise invalid("echo is not supported")
-        if self.suffix:
-            raise invalid("suffix is not supported")
         requests = []
         for request_id, prompt in zip(request_ids, self.prompts(), strict=True):
             request = generation_pb2.GenerateRequest(request_id=request_id, model=self.model, priority=self.priority)

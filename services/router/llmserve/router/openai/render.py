@@ -32,6 +32,8 @@ class Renderer:
     response_id: str
     n: int
     token_text: Callable[[int], str]
+    # Completions' `echo`: the text of prompt i, put before its choices' text (None: no echo).
+    prompt_text: Callable[[int], str] | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     _offsets: dict[int, int] = field(default_factory=dict)  # Completions' text_offset, per choice.
 
@@ -58,6 +60,10 @@ class Renderer:
                                  for lp in logprobs],
                 "text_offset": offsets}
 
+    def _echo(self, prompt_index: int, first: bool) -> str:
+        """What comes before a choice's first text: its prompt's, with `echo`."""
+        return self.prompt_text(prompt_index) if first and self.prompt_text is not None else ""
+
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
         return {"id": self.response_id, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices}
@@ -69,7 +75,7 @@ class Renderer:
         if self.chat:
             choice["delta"] = {"role": "assistant", "content": delta.text} if first else {"content": delta.text}
         else:
-            choice["text"] = delta.text
+            choice["text"] = self._echo(prompt_index, first) + delta.text
         choice["logprobs"] = self.logprobs(index, delta.logprobs) if with_logprobs and delta.logprobs else None
         return self._envelope(self.object + (".chunk" if self.chat else ""), [choice])
 
@@ -90,6 +96,6 @@ class Renderer:
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": text}
             else:
-                choice["text"] = text
+                choice["text"] = self._echo(index // self.n, True) + text
             choices.append(choice)
         return dict(self._envelope(self.object, choices), usage=Usage.summed(usages).to_openai())
