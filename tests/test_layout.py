@@ -24,7 +24,7 @@ LAYERS = {
     # The shared bottom: wire contract (plans, outputs, sampling, protobuf conversion,
     # generated modules, server helpers), settings machinery, model-directory lookup.
     "contract": ("llmserve.contract", "llmserve.v1", "llmserve.internal", "llmserve.settings",
-                 "llmserve.model_store"),
+                 "llmserve.model_store", "llmserve.gguf_checkpoint"),
     "telemetry": ("llmserve.telemetry",),
     "kernels": ("llmserve.kernels",),
     "router": ("llmserve.router",),

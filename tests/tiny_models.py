@@ -21,11 +21,18 @@ ROPE = {
     "llama": {"rope_type": "default", "rope_theta": 10000.0},
     "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    # Scaled RoPE types (tests/worker/test_rope_scaling.py); yarn/longrope extend 32 -> 256.
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 32},
+    "longrope": {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
+                 "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 3.5],
+                 "long_factor": [1.0, 1.4, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0]},
 }
 
 
 def make_tiny_model(out_dir: Path, kind: str, tied: bool, seed: int = 0, **overrides) -> Path:
-    """kind: llama | llama3 | qwen2 | gemma; overrides replace TINY's values (e.g.
+    """kind: a ROPE key (Llama) | qwen2 | gemma | phi3; overrides replace TINY's values (e.g.
     num_key_value_heads=1, num_hidden_layers=4)."""
     from transformers import GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -34,6 +41,14 @@ def make_tiny_model(out_dir: Path, kind: str, tied: bool, seed: int = 0, **overr
     if kind in ROPE:
         cfg = LlamaConfig(**base, tie_word_embeddings=tied, rope_parameters=ROPE[kind])
         model = LlamaForCausalLM(cfg)
+    elif kind == "phi3":  # fused qkv/gate_up in the checkpoint; LongRoPE 16 -> 256; rotary on 12 of 16 dims
+        from transformers import Phi3Config, Phi3ForCausalLM
+
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.4], "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0]}
+        cfg = Phi3Config(**{"original_max_position_embeddings": 16, "sliding_window": None, **base},
+                         tie_word_embeddings=tied, rope_parameters=rope)
+        model = Phi3ForCausalLM(cfg)
     elif kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU; head_dim set explicitly
         cfg = GemmaConfig(**base, head_dim=base["hidden_size"] // base["num_attention_heads"],
                           hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True)

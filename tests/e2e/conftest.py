@@ -13,6 +13,11 @@ def model_dir():
     return default_model_dir()
 
 
+# The references are transformers' float32: `--dtype auto` would serve the embedded model's
+# Q4_1 as int8 or bfloat16 (worker/cpu_dtype.py). A test's own --dtype comes later and wins.
+FLOAT32 = ["--dtype", "float32"]
+
+
 def start_cluster(model_dir, log_dir, scheduler_args=(), worker_args=()) -> LocalCluster:
     spec = ClusterSpec(
         model_dir=model_dir,
@@ -21,7 +26,7 @@ def start_cluster(model_dir, log_dir, scheduler_args=(), worker_args=()) -> Loca
         scheduler_port=free_port(),
         worker_port=free_port(),
         scheduler_args=list(scheduler_args),
-        worker_args=list(worker_args),
+        worker_args=FLOAT32 + list(worker_args),
         log_dir=log_dir,
     )
     return LocalCluster(spec).start(timeout_s=300)

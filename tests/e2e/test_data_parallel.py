@@ -25,7 +25,8 @@ BLOCK = 16  # The worker's default block size.
 def dp_cluster(model_dir, tmp_path_factory):
     spec = ClusterSpec(model_dir=model_dir, router_port=free_port(), scheduler_port=free_port(),
                        worker_port=free_port(), dp_size=2, replica_ports=[(free_port(), free_port())],
-                       worker_args=["--kv-cache-memory", "128MiB"], log_dir=tmp_path_factory.mktemp("dp-logs"))
+                       worker_args=["--dtype", "float32", "--kv-cache-memory", "128MiB"],
+                       log_dir=tmp_path_factory.mktemp("dp-logs"))
     cluster = LocalCluster(spec).start(timeout_s=300)
     yield cluster
     cluster.stop()

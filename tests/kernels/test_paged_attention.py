@@ -130,3 +130,61 @@ def test_decode_tile_keeps_a_tile_s_keys_within_the_register_budget():
     assert decode_tile(128, 16) == 32 and decode_tile(256, 16) == 16  # 4096 elements of K a tile
     assert decode_tile(256, 32) == 32 and decode_tile(64, 128) == 128  # never less than one block
     assert decode_tile(512, 8) == 16  # tl.dot's least
+
+
+def _poison_before_windows(case, window: int) -> torch.Tensor:
+    """The block table with every entry wholly before a sequence's first query's window
+    pointing at a NaN block (what a freed, reused block may hold): no kernel may read it."""
+    kv, bs = case.kv_cache, case.kv_cache.shape[2]
+    case.kv_cache = torch.cat([kv, torch.full_like(kv[:, :1], float("nan"))], dim=1)
+    nan_block = kv.shape[1]
+    table = case.block_tables.clone()
+    for i, (L, n) in enumerate(zip(case.seq_lens.tolist(), case.query_lens)):
+        first_key = max(0, L - n - window + 1)
+        table[i, : first_key // bs] = nan_block
+    return table
+
+
+# (window, softcap): window only, soft-cap only, both; window 20 cuts blocks of 16 mid-way
+WINDOW_SOFTCAP = [(20, None), (None, 2.0), (37, 3.0)]
+
+
+@pytest.mark.parametrize("window,softcap", WINDOW_SOFTCAP)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_window_softcap(window, softcap, num_splits, device):
+    seq_lens = [5, 20, 21, 99, 170]  # shorter than, equal to and past the window
+    case = make_case(seq_lens, [1] * 5, 2, 3, 64, 16, torch.float32, device, seed=7)
+    ref = paged_attention_decode_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_tables.cpu(),
+                                           case.seq_lens.cpu(), case.scale, window, softcap)
+    table = _poison_before_windows(case, window) if window else case.block_tables
+    out = paged_attention_decode(case.q, case.kv_cache, table, case.seq_lens, case.scale, num_splits=num_splits,
+                                 window=window, softcap=softcap)
+    assert not out.isnan().any()
+    assert rel_err(out.cpu(), ref) <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("window,softcap", WINDOW_SOFTCAP)
+def test_varlen_window_softcap(window, softcap, device):
+    # a decode-like row, a fresh prefill longer than the window, chunks over cached context
+    seq_lens, query_lens = [50, 70, 90, 45], [1, 70, 23, 6]
+    case = make_case(seq_lens, query_lens, 2, 2, 64, 16, torch.float32, device, seed=11)
+    ref = paged_attention_varlen_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_tables.cpu(),
+                                           case.seq_lens.cpu(), case.cu_seqlens_q.cpu(), case.scale, window, softcap)
+    table = _poison_before_windows(case, window) if window else case.block_tables
+    out = paged_attention_varlen(case.q, case.kv_cache, table, case.seq_lens, case.cu_seqlens_q, max(query_lens),
+                                 case.scale, window=window, softcap=softcap)
+    assert not out.isnan().any()
+    assert rel_err(out.cpu(), ref) <= TOL[torch.float32]
+
+
+def test_reference_window_softcap_matches_dense():
+    """The reference's window and soft-cap against a dense masked computation written out."""
+    case = make_case([40], [12], 1, 2, 16, 16, torch.float32, "cpu", seed=3)
+    ref = paged_attention_varlen_reference(case.q, case.kv_cache, case.block_tables, case.seq_lens,
+                                           case.cu_seqlens_q, case.scale, 8, 2.0)
+    k, v = case.keys[0].repeat_interleave(2, dim=1), case.values[0].repeat_interleave(2, dim=1)  # [40, 2, 16]
+    s = torch.einsum("nhd,lhd->hnl", case.q, k) * case.scale
+    s = 2.0 * torch.tanh(s / 2.0)
+    q_pos, k_pos = torch.arange(28, 40)[:, None], torch.arange(40)[None, :]
+    s = s.masked_fill((k_pos > q_pos) | (k_pos <= q_pos - 8), float("-inf"))
+    assert rel_err(ref, torch.einsum("hnl,lhd->nhd", s.softmax(-1), v)) < 1e-6

@@ -30,14 +30,17 @@ def _mixed_step(seed=0):
     return (query_lens, seq_lens, tables, torch.tensor(slots), bs), (H, D, KVH), (q, k, v), kv
 
 
-def test_backend_matches_torch_backend(device):
-    """The torch backend on the CPU is the oracle; the Triton one runs on `device`."""
+@pytest.mark.parametrize("window,softcap", [(None, None), (10, 2.5)])
+def test_backend_matches_torch_backend(window, softcap, device):
+    """The torch backend on the CPU is the oracle; the Triton one runs on `device`. With a
+    window of 10 the decode of 40 and the chunk over 20 cached tokens skip whole blocks."""
     (query_lens, seq_lens, tables, slots, bs), heads, (q, k, v), kv = _mixed_step()
     outs, caches = [], []
     for cls, dev in ((TorchPagedAttention, torch.device("cpu")), (TritonPagedAttention, device)):
         cache = kv.clone().to(dev)
         meta = cls.build_metadata(query_lens, seq_lens, tables, slots.to(dev), bs)
-        outs.append(cls(*heads).forward(q.to(dev), k.to(dev), v.to(dev), cache, meta).cpu())
+        backend = cls(*heads, sliding_window=window, softcap=softcap)
+        outs.append(backend.forward(q.to(dev), k.to(dev), v.to(dev), cache, meta).cpu())
         caches.append(cache.cpu())
     assert torch.equal(caches[0], caches[1])
     assert rel_err(outs[1], outs[0]) <= 1e-5
@@ -81,8 +84,10 @@ def test_install_backend_swaps_every_layer():
             self.attn = TorchPagedAttention(6, 64, 2, scale=0.3)
 
     model = torch.nn.Sequential(Layer(), Layer())
+    model[1].attn = TorchPagedAttention(6, 64, 2, scale=0.3, sliding_window=8, softcap=30.0)
     assert install_backend(model, TritonPagedAttention) == 2
     assert all(type(m.attn) is TritonPagedAttention and m.attn.scale == 0.3 for m in model)
+    assert [(m.attn.sliding_window, m.attn.softcap) for m in model] == [(None, None), (8, 30.0)]
 
 
 @cpu_only

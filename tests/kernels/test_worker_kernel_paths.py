@@ -39,10 +39,18 @@ def test_rms_norm_cuda_path_matches_native(dtype, with_residual, device):
     assert rel_err(got.float(), want.float()) <= tol
 
 
+# Partial rotary (Phi-4-mini: 0.75 of each head) with LongRoPE's attention factor in cos/sin.
+_PARTIAL_LONGROPE = {"rope_theta": 10000.0, "rope_type": "longrope", "partial_rotary_factor": 0.75,
+                     "original_max_position_embeddings": 32, "short_factor": [1.0] * 12,
+                     "long_factor": [1.0 + i / 4 for i in range(12)]}
+
+
+@pytest.mark.parametrize("params", [{"rope_theta": 10000.0, "rope_type": "default"}, _PARTIAL_LONGROPE],
+                         ids=["default", "partial-longrope"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rotary_through_the_triton_kernel_matches_gathered_rows(dtype, device):
+def test_rotary_through_the_triton_kernel_matches_gathered_rows(dtype, params, device):
     heads, kv_heads, head_dim, T = 4, 2, 32, 9
-    rope = RotaryEmbedding(head_dim, 128, {"rope_theta": 10000.0, "rope_type": "default"}, dtype=dtype).to(device)
+    rope = RotaryEmbedding(head_dim, 128, params, dtype=dtype).to(device)
     positions = torch.tensor([0, 5, 6, 7, 100, 3, 64, 65, 127], device=device)
     qkv = torch.randn(T, (heads + 2 * kv_heads) * head_dim, generator=torch.Generator().manual_seed(2)).to(device, dtype)
     rows = Rope(rope.cos[positions].unsqueeze(1), rope.sin[positions].unsqueeze(1))

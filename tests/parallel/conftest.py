@@ -19,6 +19,9 @@ MODELS = {
     "llama_kv2": ("llama", True, {"num_hidden_layers": 4}),  # 4 query heads, 2 KV heads
     "qwen2_kv1": ("qwen2", False, {"num_key_value_heads": 1}),  # KV heads < TP size; 3 layers: uneven PP split
     "gemma": ("gemma", True, {"num_hidden_layers": 2}),
+    # Fused qkv/gate_up checkpoint tensors split per rank; partial rotary. Original length =
+    # max length: short LongRoPE factors, as HF's for these short prompts.
+    "phi3": ("phi3", False, {"num_hidden_layers": 2, "original_max_position_embeddings": 256}),
 }
 
 

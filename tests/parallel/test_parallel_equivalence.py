@@ -57,7 +57,7 @@ def _check_shards(results, references, names, tp: int, pp: int) -> None:
 
 
 @pytest.mark.parametrize("tp,pp,names", [
-    (2, 1, ["llama_kv2", "qwen2_kv1", "gemma"]),
+    (2, 1, ["llama_kv2", "qwen2_kv1", "gemma", "phi3"]),
     (1, 2, ["llama_kv2", "qwen2_kv1", "gemma"]),
     (2, 2, ["llama_kv2", "qwen2_kv1"]),
 ], ids=["tp2", "pp2", "tp2xpp2"])

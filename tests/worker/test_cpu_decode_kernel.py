@@ -55,3 +55,43 @@ def test_cpu_decode_kernel_matches_gather_path_and_dense(dtype, tol, g, block_si
     for got in (out.float(), gathered.float()):
         assert not got.isnan().any()
         assert (got - dense).norm() / dense.norm() <= tol
+
+
+def windowed_reference(q, cache, tables, seq_lens, window, softcap, scale):
+    """Dense attention of each row's last query over its last `window` keys, soft-capped."""
+    outs = []
+    for b, n in enumerate(seq_lens):
+        kv = torch.cat([cache[:, blk] for blk in tables[b]], dim=1)[:, :n].float()  # [2, n, KVH, D]
+        first = max(0, n - window) if window else 0
+        k, v = kv[0, first:].transpose(0, 1), kv[1, first:].transpose(0, 1)  # [KVH, keys, D]
+        qq = q[b].float().view(k.shape[0], q.shape[1] // k.shape[0], -1)  # [KVH, g, D]
+        s = qq @ k.transpose(1, 2) * scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        outs.append((s.softmax(-1) @ v).reshape(q.shape[1], -1))
+    return torch.stack(outs)
+
+
+@pytest.mark.skipif(not cpu_kernels.load(), reason="no C++ compiler for the CPU kernels")
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("block_size,head_dim", [(16, 64), (4, 16)])  # tiled, and a 4-row block past 16 rows
+@pytest.mark.parametrize("window,softcap", [(20, None), (None, 2.0), (7, 3.0)])
+@pytest.mark.parametrize("seq_lens", [[1, 7, 20, 21, 130], [300]])
+def test_cpu_decode_kernel_window_softcap(dtype, tol, block_size, head_dim, window, softcap, seq_lens):
+    """Blocks wholly before a row's window are NaN (freed and reused): neither the kernel
+    nor the gather path may read them."""
+    kvh, g = 2, 3
+    q, cache, tables = paged_case(seq_lens, kvh, g, head_dim, block_size, dtype, seed=5)
+    ref = windowed_reference(q, cache, tables, seq_lens, window, softcap, head_dim**-0.5)
+    if window:
+        for t, n in zip(tables, seq_lens):
+            for blk in t[: max(0, n - window) // block_size]:
+                cache[:, blk] = float("nan")
+    backend = TorchPagedAttention(kvh * g, head_dim, kvh, sliding_window=window, softcap=softcap)
+    meta = TorchPagedAttention.build_metadata([1] * len(seq_lens), seq_lens, tables,
+                                              torch.zeros(len(seq_lens), dtype=torch.long), block_size)
+    out = cpu_kernels.paged_attention_decode(q, cache, meta.decode_block_table, meta.decode_seq_lens, backend.scale,
+                                             window, softcap)
+    for got in (out.float(), backend._decode_gather(q, cache, meta).float()):
+        assert not got.isnan().any()
+        assert (got - ref).norm() / ref.norm() <= tol

@@ -82,8 +82,8 @@ def test_rope_parameters_and_errors():
     assert rope_parameters(old) == {"rope_theta": 5e5, "rope_type": "default"}
     new = SimpleNamespace(rope_parameters={"rope_theta": 1e5, "rope_type": "default"})
     assert rope_parameters(new)["rope_theta"] == 1e5
-    with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
-        RotaryEmbedding(64, 128, {"rope_type": "yarn", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="unsupported rope_type 'mrope'"):
+        RotaryEmbedding(64, 128, {"rope_type": "mrope", "rope_theta": 1e4})
 
 
 def test_tp_weight_loaders_narrow_to_rank_shard():

@@ -24,7 +24,8 @@ def test_smollm2_prefill_logits_and_greedy_match_hf(model_dir):
     from llmserve.worker.model_runner import ModelRunner
     from llmserve.worker.config import RunnerConfig
 
-    runner = ModelRunner(model_dir, RunnerConfig(block_size=16, num_kv_blocks=8, swap_space=0))
+    # float32 said explicitly: `auto` serves the file's Q4_1 as int8 or bfloat16 (cpu_dtype.py).
+    runner = ModelRunner(model_dir, RunnerConfig(dtype="float32", block_size=16, num_kv_blocks=8, swap_space=0))
     assert runner.info.eos_token_ids[0] == 2 and runner.info.vocab_size == 49152
     hf = hf_model(model_dir)
     with torch.inference_mode():

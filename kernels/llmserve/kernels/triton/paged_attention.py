@@ -14,6 +14,11 @@ p % block_size. Query head h reads kv head h // G, G = num_heads // num_kv_heads
     the sequence: K, V [tile, D] gathered from their
     blocks, loaded ONCE for G heads, 2 dots, online
     softmax (m, l, acc) in fp32
+
+Sliding window W (0 = none): a query at position p sees keys in (p - W, p]. Decode starts
+at the tile holding key len - W and masks the loads before it; prefill starts at the block
+holding the tile's first query's first key. No block wholly before a window is read (the
+scheduler may have freed it). Soft-cap c (0 = none): scores -> c * tanh(scores / c).
 """
 
 from __future__ import annotations
@@ -27,6 +32,13 @@ from llmserve.kernels.triton._checks import (
 )
 
 _NEG: tl.constexpr = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: keeps exp(m - m_new) free of nan
+
+
+@triton.jit
+def _softcap(s, cap):
+    """cap * tanh(s / cap), tanh from exp (one form for the GPU and the interpreter):
+    tanh(x) = 1 - 2 / (exp(2x) + 1), saturating to +-1 as exp over/underflows."""
+    return cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
 
 
 # ----------------------------------------------------------------------------------------
@@ -48,23 +60,29 @@ def decode_tile(head_dim_pad: int, block_size: int) -> int:
 def _decode_kernel(
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    scale,
+    scale, window, softcap,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     NUM_HEADS: tl.constexpr, G: tl.constexpr, M_PAD: tl.constexpr,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    # This sequence's own tiles, shared evenly by the splits: the split count can stay
-    # fixed (a CUDA graph's) whatever the context lengths; a split past the end is empty.
-    n_tiles = tl.cdiv(seq_len, TILE)
+    first_key = 0
+    if HAS_WINDOW:
+        first_key = tl.maximum(seq_len - window, 0)
+    # This sequence's tiles from the one holding its first visible key, shared evenly by
+    # the splits: the split count can stay fixed (a CUDA graph's) whatever the context
+    # lengths; a split past the end is empty.
+    first_tile = first_key // TILE
+    n_tiles = tl.cdiv(seq_len, TILE) - first_tile
     per_split = tl.cdiv(n_tiles, NUM_SPLITS)
-    tile_lo = split * per_split
-    tile_hi = tl.minimum(tile_lo + per_split, n_tiles)
+    tile_lo = first_tile + split * per_split
+    tile_hi = tl.minimum(tile_lo + per_split, first_tile + n_tiles)
 
     g = tl.arange(0, M_PAD)
     d = tl.arange(0, D_PAD)
@@ -83,13 +101,15 @@ def _decode_kernel(
         # A tile gathers TILE keys from TILE / BLOCK_SIZE blocks: one load of many rows
         # in flight, not one block's round trip per iteration.
         pos = tile * TILE + t  # [TILE]
-        t_mask = pos < seq_len
+        t_mask = (pos < seq_len) & (pos >= first_key)  # no load before the window
         block_id = tl.load(block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
         kv_off = block_id[:, None] * stride_cb + (pos % BLOCK_SIZE)[:, None] * stride_cs + kvh * stride_ch + d[None, :]
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # [TILE, D_PAD]
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # [TILE, D_PAD]
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [M_PAD, TILE] fp32
+        if HAS_SOFTCAP:
+            s = _softcap(s, softcap)
         s = tl.where(t_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
@@ -148,6 +168,13 @@ def _check_cache_args(q, kv_cache, block_tables, seq_lens, n_rows: int, min_bloc
     return H, KVH, bs
 
 
+def _check_window_softcap(window: int | None, softcap: float | None) -> None:
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if softcap is not None and softcap <= 0:
+        raise ValueError(f"softcap must be > 0, got {softcap}")
+
+
 def _check_out(out, q) -> torch.Tensor:
     if out is None:
         return torch.empty_like(q)
@@ -158,13 +185,15 @@ def _check_out(out, q) -> torch.Tensor:
 
 def paged_attention_decode(
     q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-    scale: float, num_splits: int = 1, out: torch.Tensor | None = None,
+    scale: float, num_splits: int = 1, out: torch.Tensor | None = None, window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q: [B, H, D] (one token per sequence, already in the cache); block_tables
     [B, max_blocks]; seq_lens [B] (>= 1, context including this token) -> out [B, H, D].
     num_splits > 1: flash-decoding, each sequence's tiles of keys (decode_tile) shared evenly
     by the splits (so one split count serves any context length), partial (acc, max, sum)
-    in fp32, then one reduction launch."""
+    in fp32, then one reduction launch. window / softcap: see the module docstring (None = off)."""
+    _check_window_softcap(window, softcap)
     B = q.shape[0] if q.dim() == 3 else -1
     H, KVH, bs = _check_cache_args(q, kv_cache, block_tables, seq_lens, B, 1)
     out = _check_out(out, q)
@@ -187,13 +216,14 @@ def paged_attention_decode(
         part_acc = part_m = part_l = out  # unused
     _decode_kernel[(B, KVH, num_splits)](
         out, part_acc, part_m, part_l, q, kc, vc, block_tables, seq_lens,
-        float(scale),
+        float(scale), int(window or 0), float(softcap or 0.0),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), block_tables.stride(0),
         NUM_HEADS=H, G=G, M_PAD=max(16, next_pow2(G)), D=D, D_PAD=max(16, next_pow2(D)), BLOCK_SIZE=bs,
         TILE=decode_tile(max(16, next_pow2(D)), bs), NUM_SPLITS=num_splits, SPLIT=split,
         # NOTE: fp32 inputs would default to tf32 on GPU (~1e-3 error): ask for ieee.
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, num_warps=4,
     )
     if split:
         _decode_reduce_kernel[(B, H)](
@@ -210,11 +240,12 @@ def paged_attention_decode(
 @triton.jit
 def _varlen_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, cu_q_ptr,
-    scale,
+    scale, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, Q_PER_TILE: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     tile = tl.program_id(1)
@@ -239,10 +270,13 @@ def _varlen_kernel(
 
     last_q = tl.minimum(tile_q0 + Q_PER_TILE, q_len) - 1
     n_blocks = tl.where(tile_q0 < q_len, (ctx + last_q) // BLOCK_SIZE + 1, 0)  # causal: no block past the tile
+    first_blk = 0
+    if HAS_WINDOW:  # the block of the tile's first query's first key (ctx + tile_q0 - W + 1)
+        first_blk = tl.maximum(ctx + tile_q0 - window + 1, 0) // BLOCK_SIZE
     m = tl.full([BLOCK_M], _NEG, tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    for blk in range(0, n_blocks):
+    for blk in range(first_blk, n_blocks):
         block_id = tl.load(block_tables_ptr + seq * stride_bt + blk).to(tl.int64)
         k_pos = blk * BLOCK_SIZE + t
         kv_off = block_id * stride_cb + t[:, None] * stride_cs + kvh * stride_ch + d[None, :]
@@ -250,7 +284,11 @@ def _varlen_kernel(
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # [BS, D_PAD]
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_M, BS] fp32
+        if HAS_SOFTCAP:
+            s = _softcap(s, softcap)
         visible = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < seq_len)
+        if HAS_WINDOW:
+            visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
@@ -273,11 +311,14 @@ def varlen_tile(num_queries_per_kv: int) -> tuple[int, int]:
 def paged_attention_varlen(
     q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor, max_query_len: int, scale: float, out: torch.Tensor | None = None,
+    window: int | None = None, softcap: float | None = None,
 ) -> torch.Tensor:
     """q: [T, H, D]; sequence i owns query rows cu_seqlens_q[i]:cu_seqlens_q[i+1] (absolute
     rows of q; they need not start at 0) and has seq_lens[i] keys in the cache including
     its queries, which are its last positions. One launch for all sequences; rows of `out`
-    outside every sequence's range are left untouched."""
+    outside every sequence's range are left untouched. window / softcap: see the module
+    docstring (None = off)."""
+    _check_window_softcap(window, softcap)
     N = block_tables.shape[0] if block_tables.dim() == 2 else -1
     H, KVH, bs = _check_cache_args(q, kv_cache, block_tables, seq_lens, N, 16)
     check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=INDEX_DTYPES, device=q.device)
@@ -291,12 +332,13 @@ def paged_attention_varlen(
     kc, vc = kv_cache[0], kv_cache[1]
     grid = (N, triton.cdiv(max_query_len, q_per_tile), KVH)
     _varlen_kernel[grid](
-        out, q, kc, vc, block_tables, seq_lens, cu_seqlens_q, float(scale),
+        out, q, kc, vc, block_tables, seq_lens, cu_seqlens_q, float(scale), int(window or 0), float(softcap or 0.0),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), block_tables.stride(0),
         G=G, D=D, D_PAD=max(16, next_pow2(D)), BLOCK_SIZE=bs, BLOCK_M=block_m, Q_PER_TILE=q_per_tile,
         # NOTE: fp32 inputs would default to tf32 on GPU (~1e-3 error): ask for ieee.
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, num_warps=4,
     )
     return out
 
@@ -312,30 +354,40 @@ def gather_kv(kv_cache: torch.Tensor, table: list[int], seq_len: int) -> tuple[t
     return kv[0], kv[1]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [n, H, D] are the last n positions of k/v [L, KVH, D]; causal; fp32 math."""
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None = None,
+            softcap: float | None = None) -> torch.Tensor:
+    """q [n, H, D] are the last n positions of k/v [L, KVH, D]; causal (and within the
+    window); fp32 math."""
     n, H, _ = q.shape
     L, KVH, _ = k.shape
     g = H // KVH
     kf = k.float().repeat_interleave(g, dim=1)  # [L, H, D]
     vf = v.float().repeat_interleave(g, dim=1)
     s = torch.einsum("nhd,lhd->hnl", q.float(), kf) * scale  # [H, n, L]
-    q_pos = torch.arange(L - n, L, device=q.device)
-    s = s.masked_fill(torch.arange(L, device=q.device)[None, :] > q_pos[:, None], float("-inf"))
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    q_pos = torch.arange(L - n, L, device=q.device)[:, None]
+    k_pos = torch.arange(L, device=q.device)[None, :]
+    hidden = k_pos > q_pos
+    if window is not None:
+        hidden |= k_pos <= q_pos - window
+    s = s.masked_fill(hidden, float("-inf"))
     return torch.einsum("hnl,lhd->nhd", s.softmax(-1), vf).to(q.dtype)
 
 
-def paged_attention_varlen_reference(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale) -> torch.Tensor:
+def paged_attention_varlen_reference(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+                                     window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Same contract as paged_attention_varlen; rows outside every sequence are zero."""
     out = torch.zeros_like(q)
     cu = cu_seqlens_q.tolist()
     for i, (table, L) in enumerate(zip(block_tables.tolist(), seq_lens.tolist())):
         if cu[i + 1] > cu[i]:
             k, v = gather_kv(kv_cache, table, L)
-            out[cu[i] : cu[i + 1]] = _attend(q[cu[i] : cu[i + 1]], k, v, scale)
+            out[cu[i] : cu[i + 1]] = _attend(q[cu[i] : cu[i + 1]], k, v, scale, window, softcap)
     return out
 
 
-def paged_attention_decode_reference(q, kv_cache, block_tables, seq_lens, scale) -> torch.Tensor:
+def paged_attention_decode_reference(q, kv_cache, block_tables, seq_lens, scale, window: int | None = None,
+                                     softcap: float | None = None) -> torch.Tensor:
     cu = torch.arange(q.shape[0] + 1)
-    return paged_attention_varlen_reference(q, kv_cache, block_tables, seq_lens, cu, scale)
+    return paged_attention_varlen_reference(q, kv_cache, block_tables, seq_lens, cu, scale, window, softcap)

@@ -16,7 +16,8 @@ from llmserve.settings import format_bytes, group, parse_bytes, setting
 class RouterConfig:
     """`llmserve router`'s settings (each field one command-line flag, or a group of them)."""
 
-    model: str = setting("default", help="local HF model directory; 'default' = the embedded SmolLM2-135M-Instruct")
+    model: str = setting("default", help="local HF model directory, or a GGUF file (or a directory holding one); "
+                                         "'default' = the embedded SmolLM2-135M-Instruct")
     served_model_name: str | None = setting(None, help="the name clients pass as `model`",
                                             unset="the directory's name")
     server: ServerOptions = group(lambda: ServerOptions(port=50051))

@@ -18,7 +18,8 @@ from llmserve.worker.device import DEVICES, DTYPE_NAMES
 from llmserve.worker.layers.int8_weight import QUANTIZATIONS
 
 # auto: the model's own dtype on CUDA; on the CPU a bfloat16 checkpoint's bfloat16 where
-# the CPU multiplies it fast (worker/cpu_dtype.py), else float32; float16 runs on CUDA only.
+# the CPU multiplies it fast (worker/cpu_dtype.py), else float32, and a quantized GGUF's the
+# fastest of int8 W8A8, bfloat16, float32; float16 runs on CUDA only.
 DTYPES = ("auto", *DTYPE_NAMES)
 
 
@@ -37,7 +38,10 @@ class RunnerConfig:
     dtype: str = setting("auto", choices=DTYPES, help="weights, activations and KV cache dtype (auto: the "
                                                       "model's own on CUDA; on the CPU, a bfloat16 checkpoint's "
                                                       "bfloat16 where the CPU has AMX or AVX-512 BF16 and "
-                                                      "measures it faster, else float32; the reason is logged)")
+                                                      "measures it faster, else float32; a quantized GGUF's "
+                                                      "(the embedded model's Q4_1): int8 W8A8, bfloat16 or "
+                                                      "float32, whichever the CPU measures fastest; the reason "
+                                                      "is logged)")
     quantization: str = setting("none", choices=QUANTIZATIONS,
                                 help="int8: int8 weights (symmetric, one scale per output row) for the "
                                      "layers' linear projections, quantized at load from the same checkpoint, "
@@ -68,7 +72,8 @@ class RunnerConfig:
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    model: str = setting("default", help="local HF model directory; 'default' = the embedded SmolLM2-135M-Instruct")
+    model: str = setting("default", help="local HF model directory, or a GGUF file (or a directory holding one); "
+                                         "'default' = the embedded SmolLM2-135M-Instruct")
     served_model_name: str | None = setting(None, help="the name clients pass as `model`",
                                             unset="the directory's name")
     runner: RunnerConfig = group(RunnerConfig)

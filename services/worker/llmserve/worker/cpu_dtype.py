@@ -10,6 +10,11 @@ Two facts decide, neither of them the vendor's name:
 
 A float32 checkpoint stays float32 (nothing to gain from rounding its weights), and so
 does a bfloat16 one on a CPU where bfloat16 is not at least BF16_MIN_SPEEDUP faster.
+
+A checkpoint stored quantized (a GGUF's Q4_1, Q8_0, Q4_K, ...) has no float precision of
+its own to keep: it takes whichever of int8 weights with int8 activations (W8A8, where
+the CPU kernels were built with AVX-512 VNNI), bfloat16 and float32 this CPU measures
+fastest, int8 only when at least INT8_MIN_SPEEDUP faster than the best float.
 """
 
 from __future__ import annotations
@@ -24,12 +29,16 @@ from llmserve.worker.layers import packed_weight
 
 BF16_INSTRUCTION_SETS = ("amx_bf16", "avx512_bf16")
 BF16_MIN_SPEEDUP = 1.15  # Below this, bfloat16's rounding buys too little.
+# Below this, quantizing activations (SmolLM2-135M's perplexity +1.0%, int8_weight.py) buys too little.
+INT8_MIN_SPEEDUP = 1.15
+ALTERNATIONS = 3  # W8A8 and float rounds timed in turn, this many times each
 
 
 @dataclass(frozen=True)
 class DtypeChoice:
     dtype: torch.dtype
     reason: str
+    quantization: str | None = None  # What `auto` chose for a quantized checkpoint; None keeps --quantization.
 
 
 def cpu_flags() -> set[str]:
@@ -76,3 +85,63 @@ def choose_cpu_dtype(checkpoint_dtype: torch.dtype) -> DtypeChoice:
                                           f"measured only {speedup:.2f}x float32 here: float32")
     return DtypeChoice(torch.bfloat16, f"bfloat16 checkpoint, this CPU has {'/'.join(sets)}, and bfloat16 "
                                        f"products measured {speedup:.2f}x float32 here")
+
+
+def _time_w8a8_vs(dtype: torch.dtype) -> dict:
+    """Seconds per round of the decode-shaped products with `dtype` activations: W8A8
+    (int8_linear.cpp) against `dtype` weights in their packed layout, and the ratio."""
+    from llmserve.kernels import cpu as cpu_kernels
+    from llmserve.worker.layers.int8_weight import quantize_rows
+
+    floats, int8s = [], []
+    for x, w in packed_weight.timed_cases(dtype):
+        packed = packed_weight.PackedWeight.pack(w)
+        floats.append(functools.partial(packed.matmul, x) if packed is not None
+                      else functools.partial(torch.nn.functional.linear, x, w))
+        q, scale = quantize_rows(w)  # q: [out, in] int8; scale: [out]
+        int8s.append(functools.partial(cpu_kernels.w8a8_linear, x, cpu_kernels.w8a8_pack_weight(q), scale))
+    name = str(dtype).removeprefix("torch.")
+    # NOTE: alternated, best of each: a neighbour's burst on a shared host then slows both
+    # kinds, not whichever happened to be timed during it.
+    times = {"w8a8": float("inf"), name: float("inf")}
+    for _ in range(ALTERNATIONS):
+        times["w8a8"] = min(times["w8a8"], packed_weight.best_round_seconds(int8s))
+        times[name] = min(times[name], packed_weight.best_round_seconds(floats))
+    return {"seconds": times, "speedup": times[name] / times["w8a8"]}
+
+
+def w8a8_speedup(dtype: torch.dtype) -> float:
+    """How much faster W8A8 products run than `dtype` ones on this machine (0 where the
+    W8A8 kernel was not built)."""
+    from llmserve.kernels import cpu as cpu_kernels
+
+    if not cpu_kernels.w8a8_supported():
+        return 0.0
+    name = str(dtype).removeprefix("torch.")
+    return packed_weight.remembered(f"w8a8-vs-{name}", lambda: _time_w8a8_vs(dtype))["speedup"]
+
+
+def _fastest_float() -> tuple[torch.dtype, str]:
+    """bfloat16 where this CPU multiplies it at least BF16_MIN_SPEEDUP faster than float32,
+    else float32; and the grounds."""
+    sets = [s for s in BF16_INSTRUCTION_SETS if s in cpu_flags()]
+    if not sets:
+        return torch.float32, "float32 (this CPU has neither AMX nor AVX-512 BF16)"
+    speedup = bf16_speedup()
+    if speedup < BF16_MIN_SPEEDUP:
+        return torch.float32, f"float32 (bfloat16 products measured only {speedup:.2f}x float32 here)"
+    return torch.bfloat16, f"bfloat16 ({'/'.join(sets)}; its products measured {speedup:.2f}x float32 here)"
+
+
+def choose_cpu_for_quantized(weight_type: str) -> DtypeChoice:
+    """`--dtype auto` on the CPU for a checkpoint stored quantized as `weight_type`
+    (a GGUF's Q4_1, Q8_0, ...): int8 W8A8 where it measures fastest, else the faster float."""
+    dtype, grounds = _fastest_float()
+    speedup = w8a8_speedup(dtype)
+    name = str(dtype).removeprefix("torch.")
+    if speedup >= INT8_MIN_SPEEDUP:
+        return DtypeChoice(dtype, f"{weight_type} checkpoint: int8 weights and activations (W8A8 products measured "
+                                  f"{speedup:.2f}x {name} here), {grounds} elsewhere", quantization="int8")
+    why = ("the CPU kernels have no W8A8 (no AVX-512 VNNI)" if speedup == 0
+           else f"W8A8 products measured only {speedup:.2f}x {name} here")
+    return DtypeChoice(dtype, f"{weight_type} checkpoint, dequantized to {grounds}; not int8: {why}")

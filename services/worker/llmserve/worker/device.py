@@ -9,7 +9,10 @@ on the CPU, a bfloat16 checkpoint's own bfloat16 where this CPU multiplies it fa
 (cpu_dtype.py: its instruction sets, and a measurement), float32 otherwise (float16
 matmuls are unusably slow there); bfloat16 on the CPU with `--quantization int8`: torch's
 weight-only int8 kernel vectorizes bfloat16 activations only (float32 ones fall back to a
-dequantized product, slower than float32 itself). `dtype_choice` says which, and why.
+dequantized product, slower than float32 itself). A checkpoint stored quantized (a
+GGUF's Q4_1, Q8_0, ...) has no float dtype to keep: on the CPU the fastest of int8 W8A8,
+bfloat16 and float32 here (cpu_dtype.py; its int8 choice sets the quantization too), on
+CUDA bfloat16 where the GPU has it. `dtype_choice` says which, and why.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import torch
 
-from llmserve.worker.cpu_dtype import DtypeChoice, choose_cpu_dtype
+from llmserve.worker.cpu_dtype import DtypeChoice, choose_cpu_dtype, choose_cpu_for_quantized
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -72,15 +75,26 @@ def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"unsupported dtype {name!r}; use auto, {', '.join(DTYPE_NAMES)}")
 
 
+def _quantized_on_cuda(weight_type: str) -> DtypeChoice:
+    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return DtypeChoice(dtype, f"{weight_type} checkpoint, dequantized to {dtype_name(dtype)} on CUDA")
+
+
 def dtype_choice(name: str | torch.dtype, device: torch.device, config: Any = None,
-                 quantization: str = "none") -> DtypeChoice:
-    """The dtype weights (but int8 ones), activations and the KV cache take on `device`, and why."""
-    if name == "auto" and device.type == "cuda":
+                 quantization: str = "none", quantized_weights: str | None = None) -> DtypeChoice:
+    """The dtype weights (but int8 ones), activations and the KV cache take on `device`, and
+    why. `quantized_weights`: the type a checkpoint's matrices are stored in when they are
+    quantized blocks (gguf_checkpoint.quantized_weight_type), else None."""
+    if name == "auto" and quantized_weights and device.type == "cuda":
+        choice = _quantized_on_cuda(quantized_weights)
+    elif name == "auto" and device.type == "cuda":
         dtype = model_dtype(config)
         choice = DtypeChoice(dtype, f"the checkpoint's own dtype ({dtype_name(dtype)}) on CUDA")
     elif name == "auto" and quantization in ("int8", "int8-weight-only"):
         choice = DtypeChoice(torch.bfloat16, "int8 weights: bfloat16 activations (torch's weight-only int8 kernel "
                                              "vectorizes bfloat16 only; under W8A8 the rest of the step runs bfloat16)")
+    elif name == "auto" and quantized_weights:
+        choice = choose_cpu_for_quantized(quantized_weights)
     elif name == "auto":
         choice = choose_cpu_dtype(model_dtype(config))
     else:
@@ -92,9 +106,9 @@ def dtype_choice(name: str | torch.dtype, device: torch.device, config: Any = No
 
 
 def resolve_dtype(name: str | torch.dtype, device: torch.device, config: Any = None,
-                  quantization: str = "none") -> torch.dtype:
+                  quantization: str = "none", quantized_weights: str | None = None) -> torch.dtype:
     """The dtype weights (but int8 ones), activations and the KV cache take on `device`."""
-    return dtype_choice(name, device, config, quantization).dtype
+    return dtype_choice(name, device, config, quantization, quantized_weights).dtype
 
 
 def dtype_name(dtype: torch.dtype) -> str:

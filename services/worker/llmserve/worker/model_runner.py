@@ -16,6 +16,7 @@ from llmserve.contract.plan import NewRequestData, SampledToken, StepPlan, StepR
 from llmserve.contract.sampling import SamplingParams
 from llmserve.contract.step_budget import resolve_step_budget
 from llmserve.contract.worker_info import WorkerInfo
+from llmserve.gguf_checkpoint import quantized_weight_type
 from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker import kv_cache as kvc
 from llmserve.worker.attention import backend_class, install_backend
@@ -81,9 +82,11 @@ class ModelRunner:
                                      self.device_memory_bytes)
         self.settings = settings = replace(settings, max_num_batched_tokens=budget.max_num_batched_tokens,
                                            max_num_seqs=budget.max_num_seqs)
-        self.dtype_choice = dtype_choice(settings.dtype, self.device, self.config, settings.quantization)
+        self.dtype_choice = dtype_choice(settings.dtype, self.device, self.config, settings.quantization,
+                                         quantized_weight_type(self.model_dir))
         self.dtype = self.dtype_choice.dtype
-        self.quantization = settings.quantization
+        # `auto` may choose int8 for a checkpoint stored quantized (a GGUF's Q4_1): nothing to keep.
+        self.quantization = self.dtype_choice.quantization or settings.quantization
         if settings.dtype == "auto":
             logger.info("dtype %s: %s", dtype_name(self.dtype), self.dtype_choice.reason)
         # TP x PP group: join (the ranks must serve the same model the same way), then
@@ -154,13 +157,10 @@ class ModelRunner:
                             self.block_size, self.device)
 
     def _max_model_len(self, cap: int | None) -> int:
+        """--max-model-len, at most the model's max_position_embeddings. NOTE: a sliding
+        window does not cap it: windowed layers attend to their window (decoder.sliding_windows)."""
         cfg = self.config
-        max_model_len = min(cap or cfg.max_position_embeddings, cfg.max_position_embeddings)
-        window = getattr(cfg, "sliding_window", None)
-        if window and getattr(cfg, "use_sliding_window", True):
-            # NOTE: no sliding-window attention: cap the length where full attention is exact.
-            max_model_len = min(max_model_len, window)
-        return max_model_len
+        return min(cap or cfg.max_position_embeddings, cfg.max_position_embeddings)
 
     def _allocate_kv_caches(self, settings: RunnerConfig) -> None:
         """The KV cache on this rank's device (sized by `num_kv_blocks`, or what the memory

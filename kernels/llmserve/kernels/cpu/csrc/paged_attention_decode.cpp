@@ -5,7 +5,17 @@
 //   kv_cache [2, num_blocks, block_size, KVH, D]
 //   tables   [B, max_blocks] int64         physical block of each logical block
 //   seq_lens [B] int64                     tokens of context (incl. the new one)
+//   window   W > 0: attend to the last W keys only (0 = all)
+//   softcap  c > 0: scores -> c * tanh(scores / c) before the softmax (0 = off)
 //   out      [B, H, D]
+//
+// With a window, a row's work starts at the block holding its first visible key
+// (position len - W) and skips that block's earlier rows: blocks wholly before the
+// window are never read (the scheduler may have freed them). Scores are indexed from
+// the start of that block:
+//
+//   len 11, W 6, block 4:  | 0 1 2 3 | 4 5 6 7 | 8 9 10 . |
+//                                      ^ blk0 = 1, base = 4; start = 5 (skip 1 row): keys 5..10
 //
 // Work item = one sequence, all its heads (when there are enough sequences). A block's K (and V) for all KV heads is one
 // contiguous run of block_size * KVH * D elements, so each is streamed front to back
@@ -156,12 +166,17 @@ template <typename T, int64_t D>
 constexpr bool kTiled = false;
 #endif
 
+// The block holding a row's first visible key: 0 without a window.
+inline int64_t first_block(int64_t len, int64_t window, int64_t block_size) {
+  return window > 0 ? std::max<int64_t>(0, len - window) / block_size : 0;
+}
+
 // HEAD_DIM > 0 fixes the head size at compile time (fully unrolled inner loops);
 // 0 reads it from `head_dim`.
 template <typename T, int64_t HEAD_DIM>
 void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t* seq_lens, T* out,
                    int64_t B, int64_t H, int64_t KVH, int64_t head_dim, int64_t num_blocks, int64_t block_size,
-                   int64_t max_blocks, float scale) {
+                   int64_t max_blocks, float scale, int64_t window, float softcap) {
   const int64_t D = HEAD_DIM > 0 ? HEAD_DIM : head_dim;
   const int64_t g = H / KVH;
   const int64_t row = KVH * D;                            // elements per token slot
@@ -177,19 +192,24 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
       const int64_t kh0 = (item % splits) * heads_per_item, kh1 = kh0 + heads_per_item;
       const int64_t len = seq_lens[b];
       const int64_t* table = tables + b * max_blocks;
-      scores.assign(H * len, 0.f);
+      const int64_t start = window > 0 ? std::max<int64_t>(0, len - window) : 0;  // first visible key
+      const int64_t blk0 = start / block_size, base = blk0 * block_size;
+      const int64_t span = len - base;  // scores kept per head: keys base..len-1
+      scores.assign(H * span, 0.f);
       const T* qb = q + b * H * D;
       // The tiled path scales each score; the row-at-a-time path scales q once.
       const float q_scale = kTiled<T, HEAD_DIM> ? 1.f : scale;
       for (int64_t i = 0; i < H * D; ++i) qf[i] = static_cast<float>(qb[i]) * q_scale;
       const int64_t n_blocks = (len + block_size - 1) / block_size;
-      // Pass 1: scores[h][p] = q_h . k_p (h over all query heads, k of its KV head).
-      for (int64_t blk = 0; blk < n_blocks; ++blk) {
-        const T* base = kv + table[blk] * block_size * row;
+      // Pass 1: scores[h][p - base] = q_h . k_p (h over all query heads, k of its KV head).
+      for (int64_t blk = blk0; blk < n_blocks; ++blk) {
+        // Rows t0..n-1 of this block are keys in the window; `first` indexes their scores.
+        const T* blk_ptr = kv + table[blk] * block_size * row;
         // What this pass reads next: the following K block, or the first V block.
         const T* next = blk + 1 < n_blocks ? kv + table[blk + 1] * block_size * row
-                                           : kv + v_offset + table[0] * block_size * row;
-        const int64_t first = blk * block_size, n = std::min(block_size, len - first);
+                                           : kv + v_offset + table[blk0] * block_size * row;
+        const int64_t first = blk * block_size - base, n = std::min(block_size, len - blk * block_size);
+        const int64_t t0 = std::max<int64_t>(0, start - blk * block_size);
         prefetch_rows(next, n, block_size, row);
 #if defined(__AVX512F__)
         if constexpr (kTiled<T, HEAD_DIM>) {
@@ -203,47 +223,57 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
               const int64_t r0 = std::min(n, call * share), r1 = std::min(n, r0 + share);
               prefetch_bytes(next + r0 * row, (r1 - r0) * row * sizeof(T));
               const int64_t h = kh * g + j;
-              for (int64_t c0 = 0; c0 < n; c0 += 16) {
-                TiledMath<T, HEAD_DIM>::scores16(qb + h * D, qf.data() + h * D, base + c0 * row + kh * D, row,
-                                                 std::min<int64_t>(16, n - c0), scale, scores.data() + h * len + first + c0);
+              for (int64_t c0 = t0; c0 < n; c0 += 16) {
+                TiledMath<T, HEAD_DIM>::scores16(qb + h * D, qf.data() + h * D, blk_ptr + c0 * row + kh * D, row,
+                                                 std::min<int64_t>(16, n - c0), scale,
+                                                 scores.data() + h * span + first + c0);
               }
             }
           }
           continue;
         }
 #endif
-        for (int64_t t = 0; t < n; ++t) {
+        for (int64_t t = t0; t < n; ++t) {
           prefetch_bytes(next + t * row, row * sizeof(T));  // spread over the block's work
           for (int64_t kh = kh0; kh < kh1; ++kh) {
-            const T* k = base + t * row + kh * D;
+            const T* k = blk_ptr + t * row + kh * D;
             for (int64_t j = 0; j < g; ++j) {
               const int64_t h = kh * g + j;
               const float* qh = qf.data() + h * D;
               float s = 0.f;
               for (int64_t d = 0; d < D; ++d) s += qh[d] * static_cast<float>(k[d]);
-              scores[h * len + first + t] = s;
+              scores[h * span + first + t] = s;
             }
           }
         }
       }
-      // Softmax per query head.
+      // Softmax per query head over the window's keys (skip..span-1); the rows before
+      // them keep weight 0 (and are never read).
+      const int64_t skip = start - base;
       for (int64_t h = kh0 * g; h < kh1 * g; ++h) {
-        float* sh = scores.data() + h * len;
-        const float m = *std::max_element(sh, sh + len);
+        float* sh = scores.data() + h * span;
+        if (softcap > 0.f)
+          for (int64_t p = skip; p < span; ++p) sh[p] = softcap * std::tanh(sh[p] / softcap);
+        const float m = *std::max_element(sh + skip, sh + span);
         float sum = 0.f;
-        for (int64_t p = 0; p < len; ++p) sum += (sh[p] = std::exp(sh[p] - m));
+        for (int64_t p = skip; p < span; ++p) sum += (sh[p] = std::exp(sh[p] - m));
         const float inv = 1.f / sum;
-        for (int64_t p = 0; p < len; ++p) sh[p] *= inv;
+        for (int64_t p = skip; p < span; ++p) sh[p] *= inv;
       }
       // Pass 2: out_h = sum_p softmax_h[p] * v_p
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t blk = 0; blk < n_blocks; ++blk) {
-        const T* base = kv + v_offset + table[blk] * block_size * row;
+      for (int64_t blk = blk0; blk < n_blocks; ++blk) {
+        // As in pass 1, but rows before t0 are skipped by offsetting the block's rows.
+        const int64_t t0 = std::max<int64_t>(0, start - blk * block_size);
+        const int64_t n = std::min(block_size, len - blk * block_size) - t0;
+        const int64_t first = blk * block_size - base + t0;
+        const T* blk_ptr = kv + v_offset + table[blk] * block_size * row + t0 * row;
         // Next: the following V block, or the next sequence's first K block.
         const T* next = blk + 1 < n_blocks ? kv + v_offset + table[blk + 1] * block_size * row
-                        : splits == 1 && b + 1 < end && seq_lens[b + 1] > 0 ? kv + tables[(b + 1) * max_blocks] * block_size * row
-                                                                             : nullptr;
-        const int64_t first = blk * block_size, n = std::min(block_size, len - first);
+                        : splits == 1 && b + 1 < end && seq_lens[b + 1] > 0
+                            ? kv + tables[(b + 1) * max_blocks + first_block(seq_lens[b + 1], window, block_size)] *
+                                       block_size * row
+                            : nullptr;
         if (next != nullptr) prefetch_rows(next, n, block_size, row);
 #if defined(__AVX512F__)
         if constexpr (kTiled<T, HEAD_DIM>) {
@@ -253,8 +283,8 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
               const int64_t r0 = std::min(n, (kh - kh0) * share), r1 = std::min(n, r0 + share);
               prefetch_bytes(next + r0 * row, (r1 - r0) * row * sizeof(T));
             }
-            TiledMath<T, HEAD_DIM>::weighted_rows_all(scores.data() + kh * g * len + first, len, base + kh * D, row, n,
-                                                      acc.data() + kh * g * D, g);
+            TiledMath<T, HEAD_DIM>::weighted_rows_all(scores.data() + kh * g * span + first, span, blk_ptr + kh * D,
+                                                      row, n, acc.data() + kh * g * D, g);
           }
           continue;
         }
@@ -262,10 +292,10 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
         for (int64_t t = 0; t < n; ++t) {
           if (next != nullptr) prefetch_bytes(next + t * row, row * sizeof(T));
           for (int64_t kh = kh0; kh < kh1; ++kh) {
-            const T* v = base + t * row + kh * D;
+            const T* v = blk_ptr + t * row + kh * D;
             for (int64_t j = 0; j < g; ++j) {
               const int64_t h = kh * g + j;
-              const float w = scores[h * len + first + t];
+              const float w = scores[h * span + first + t];
               float* ah = acc.data() + h * D;
               for (int64_t d = 0; d < D; ++d) ah[d] += w * static_cast<float>(v[d]);
             }
@@ -278,7 +308,7 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
 }
 
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& tables,
-                                  const at::Tensor& seq_lens, double scale) {
+                                  const at::Tensor& seq_lens, double scale, int64_t window, double softcap) {
   TORCH_CHECK(q.dim() == 3 && kv_cache.dim() == 5 && kv_cache.size(0) == 2, "bad shapes");
   TORCH_CHECK(q.is_contiguous() && kv_cache.is_contiguous() && tables.is_contiguous() && seq_lens.is_contiguous(),
               "inputs must be contiguous");
@@ -293,7 +323,7 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& kv_cach
     auto run = [&](auto kernel) {
       kernel(q.data_ptr<scalar_t>(), kv_cache.data_ptr<scalar_t>(), tables.data_ptr<int64_t>(),
              seq_lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), B, H, KVH, D, kv_cache.size(1),
-             kv_cache.size(2), tables.size(1), static_cast<float>(scale));
+             kv_cache.size(2), tables.size(1), static_cast<float>(scale), window, static_cast<float>(softcap));
     };
     if (D == 64) {
       run(decode_kernel<scalar_t, 64>);
@@ -309,7 +339,7 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& kv_cach
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(llmserve_cpu, m) {
-  m.def("paged_attention_decode(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale) -> Tensor");
+  m.def("paged_attention_decode(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale, int window, float softcap) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(llmserve_cpu, CPU, m) {

@@ -15,7 +15,7 @@ including this step's. Decode rows (1 query token) come first, prefill/chunk row
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,9 @@ class PrefillSeq:
     seq_len: int
     block_ids: torch.Tensor  # [ceil(seq_len / block_size)] long
     mask: torch.Tensor | None  # [q_len, seq_len] bool (True = visible); None = plain causal
+    # window W -> (first key position read, [q_len, seq_len - first] mask), built by the
+    # first windowed layer of the step and reused by the others.
+    windowed: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -45,6 +48,9 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None  # [B, 1, 1, max_blocks*block_size] bool
     prefills: list[PrefillSeq]
     decode_seq_lens: torch.Tensor | None = None  # [B] long: context length of each decode row
+    # window W -> the decode rows' window blocks ([B, n] long) and mask ([B, 1, 1, n * block_size]
+    # bool), built by the first windowed layer of the step (torch gather path only).
+    decode_windows: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -67,11 +73,21 @@ class AttentionBackend(abc.ABC):
     """Per-layer attention over the paged cache. Metadata is built once per step by
     `build_metadata` and passed to every layer."""
 
-    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float | None = None):
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float | None = None,
+                 sliding_window: int | None = None, softcap: float | None = None):
+        """sliding_window W: a query at position p sees keys at (p - W, p] only (HF's
+        semantics), and no kernel reads a block wholly before that: the scheduler may
+        already have freed it. softcap c: scores become c * tanh(scores / c) before the
+        mask and softmax (Gemma 2). None = off for both."""
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+        if softcap is not None and softcap <= 0:
+            raise ValueError(f"softcap must be > 0, got {softcap}")
         self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
         self.scale = scale if scale is not None else head_dim**-0.5
+        self.sliding_window, self.softcap = sliding_window, softcap
 
     @classmethod
     def check_block_size(cls, block_size: int) -> None:

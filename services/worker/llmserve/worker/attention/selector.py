@@ -39,12 +39,14 @@ def backend_class(name: str, device: torch.device | str) -> type[AttentionBacken
 
 def install_backend(model: nn.Module, cls: type[AttentionBackend]) -> int:
     """Swap every attention backend object held by the model's layers (the model files
-    build the torch one) for `cls` with the same heads and scale. Returns how many."""
+    build the torch one) for `cls` with the same heads, scale, window and soft-cap.
+    Returns how many."""
     n = 0
     for module in model.modules():
         for attr, value in list(vars(module).items()):
             if isinstance(value, AttentionBackend):
                 if type(value) is not cls:
-                    setattr(module, attr, cls(value.num_heads, value.head_dim, value.num_kv_heads, value.scale))
+                    setattr(module, attr, cls(value.num_heads, value.head_dim, value.num_kv_heads, value.scale,
+                                              value.sliding_window, value.softcap))
                 n += 1
     return n

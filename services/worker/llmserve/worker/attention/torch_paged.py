@@ -1,5 +1,6 @@
 """Paged attention in plain torch for CPU: decode rows batched into one gather + one
-SDPA; prefill/chunk rows one SDPA each."""
+SDPA; prefill/chunk rows one SDPA each. A layer with a sliding window reads only the
+blocks its window reaches; one with a soft-cap materializes its scores (SDPA has none)."""
 
 from __future__ import annotations
 
@@ -48,37 +49,98 @@ class TorchPagedAttention(AttentionBackend):
             # Reads K/V blocks in place: the decode is memory-bound, and the gather below
             # copies every block before attention reads it again.
             return cpu_kernels.paged_attention_decode(q, kv_cache, meta.decode_block_table, meta.decode_seq_lens,
-                                                      self.scale)
+                                                      self.scale, self.sliding_window, self.softcap)
         return self._decode_gather(q, kv_cache, meta)
 
     def _decode_gather(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The plain-torch path: gather each row's blocks, one masked SDPA for all rows."""
         B, H, D = q.shape
         KVH, g = self.num_kv_heads, H // self.num_kv_heads
-        kv = kv_cache[:, meta.decode_block_table]  # [2, B, max_blocks, bs, KVH, D]
+        table, mask = meta.decode_block_table, meta.decode_mask
+        if self.sliding_window is not None:  # only the blocks the window reaches
+            W = self.sliding_window
+            if W not in meta.decode_windows:
+                meta.decode_windows[W] = _decode_window(table, meta.decode_seq_lens, W, meta.block_size)
+            table, mask = meta.decode_windows[W]
+        kv = kv_cache[:, table]  # [2, B, n_blocks, bs, KVH, D]
         kv = kv.view(2, B, -1, KVH, D).transpose(2, 3)  # [2, B, KVH, L, D]
         # NOTE: GQA without copying K/V: the g query heads sharing a kv head become the
         # "query length" axis (query head h uses kv head h // g, as HF's repeat_kv).
         qg = q.view(B, KVH, g, D)
-        o = F.scaled_dot_product_attention(qg, kv[0], kv[1], attn_mask=meta.decode_mask, scale=self.scale)
+        o = _attention(qg, kv[0], kv[1], mask, self.scale, self.softcap)
         return o.reshape(B, H, D)
 
     def _prefill(self, q, k, v, kv_cache, p: PrefillSeq) -> torch.Tensor:
         s, e = p.token_start, p.token_end
+        first, mask = 0, p.mask
+        if self.sliding_window is not None and p.seq_len > self.sliding_window:
+            W = self.sliding_window
+            if W not in p.windowed:
+                p.windowed[W] = _prefill_window(p, W, kv_cache.shape[2])
+            first, mask = p.windowed[W]
         if p.context_len == 0:  # keys are exactly this step's tokens: skip the gather
             kk, vv = k[s:e], v[s:e]  # [q_len, KVH, D]
-        else:
-            kv = kv_cache[:, p.block_ids].flatten(1, 2)[:, : p.seq_len]  # [2, seq_len, KVH, D]
+        else:  # the blocks from the one holding key `first` on (earlier ones may be freed)
+            bs = kv_cache.shape[2]
+            kv = kv_cache[:, p.block_ids[first // bs :]].flatten(1, 2)[:, : p.seq_len - first]  # [2, keys, KVH, D]
             kk, vv = kv[0], kv[1]
+        qq = q[s:e].transpose(0, 1)[None]  # [1, H, q_len, D]
+        o = _attention(qq, kk.transpose(0, 1)[None], vv.transpose(0, 1)[None], mask, self.scale, self.softcap)
+        return o[0].transpose(0, 1)  # [q_len, H, D]
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+               softcap: float | None) -> torch.Tensor:
+    """q: [..., Hq, n, D]; k, v: [..., Hk, L, D], Hq a multiple of Hk (query head h reads
+    kv head h // (Hq / Hk)); mask broadcast to [..., Hq, n, L] bool (True = visible), None =
+    causal with the queries the last n keys. -> [..., Hq, n, D]"""
+    if softcap is None:
         # NOTE: 4-D inputs ([1, heads, len, D]) take the fused CPU flash kernel; 3-D ones
         # fall back to a slower unfused path. enable_gqa spares expanding K/V to every
         # query head, at no loss of speed.
-        qq = q[s:e].transpose(0, 1)[None]  # [1, H, q_len, D]
-        o = F.scaled_dot_product_attention(
-            qq, kk.transpose(0, 1)[None], vv.transpose(0, 1)[None], attn_mask=p.mask,
-            is_causal=p.mask is None, scale=self.scale, enable_gqa=True,
-        )
-        return o[0].transpose(0, 1)  # [q_len, H, D]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                              enable_gqa=q.shape[-3] != k.shape[-3])
+    # SDPA has no soft-cap: the scores are materialized, in float32.
+    g = q.shape[-3] // k.shape[-3]
+    kf, vf = k.float().repeat_interleave(g, dim=-3), v.float().repeat_interleave(g, dim=-3)
+    scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale  # [..., Hq, n, L]
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        n, L = q.shape[-2], k.shape[-2]
+        mask = torch.arange(L, device=q.device)[None, :] <= torch.arange(L - n, L, device=q.device)[:, None]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1), vf).to(q.dtype)
+
+
+def _decode_window(table: torch.Tensor, seq_lens: torch.Tensor, window: int,
+                   block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode rows' blocks from the one holding their first visible key (position
+    len - W) on: table [B, n] long, mask [B, 1, 1, n * block_size] bool.
+
+      len 11, W 6, block 4:  | 0 1 2 3 | 4 5 6 7 | 8 9 10 . |
+                                         ^ first block read (1); keys 5..10 visible
+    """
+    n = min(table.shape[1], cdiv(window - 1, block_size) + 1)  # blocks W consecutive keys can span
+    first_block = (seq_lens - window).clamp(min=0) // block_size  # [B]
+    idx = first_block[:, None] + torch.arange(n, device=table.device)[None, :]  # [B, n]
+    key_pos = (idx[:, :, None] * block_size + torch.arange(block_size, device=table.device)).flatten(1)
+    mask = (key_pos < seq_lens[:, None]) & (key_pos >= seq_lens[:, None] - window)  # [B, n * block_size]
+    # NOTE: idx past a row's last block re-reads that block (masked): every block read is
+    # the row's own and in its window, so holds finite values (a masked NaN still poisons SDPA).
+    idx = torch.minimum(idx, ((seq_lens - 1) // block_size)[:, None])
+    return table.gather(1, idx), mask[:, None, None, :]
+
+
+def _prefill_window(p: PrefillSeq, window: int, block_size: int) -> tuple[int, torch.Tensor]:
+    """(first key position the chunk reads, mask [q_len, seq_len - first]): query at
+    position qp sees keys kp with qp - W < kp <= qp. A cached context is read from the block
+    holding the first query's first key; this step's own keys are all read."""
+    q_len = p.token_end - p.token_start
+    first = (max(0, p.context_len + 1 - window) // block_size) * block_size if p.context_len else 0
+    dev = p.block_ids.device
+    key_pos = torch.arange(first, p.seq_len, device=dev)[None, :]
+    q_pos = torch.arange(p.seq_len - q_len, p.seq_len, device=dev)[:, None]
+    return first, (key_pos <= q_pos) & (key_pos > q_pos - window)
 
 
 def _write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

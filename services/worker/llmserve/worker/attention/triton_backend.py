@@ -1,8 +1,9 @@
 """Paged attention through the Triton kernels (llmserve.kernels): the GPU path.
 
 Same contract as TorchPagedAttention: forward(q, k, v, kv_cache, meta) writes k/v into
-their slots, then attends causally. Per layer: one cache-write launch, one decode launch
-(+ one reduction when split), one varlen launch for every prefill/chunk row.
+their slots, then attends causally (within the layer's window, soft-capped if set). Per
+layer: one cache-write launch, one decode launch (+ one reduction when split), one varlen
+launch for every prefill/chunk row.
 """
 
 from __future__ import annotations
@@ -93,10 +94,14 @@ class TritonPagedAttention(AttentionBackend):
         out = torch.empty_like(q)
         B, N = meta.num_decodes, len(meta.seq_lens)
         if B:
-            splits = decode_num_splits(B, self.num_kv_heads, meta.max_decode_seq_len, multiprocessor_count(q.device))
+            keys = meta.max_decode_seq_len  # the most keys a row reads: at most the window (0 = unknown)
+            if self.sliding_window is not None and keys:
+                keys = min(keys, self.sliding_window)
+            splits = decode_num_splits(B, self.num_kv_heads, keys, multiprocessor_count(q.device))
             paged_attention_decode(q[:B], kv_cache, meta.block_table[:B], meta.seq_lens_t[:B], self.scale,
-                                   num_splits=splits, out=out[:B])
+                                   num_splits=splits, out=out[:B], window=self.sliding_window, softcap=self.softcap)
         if N > B:
             paged_attention_varlen(q, kv_cache, meta.block_table[B:], meta.seq_lens_t[B:], meta.cu_seqlens_q[B:],
-                                   meta.max_prefill_query_len, self.scale, out=out)
+                                   meta.max_prefill_query_len, self.scale, out=out, window=self.sliding_window,
+                                   softcap=self.softcap)
         return out

@@ -6,6 +6,9 @@ With tp_size=1 every shard is the whole tensor. For tp_size>1:
   QKVParallel      splits q heads and kv heads separately (kv heads replicated when
                    num_kv_heads < tp_size)
   MergedColumn     splits each fused sub-matrix (gate, up) separately
+A checkpoint tensor that is already fused (Phi-3's qkv_proj, gate_up_proj) arrives with
+shard id None: it is cut into its full q/k/v (gate/up) parts, and each part is narrowed as
+above, so a rank never takes a contiguous row range of the fused tensor.
 
 Fused layout of QKVParallelLinear.weight (rows, on one rank):
   [ q: num_heads*head_dim | k: num_kv_heads*head_dim | v: num_kv_heads*head_dim ]
@@ -151,6 +154,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(input_size, sum(output_sizes), bias, tp, quantization)
 
     def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is None:  # stored fused (Phi-3's gate_up_proj): [gate | up] rows of the whole model
+            for i, part in enumerate(loaded.split(self.output_sizes, dim=0)):
+                self.weight_loader(param, part, i)
+            return
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
             raise ValueError(f"MergedColumnParallelLinear: bad shard id {shard_id!r}")
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
@@ -173,6 +180,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         quantization: str = "none",
     ):
         self.head_dim = head_dim
+        self.total_sizes = [total_num_heads * head_dim, total_num_kv_heads * head_dim, total_num_kv_heads * head_dim]
         self.num_heads = _divide(total_num_heads, tp.size, "Total number of attention heads")
         if total_num_kv_heads >= tp.size:
             self.num_kv_heads = _divide(total_num_kv_heads, tp.size, "Total number of KV heads")
@@ -189,6 +197,10 @@ class QKVParallelLinear(ColumnParallelLinear):
         LinearBase.__init__(self, out, hidden_size, bias, tp, quantization)
 
     def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is None:  # stored fused (Phi-3's qkv_proj): [q | k | v] rows of the whole model
+            for sid, part in zip("qkv", loaded.split(self.total_sizes, dim=0)):
+                self.weight_loader(param, part, sid)
+            return
         if shard_id == "q":
             offset, size, rank = 0, self.q_size, self.tp_rank
         elif shard_id in ("k", "v"):

@@ -13,7 +13,8 @@ placeholders so parameter names keep their checkpoint indices.
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -49,8 +50,57 @@ def local_kv_heads(config: Any, tp_size: int) -> int:
     return max(1, config.num_key_value_heads // tp_size)
 
 
+def sliding_windows(config: Any) -> list[int | None]:
+    """Each layer's attention window (None = full attention), as HF decides it:
+    `layer_types` names the windowed layers where the config has it (Gemma 2/3, Qwen2/3
+    with use_sliding_window); without it (Mistral) a set `sliding_window` windows every
+    layer."""
+    window, n = getattr(config, "sliding_window", None), config.num_hidden_layers
+    types = getattr(config, "layer_types", None)
+    if not window:
+        return [None] * n
+    if types:
+        return [window if t == "sliding_attention" else None for t in types]
+    if getattr(config, "use_sliding_window", None) is False:
+        return [None] * n
+    return [window] * n
+
+
+def rope_tables(config: Any) -> dict[str, dict]:
+    """RoPE settings per table: {"default": ...}, or one per layer type where the config
+    keeps them so (Gemma 3: a local base for its sliding layers, another for full ones)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    types = set(getattr(config, "layer_types", None) or ())
+    if types and all(isinstance(params.get(t), dict) for t in types):
+        return {t: rope_parameters(_WithRope(config, params[t])) for t in sorted(types)}
+    return {"default": rope_parameters(config)}
+
+
+class _WithRope:
+    """`config` seen with one layer type's RoPE settings (for rope_parameters)."""
+
+    def __init__(self, config: Any, params: dict):
+        self._config, self.rope_parameters = config, params
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+@dataclass(frozen=True)
+class LayerOptions:
+    """What an architecture chooses for one layer (DecoderForCausalLM.layer_options)."""
+
+    sliding_window: int | None = None  # attend to the last W keys only
+    attn_scale: float | None = None  # None: head_dim ** -0.5
+    attn_softcap: float | None = None  # attention scores -> c * tanh(scores / c)
+    qk_norm: bool = False  # an RMSNorm over head_dim on each q and k head, before RoPE (Qwen3, Gemma 3)
+    sandwich_norms: bool = False  # norms on the attention output and around the MLP too (Gemma 2/3)
+    rope: str = "default"  # which of rope_tables(config) the layer rotates with
+
+
 class Attention(nn.Module):
-    def __init__(self, config: Any, qkv_bias: bool, tp: GroupHandle, quantization: str = "none"):
+    def __init__(self, config: Any, qkv_bias: bool, tp: GroupHandle, quantization: str = "none",
+                 options: LayerOptions = LayerOptions(), norm_cls: type[RMSNorm] = RMSNorm):
         super().__init__()
         D = head_dim_of(config)
         bias = qkv_bias or getattr(config, "attention_bias", False)
@@ -62,15 +112,30 @@ class Attention(nn.Module):
             config.num_attention_heads * D, config.hidden_size, getattr(config, "attention_bias", False), tp,
             quantization
         )
-        self.attn = TorchPagedAttention(self.num_heads, D, self.num_kv_heads)
+        self.attn = TorchPagedAttention(self.num_heads, D, self.num_kv_heads, options.attn_scale,
+                                        options.sliding_window, options.attn_softcap)
+        self.q_norm = norm_cls(D, config.rms_norm_eps) if options.qk_norm else None
+        self.k_norm = norm_cls(D, config.rms_norm_eps) if options.qk_norm else None
 
     def forward(self, rope, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         # hidden: [T, hidden_size]; rope: (cos, sin) for this step's positions
         T = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)  # [T, (H + 2*KVH)/tp * D]
+        if self.q_norm is not None:
+            self._qk_norm_(qkv)
         # q: [T, H/tp, D]; k, v: [T, KVH/tp, D]
-        q, k, v = apply_rotary_qkv(self.qkv_proj(hidden), rope, self.num_heads, self.num_kv_heads, self.head_dim)
+        q, k, v = apply_rotary_qkv(qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim)
         o = self.attn.forward(q, k, v, kv_cache, meta)  # [T, H/tp, D]
         return self.o_proj(o.view(T, -1))  # all-reduce #1 of the layer
+
+    def _qk_norm_(self, qkv: torch.Tensor) -> None:
+        """Each q and k head normed over head_dim, written back into qkv: RoPE comes
+        after it, and the fused rotary kernels rotate the projection output in place."""
+        T, D = qkv.shape[0], self.head_dim
+        q_size, kv_size = self.num_heads * D, self.num_kv_heads * D
+        q, k = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]  # [T, H*D], [T, KVH*D] (strided views)
+        q.copy_(self.q_norm(q.reshape(T * self.num_heads, D)).view(T, q_size))
+        k.copy_(self.k_norm(k.reshape(T * self.num_kv_heads, D)).view(T, kv_size))
 
 
 class GatedMLP(nn.Module):
@@ -81,7 +146,8 @@ class GatedMLP(nn.Module):
         bias = getattr(config, "mlp_bias", False)
         I = config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [I, I], bias, tp, quantization)
-        self.act = gated_activation(config.hidden_act)
+        # (Gemma 2/3 configs name it hidden_activation; their hidden_act may be None)
+        self.act = gated_activation(getattr(config, "hidden_act", None) or config.hidden_activation)
         self.down_proj = RowParallelLinear(I, config.hidden_size, bias, tp, quantization)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,21 +156,33 @@ class GatedMLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: Any, qkv_bias: bool, norm_cls: type[RMSNorm], tp: GroupHandle,
-                 quantization: str = "none"):
+                 quantization: str = "none", mlp: nn.Module | None = None,
+                 options: LayerOptions = LayerOptions()):
         super().__init__()
-        self.self_attn = Attention(config, qkv_bias, tp, quantization)
-        self.mlp = GatedMLP(config, tp, quantization)
+        self.self_attn = Attention(config, qkv_bias, tp, quantization, options, norm_cls)
+        self.rope = options.rope
+        # `mlp`: the architecture's block for this layer (a mixture of experts); None: the dense GatedMLP.
+        self.mlp = mlp if mlp is not None else GatedMLP(config, tp, quantization)
         self.input_layernorm = norm_cls(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = norm_cls(config.hidden_size, config.rms_norm_eps)
+        self.pre_feedforward_layernorm = self.post_feedforward_layernorm = None
+        if options.sandwich_norms:
+            self.pre_feedforward_layernorm = norm_cls(config.hidden_size, config.rms_norm_eps)
+            self.post_feedforward_layernorm = norm_cls(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, rope, hidden, residual, kv_cache, meta):
+        # hidden, residual: [T, hidden_size]; the residual stream is their sum (residual None: hidden)
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(rope, hidden, kv_cache, meta)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        if self.pre_feedforward_layernorm is None:
+            hidden, residual = self.post_attention_layernorm(hidden, residual)
+            return self.mlp(hidden), residual
+        # Sandwich (Gemma 2/3): stream += norm(attn); then stream += norm(mlp(norm(stream)))
+        hidden, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(hidden), residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
 
 
 class MissingLayer(nn.Module):
@@ -113,7 +191,9 @@ class MissingLayer(nn.Module):
 
 class DecoderModel(nn.Module):
     def __init__(self, config: Any, parallel: ParallelState, qkv_bias: bool, norm_cls: type[RMSNorm],
-                 embed_scale: float | None, quantization: str = "none"):
+                 embed_scale: float | None, quantization: str = "none",
+                 mlp_for_layer: Callable[[int], nn.Module | None] = lambda i: None,
+                 options_for_layer: Callable[[int], LayerOptions] = lambda i: LayerOptions()):
         super().__init__()
         tp = parallel.tp
         self.start, self.end = parallel.stage_layers(config.num_hidden_layers)
@@ -121,12 +201,17 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp) if self.is_first else None
         self.embed_scale = embed_scale
         self.layers = nn.ModuleList(
-            DecoderLayer(config, qkv_bias, norm_cls, tp, quantization) if self.start <= i < self.end else MissingLayer()
+            DecoderLayer(config, qkv_bias, norm_cls, tp, quantization, mlp_for_layer(i), options_for_layer(i))
+            if self.start <= i < self.end else MissingLayer()
             for i in range(config.num_hidden_layers)
         )
         self.norm = norm_cls(config.hidden_size, config.rms_norm_eps) if self.is_last else None
-        # NOTE: one cos/sin cache for all layers, gathered once per step.
-        self.rotary_emb = RotaryEmbedding(head_dim_of(config), config.max_position_embeddings, rope_parameters(config))
+        # NOTE: one cos/sin cache for all layers (one per layer type where RoPE differs by
+        # type), gathered once per step.
+        self.rotary = nn.ModuleDict({
+            name: RotaryEmbedding(head_dim_of(config), config.max_position_embeddings, params)
+            for name, params in rope_tables(config).items()
+        })
 
     def forward(self, input_ids, positions, kv_caches, meta, intermediate=None):
         """First stage: input_ids [T]; later stages: intermediate = (hidden, residual) [T, H].
@@ -138,9 +223,9 @@ class DecoderModel(nn.Module):
                 hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
         else:
             hidden, residual = intermediate
-        rope = self.rotary_emb(positions)
+        ropes = {name: emb(positions) for name, emb in self.rotary.items()}
         for layer, kv_cache in zip(self.layers[self.start : self.end], kv_caches, strict=True):
-            hidden, residual = layer(rope, hidden, residual, kv_cache, meta)
+            hidden, residual = layer(ropes[layer.rope], hidden, residual, kv_cache, meta)
         if not self.is_last:
             return hidden, residual
         hidden, _ = self.norm(hidden, residual)
@@ -152,6 +237,8 @@ class DecoderForCausalLM(nn.Module):
 
     qkv_bias = False
     norm_cls: type[RMSNorm] = RMSNorm
+    qk_norm = False  # see LayerOptions
+    sandwich_norms = False
     # checkpoint name fragment -> (our fused parameter fragment, shard id)
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"),
@@ -165,6 +252,18 @@ class DecoderForCausalLM(nn.Module):
     def embed_scale(config: Any) -> float | None:
         return None
 
+    def mlp_for_layer(self, config: Any, layer_idx: int, tp: GroupHandle, quantization: str) -> nn.Module | None:
+        """Layer `layer_idx`'s MLP block when it is not the dense GatedMLP (None)."""
+        return None
+
+    def layer_options(self, config: Any, layer_idx: int) -> LayerOptions:
+        """Layer `layer_idx`'s attention and norm choices: its window, its layer type's
+        RoPE table, and the class's qk_norm / sandwich_norms."""
+        tables = rope_tables(config)
+        rope = config.layer_types[layer_idx] if "default" not in tables else "default"
+        return LayerOptions(sliding_window=sliding_windows(config)[layer_idx], qk_norm=self.qk_norm,
+                            sandwich_norms=self.sandwich_norms, rope=rope)
+
     def __init__(self, config: Any, parallel: ParallelState | None = None, quantization: str = "none"):
         """`quantization="int8"` / "int8-weight-only": the layers' projections (qkv, o,
         gate/up, down) hold int8 weights (int8_weight.py). The LM head multiplies by an int8
@@ -177,7 +276,10 @@ class DecoderForCausalLM(nn.Module):
         check_tensor_parallel(config, parallel.tp.size)
         self.config, self.parallel, self.quantization = config, parallel, quantization
         self.model = DecoderModel(config, parallel, self.qkv_bias, self.norm_cls, self.embed_scale(config),
-                                  quantization)
+                                  quantization, lambda i: self.mlp_for_layer(config, i, parallel.tp, quantization),
+                                  lambda i: self.layer_options(config, i))
+        # Gemma 2: logits -> c * tanh(logits / c)
+        self.final_logit_softcap: float | None = getattr(config, "final_logit_softcapping", None)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = None
         if parallel.is_last_stage:
@@ -213,4 +315,7 @@ class DecoderForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, hidden] (sampled positions only) -> logits [S, vocab] (last stage only;
         collective over the TP group)."""
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        if self.final_logit_softcap is not None:
+            logits = torch.tanh(logits / self.final_logit_softcap) * self.final_logit_softcap
+        return logits

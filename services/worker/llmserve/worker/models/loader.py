@@ -1,4 +1,5 @@
-"""Load an HF checkpoint directory (config.json + *.safetensors) into our model classes."""
+"""Load an HF checkpoint directory (config.json + *.safetensors, or the metadata directory
+of a GGUF whose weights stay in the file) into our model classes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from llmserve.gguf_checkpoint import gguf_weights
 from llmserve.worker.device import dtype_from_name
 from llmserve.worker.models.checkpoint import check_weights
 from llmserve.worker.models.registry import model_class
@@ -50,6 +52,19 @@ def iter_safetensors(model_dir: Path, keep: Callable[[str], bool] | None = None
                     yield name, st.get_tensor(name)
 
 
+def iter_checkpoint(model_dir: Path, config: Any, keep: Callable[[str], bool] | None = None
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) for every checkpoint tensor: from the directory's safetensors, or
+    from the GGUF its weights live in (gguf_weights.py), one tensor at a time either way."""
+    gguf = gguf_weights(Path(model_dir))
+    if gguf is None:
+        return iter_safetensors(model_dir, keep)
+    from llmserve.worker.models.gguf_weights import iter_gguf
+
+    check_weights(Path(model_dir))  # (a GGUF gone since its directory was written fails in a line)
+    return iter_gguf(gguf, config, keep)
+
+
 def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id: Any = None) -> None:
     if param.shape != loaded.shape:
         raise ValueError(f"checkpoint tensor {tuple(loaded.shape)} != parameter {tuple(param.shape)}")
@@ -62,6 +77,8 @@ def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) 
     params = dict(model.named_parameters())
     local_name = getattr(model, "local_weight_name", lambda n: n)
     mapping: dict[str, tuple[str, Any]] = getattr(model, "packed_modules_mapping", {})
+    # Optional: name -> (parameter name, shard id) ahead of `mapping`, or None (MoE experts).
+    remap: Callable[[str], tuple[str, Any] | None] | None = getattr(model, "remap_weight_name", None)
     tied = getattr(model.config, "tie_word_embeddings", False)
     loaded: set[tuple[str, Any]] = set()
     unexpected: list[str] = []
@@ -72,10 +89,14 @@ def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) 
             name, shard_id = local_name(ckpt_name), None
             if name is None:  # held by another pipeline stage
                 continue
-            for frag, (fused, sid) in mapping.items():
-                if f".{frag}." in name:
-                    name, shard_id = name.replace(f".{frag}.", f".{fused}."), sid
-                    break
+            remapped = remap(name) if remap is not None else None  # (name, shard id): an expert weight
+            if remapped is not None:
+                name, shard_id = remapped
+            else:
+                for frag, (fused, sid) in mapping.items():
+                    if f".{frag}." in name:
+                        name, shard_id = name.replace(f".{frag}.", f".{fused}."), sid
+                        break
             param = params.get(name)
             if param is None:
                 unexpected.append(ckpt_name)
@@ -90,7 +111,8 @@ def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) 
         for fused, need in shards.items():
             if f".{fused}." in name and name not in missing:
                 have = {sid for n, sid in loaded if n == name}
-                if have != need:
+                # shard id None: the checkpoint stored the tensor already fused (Phi-3's qkv_proj).
+                if have != need and None not in have:
                     missing.append(f"{name} (shards {sorted(map(str, need - have))})")
     if missing:
         raise ValueError(f"weights missing from checkpoint: {missing[:10]}")
@@ -111,5 +133,5 @@ def load_model(model_dir: Path, dtype: str | torch.dtype = "float32", config: An
     with _building(torch_dtype, torch.device(device)):
         model = cls(config, parallel, quantization=quantization)
     keep = getattr(model, "local_weight_name", None)
-    load_weights(model, iter_safetensors(model_dir, None if keep is None else (lambda n: keep(n) is not None)))
+    load_weights(model, iter_checkpoint(model_dir, config, None if keep is None else (lambda n: keep(n) is not None)))
     return model.eval()

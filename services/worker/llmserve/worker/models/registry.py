@@ -15,6 +15,10 @@ _MODELS: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("llmserve.worker.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("llmserve.worker.models.llama", "Qwen2ForCausalLM"),
     "GemmaForCausalLM": ("llmserve.worker.models.gemma", "GemmaForCausalLM"),
+    "Qwen3ForCausalLM": ("llmserve.worker.models.qwen3", "Qwen3ForCausalLM"),
+    "Gemma2ForCausalLM": ("llmserve.worker.models.gemma2", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("llmserve.worker.models.gemma2", "Gemma3ForCausalLM"),
+    "Phi3ForCausalLM": ("llmserve.worker.models.phi3", "Phi3ForCausalLM"),
 }
 
 
