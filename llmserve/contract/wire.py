@@ -266,6 +266,7 @@ def worker_info_to_pb(info: WorkerInfo) -> worker_pb2.WorkerInfo:
         quantization=info.quantization,
         dtype_reason=info.dtype_reason,
         device_memory_bytes=info.device_memory_bytes,
+        sliding_window=info.sliding_window,
         wire_revision=WIRE_REVISION,
     )
 
@@ -288,6 +289,7 @@ def worker_info_from_pb(msg: worker_pb2.WorkerInfo) -> WorkerInfo:
         quantization=msg.quantization or "none",
         dtype_reason=msg.dtype_reason,
         device_memory_bytes=msg.device_memory_bytes,
+        sliding_window=msg.sliding_window,
     )
 
 

@@ -25,3 +25,6 @@ class WorkerInfo:
     # The device's total memory (CUDA; 0 on the CPU): with `device` it picks the step
     # budget by device (contract/step_budget.py), on both sides of the registration.
     device_memory_bytes: int = 0
+    # Every layer attends to the last W tokens only (0: some layer sees every token): the
+    # scheduler then releases the blocks a sequence's window has left behind.
+    sliding_window: int = 0

@@ -194,8 +194,10 @@ def run_workload(seed: int) -> Trace:
                         steps_to_run=interrupt_some_runs if rng.random() < 0.5 else None)
     trace = Trace()
     # NOTE: async_scheduling is a setting of the engine loop, not of the core this
-    # drives: left out so that traces from before the setting existed still compare.
-    trace.add("config", re.sub(r", async_scheduling=\w+", "", repr(config)), cache, eos)
+    # drives, and these workloads run no sliding window: both left out so that traces
+    # from before they existed still compare.
+    trace.add("config", re.sub(r", async_scheduling=\w+", "", repr(config)),
+              repr(cache).replace(", sliding_window=0", ""), eos)
     aborts = {rng.randint(0, 40): f"r{rng.randint(0, 11)}" for _ in range(rng.randint(0, 4))}
     failures = {rng.randint(0, 40) for _ in range(rng.choice([0, 0, 0, 1, 2]))}
     for step in range(MAX_STEPS):

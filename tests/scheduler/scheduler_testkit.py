@@ -107,6 +107,9 @@ class FakeWorker:
     logprobs: bool = False
     # Of a multi-step plan, how many steps to run (None: all): an interrupt's effect.
     steps_to_run: Callable[[StepPlan], int] | None = None
+    # Every layer's sliding window (0: none): a query at p reads only positions p-W+1..p,
+    # so KV before them may be gone (its block released and reused).
+    window: int = 0
     requests: dict[int, WorkerRequest] = field(default_factory=dict)  # By sequence id.
     gpu: dict[int, list] = field(default_factory=dict)  # block -> token per slot
     cpu: dict[int, list] = field(default_factory=dict)
@@ -161,7 +164,7 @@ class FakeWorker:
         assert num_tokens > 0
         step_id = plan.step_id
         bs, start = self.block_size, state.num_computed_tokens
-        for pos in range(start):  # The KV this step reads.
+        for pos in range(self._first_key(start), start):  # The KV this step reads.
             got = self.gpu.get(state.block_ids[pos // bs], [None] * bs)[pos % bs]
             assert got == state.token_ids[pos], f"{state.label}: KV of position {pos} is wrong"
         for pos in range(start, min(start + num_tokens, len(state.token_ids))):  # The KV it writes.
@@ -177,6 +180,10 @@ class FakeWorker:
         logprobs = TokenLogprobs(token, -0.5) if self.logprobs else None
         return [SampledToken(state.seq_id, token, logprobs)]
 
+    def _first_key(self, first_query: int) -> int:
+        """The first position the step's queries read (from first_query on)."""
+        return max(0, first_query - self.window + 1) if self.window else 0
+
     def _verify(self, state: WorkerRequest, num_tokens: int, plan: StepPlan, drafts: list[int]) -> list[SampledToken]:
         """A row verifying drafts, as the real worker does: the last token and the
         drafts are written, a token is sampled after each accepted prefix, and the
@@ -185,7 +192,7 @@ class FakeWorker:
         assert state.num_computed_tokens + 1 == len(state.token_ids), "drafts follow the last sampled token"
         bs, start = self.block_size, state.num_computed_tokens
         assert len(state.block_ids) >= -(-(start + num_tokens) // bs), "no slots for the drafts"
-        for pos in range(start):
+        for pos in range(self._first_key(start), start):
             assert self.gpu.get(state.block_ids[pos // bs], [None] * bs)[pos % bs] == state.token_ids[pos]
         for pos, token in zip(range(start, start + num_tokens), state.token_ids[start:] + drafts):
             self.gpu.setdefault(state.block_ids[pos // bs], [None] * bs)[pos % bs] = token
@@ -265,7 +272,8 @@ def build_scheduler(config: dict, num_blocks: int, eos, num_cpu_blocks: int = 0)
     `clock`: the scheduler's clock, time.monotonic unless given)."""
     config = dict(config)
     cache = KVCacheShape(num_blocks=num_blocks, block_size=config.pop("block_size", 16),
-                         max_model_len=config.pop("max_model_len"), num_cpu_blocks=num_cpu_blocks)
+                         max_model_len=config.pop("max_model_len"), num_cpu_blocks=num_cpu_blocks,
+                         sliding_window=config.pop("sliding_window", 0))
     clock = config.pop("clock", time.monotonic)
     # NOTE: these tests were written against a 2048-token default step budget; the rest
     # of the budget is a CPU worker's (a core is built for a registered worker's device).

@@ -1,9 +1,11 @@
 """Random workloads with n > 1, shared prefixes, priorities, aborts, tiny GPU and CPU
-pools, swap and recompute preemption and prefix caching. After every step: ref counts
+pools, swap and recompute preemption, prefix caching and sliding windows (blocks left
+behind released as sequences grow). After every step: ref counts
 equal the number of tables holding each block, no block is both free and held, the CPU
 pool is consistent, and the fake worker reads back exactly the tokens each sequence
 wrote (so sharing, copy-on-write, swaps and prefix hits moved the right KV). At the end
-every block is free and each sample has the tokens a lone run with its seed gives."""
+every block is free and each sample has the tokens a lone run with its seed gives. With a
+window, a sequence holds no more blocks than its window and its lookahead span."""
 
 from types import SimpleNamespace
 
@@ -13,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmserve.contract.outputs import FinishReason
+from llmserve.scheduler.block_pool import held_blocks
 from llmserve.scheduler.request import RequestStatus
 from llmserve.scheduler.scheduler import Scheduler
 
@@ -37,6 +40,7 @@ def workloads(draw):
         **draw_batching_config(draw, max_seqs=6),
         enable_prefix_caching=draw(st.booleans()),
         preemption_mode=draw(st.sampled_from(["auto", "swap", "recompute"])),
+        sliding_window=draw(st.sampled_from([0, 0, 1, 3, 6])),
     )
     num_blocks = draw(st.integers(2, 16))
     num_cpu_blocks = draw(st.integers(0, 12))
@@ -58,10 +62,14 @@ def check_invariants(sched: Scheduler) -> None:
     swapped = {r.seq_id for unit in sched.swapped for r in unit}
     assert set(tables) == running, "only running sequences hold GPU blocks"
     assert set(cpu_tables) == swapped, "only swapped sequences hold CPU blocks"
+    window, bs = sched.cache.sliding_window, sched.cache.block_size
     for request in sched.running:
         assert request.status is RequestStatus.RUNNING
-        assert table_fits(len(tables[request.seq_id]), request.num_computed_tokens, sched.cache.block_size,
+        assert table_fits(len(tables[request.seq_id]), request.num_computed_tokens, bs,
                           sched.config.num_scheduler_steps, sched.config.num_speculative_tokens)
+        if window:  # held: the next query's window (W - 1 keys back) to the table's end
+            lookahead = len(tables[request.seq_id]) * bs - request.num_computed_tokens
+            assert len(held_blocks(tables[request.seq_id])) <= -(-(window - 1 + lookahead) // bs) + 1
     for request in sched.waiting:
         assert request.status is RequestStatus.WAITING and request.num_computed_tokens == 0
     for unit in sched.swapped:
@@ -71,7 +79,7 @@ def check_invariants(sched: Scheduler) -> None:
         if pool is None:
             assert not held_tables
             continue
-        holders = Counter(b for table in held_tables.values() for b in table)
+        holders = Counter(b for table in held_tables.values() for b in held_blocks(table))
         for block in range(pool.num_blocks):
             assert pool.ref_count(block) == holders[block], f"block {block}"
         free = pool.free_block_ids()
@@ -90,7 +98,8 @@ def check_invariants(sched: Scheduler) -> None:
 def test_random_multi_sample_workloads_keep_memory_consistent(workload):
     config, num_blocks, num_cpu_blocks, eos, interrupts, events = workload
     sched = build_scheduler(vars(config), num_blocks, [eos], num_cpu_blocks=num_cpu_blocks)
-    worker = FakeWorker(config.block_size, steps_to_run=interrupt_some_runs if interrupts else None)
+    worker = FakeWorker(config.block_size, steps_to_run=interrupt_some_runs if interrupts else None,
+                        window=config.sliding_window)
     run = Run(by_sample=True)
     prefixes = ([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5])
     added, rejected = {}, []

@@ -36,10 +36,14 @@ class InProcessEngine:
         info = runner.info
         self.runner = runner
         config, self.step_budget = config_for(config, info)
-        # NOTE: the cache must hold one whole sequence, or a request could never run.
+        # NOTE: the cache must hold one whole sequence, or a request could never run;
+        # unless every layer has a window and prefills are chunked: a sequence then holds
+        # its window's blocks only.
+        windowed = info.sliding_window and config.enable_chunked_prefill
         cache = KVCacheShape(num_blocks=info.num_kv_blocks, block_size=info.block_size,
-                             max_model_len=min(info.max_model_len, info.num_kv_blocks * info.block_size),
-                             num_cpu_blocks=info.num_cpu_blocks)
+                             max_model_len=info.max_model_len if windowed else min(
+                                 info.max_model_len, info.num_kv_blocks * info.block_size),
+                             num_cpu_blocks=info.num_cpu_blocks, sliding_window=info.sliding_window)
         self.scheduler = Scheduler(config, cache, info.eos_token_ids)
 
     @classmethod

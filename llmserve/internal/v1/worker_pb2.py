@@ -26,7 +26,7 @@ from llmserve.internal.v1 import sampling_pb2 as llmserve_dot_internal_dot_v1_do
 from llmserve.v1 import generation_pb2 as llmserve_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!llmserve/internal/v1/worker.proto\x12\x14llmserve.internal.v1\x1a#llmserve/internal/v1/sampling.proto\x1a\x1cllmserve/v1/generation.proto\"\x11\n\x0f\x44\x65scribeRequest\"\xfc\x02\n\nWorkerInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nmodel_path\x18\x02 \x01(\t\x12\x15\n\rnum_kv_blocks\x18\x03 \x01(\x05\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x15\n\rmax_model_len\x18\x06 \x01(\x05\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x15\n\reos_token_ids\x18\x08 \x03(\x05\x12\x1c\n\x14tensor_parallel_size\x18\t \x01(\x05\x12\x14\n\x0c\x62os_token_id\x18\n \x01(\x05\x12\x16\n\x0enum_cpu_blocks\x18\x0b \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x0c \x01(\t\x12\x13\n\x0b\x63uda_graphs\x18\r \x01(\x08\x12\x14\n\x0cquantization\x18\x0e \x01(\t\x12\x14\n\x0c\x64type_reason\x18\x0f \x01(\t\x12\x1b\n\x13\x64\x65vice_memory_bytes\x18\x10 \x01(\x04\x12\x15\n\rwire_revision\x18\x11 \x01(\r\"\x81\x03\n\nNewRequest\x12\x0e\n\x06seq_id\x18\x08 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\x05\x12\x36\n\x08sampling\x18\n \x01(\x0b\x32$.llmserve.internal.v1.SamplingParams\x12\x11\n\tblock_ids\x18\x05 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x06 \x01(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x07 \x01(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\t \x03(\x05\x12I\n\rtrace_context\x18\x0f \x03(\x0b\x32\x32.llmserve.internal.v1.NewRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x01\x10\x02J\x04\x08\x04\x10\x05R\nrequest_id\"\xb4\x01\n\nCachedRows\x12\x0f\n\x07seq_ids\x18\x01 \x03(\x04\x12\x1b\n\x13num_computed_tokens\x18\x02 \x03(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x03 \x03(\x05\x12\x16\n\x0enum_new_blocks\x18\x04 \x03(\x05\x12\x15\n\rnew_block_ids\x18\x05 \x03(\x05\x12\x12\n\nnum_drafts\x18\x06 \x03(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x07 \x03(\x05\"}\n\rWorkerCommand\x12.\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.llmserve.internal.v1.StepPlanH\x00\x12\x34\n\tinterrupt\x18\x02 \x01(\x0b\x32\x1f.llmserve.internal.v1.InterruptH\x00\x42\x06\n\x04kind\"\x1c\n\tInterrupt\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\"\xf9\x03\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x36\n\x0cnew_requests\x18\x02 \x03(\x0b\x32 .llmserve.internal.v1.NewRequest\x12\x30\n\x06\x63\x61\x63hed\x18\n \x01(\x0b\x32 .llmserve.internal.v1.CachedRows\x12\x18\n\x10\x66inished_seq_ids\x18\t \x03(\x04\x12\x31\n\x08swap_out\x18\x05 \x03(\x0b\x32\x1f.llmserve.internal.v1.BlockMove\x12\x30\n\x07swap_in\x18\x06 \x03(\x0b\x32\x1f.llmserve.internal.v1.BlockMove\x12/\n\x06\x63opies\x18\x07 \x03(\x0b\x32\x1f.llmserve.internal.v1.BlockMove\x12\x11\n\tnum_steps\x18\x08 \x01(\x05\x12G\n\rtrace_context\x18\x0f \x03(\x0b\x32\x30.llmserve.internal.v1.StepPlan.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05R\x0f\x63\x61\x63hed_requestsR\x14\x66inished_request_ids\"%\n\tBlockMove\x12\x0b\n\x03src\x18\x01 \x01(\x05\x12\x0b\n\x03\x64st\x18\x02 \x01(\x05\"y\n\rSampledTokens\x12\x0f\n\x07seq_ids\x18\x01 \x03(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x16\n\x0elogprobs_entry\x18\x03 \x03(\x05\x12,\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1a.llmserve.v1.TokenLogprobs\"\xa2\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12;\n\x0esampled_tokens\x18\x06 \x01(\x0b\x32#.llmserve.internal.v1.SampledTokens\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x11\n\tnum_steps\x18\x05 \x01(\x05J\x04\x08\x02\x10\x03J\x04\x08\x04\x10\x05R\x07sampledR\x0f\x65xecute_seconds2\xb3\x01\n\x06Worker\x12T\n\x07\x45xecute\x12#.llmserve.internal.v1.WorkerCommand\x1a .llmserve.internal.v1.StepResult(\x01\x30\x01\x12S\n\x08\x44\x65scribe\x12%.llmserve.internal.v1.DescribeRequest\x1a .llmserve.internal.v1.WorkerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!llmserve/internal/v1/worker.proto\x12\x14llmserve.internal.v1\x1a#llmserve/internal/v1/sampling.proto\x1a\x1cllmserve/v1/generation.proto\"\x11\n\x0f\x44\x65scribeRequest\"\x94\x03\n\nWorkerInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nmodel_path\x18\x02 \x01(\t\x12\x15\n\rnum_kv_blocks\x18\x03 \x01(\x05\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x15\n\rmax_model_len\x18\x06 \x01(\x05\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x15\n\reos_token_ids\x18\x08 \x03(\x05\x12\x1c\n\x14tensor_parallel_size\x18\t \x01(\x05\x12\x14\n\x0c\x62os_token_id\x18\n \x01(\x05\x12\x16\n\x0enum_cpu_blocks\x18\x0b \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x0c \x01(\t\x12\x13\n\x0b\x63uda_graphs\x18\r \x01(\x08\x12\x14\n\x0cquantization\x18\x0e \x01(\t\x12\x14\n\x0c\x64type_reason\x18\x0f \x01(\t\x12\x1b\n\x13\x64\x65vice_memory_bytes\x18\x10 \x01(\x04\x12\x15\n\rwire_revision\x18\x11 \x01(\r\x12\x16\n\x0esliding_window\x18\x12 \x01(\x05\"\x81\x03\n\nNewRequest\x12\x0e\n\x06seq_id\x18\x08 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\x05\x12\x36\n\x08sampling\x18\n \x01(\x0b\x32$.llmserve.internal.v1.SamplingParams\x12\x11\n\tblock_ids\x18\x05 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x06 \x01(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x07 \x01(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\t \x03(\x05\x12I\n\rtrace_context\x18\x0f \x03(\x0b\x32\x32.llmserve.internal.v1.NewRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x01\x10\x02J\x04\x08\x04\x10\x05R\nrequest_id\"\xb4\x01\n\nCachedRows\x12\x0f\n\x07seq_ids\x18\x01 \x03(\x04\x12\x1b\n\x13num_computed_tokens\x18\x02 \x03(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x03 \x03(\x05\x12\x16\n\x0enum_new_blocks\x18\x04 \x03(\x05\x12\x15\n\rnew_block_ids\x18\x05 \x03(\x05\x12\x12\n\nnum_drafts\x18\x06 \x03(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x07 \x03(\x05\"}\n\rWorkerCommand\x12.\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.llmserve.internal.v1.StepPlanH\x00\x12\x34\n\tinterrupt\x18\x02 \x01(\x0b\x32\x1f.llmserve.internal.v1.InterruptH\x00\x42\x06\n\x04kind\"\x1c\n\tInterrupt\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\"\xf9\x03\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x36\n\x0cnew_requests\x18\x02 \x03(\x0b\x32 .llmserve.internal.v1.NewRequest\x12\x30\n\x06\x63\x61\x63hed\x18\n \x01(\x0b\x32 .llmserve.internal.v1.CachedRows\x12\x18\n\x10\x66inished_seq_ids\x18\t \x03(\x04\x12\x31\n\x08swap_out\x18\x05 \x03(\x0b\x32\x1f.llmserve.internal.v1.BlockMove\x12\x30\n\x07swap_in\x18\x06 \x03(\x0b\x32\x1f.llmserve.internal.v1.BlockMove\x12/\n\x06\x63opies\x18\x07 \x03(\x0b\x32\x1f.llmserve.internal.v1.BlockMove\x12\x11\n\tnum_steps\x18\x08 \x01(\x05\x12G\n\rtrace_context\x18\x0f \x03(\x0b\x32\x30.llmserve.internal.v1.StepPlan.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05R\x0f\x63\x61\x63hed_requestsR\x14\x66inished_request_ids\"%\n\tBlockMove\x12\x0b\n\x03src\x18\x01 \x01(\x05\x12\x0b\n\x03\x64st\x18\x02 \x01(\x05\"y\n\rSampledTokens\x12\x0f\n\x07seq_ids\x18\x01 \x03(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x16\n\x0elogprobs_entry\x18\x03 \x03(\x05\x12,\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1a.llmserve.v1.TokenLogprobs\"\xa2\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12;\n\x0esampled_tokens\x18\x06 \x01(\x0b\x32#.llmserve.internal.v1.SampledTokens\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x11\n\tnum_steps\x18\x05 \x01(\x05J\x04\x08\x02\x10\x03J\x04\x08\x04\x10\x05R\x07sampledR\x0f\x65xecute_seconds2\xb3\x01\n\x06Worker\x12T\n\x07\x45xecute\x12#.llmserve.internal.v1.WorkerCommand\x1a .llmserve.internal.v1.StepResult(\x01\x30\x01\x12S\n\x08\x44\x65scribe\x12%.llmserve.internal.v1.DescribeRequest\x1a .llmserve.internal.v1.WorkerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,27 +40,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEREQUEST']._serialized_start=126
   _globals['_DESCRIBEREQUEST']._serialized_end=143
   _globals['_WORKERINFO']._serialized_start=146
-  _globals['_WORKERINFO']._serialized_end=526
-  _globals['_NEWREQUEST']._serialized_start=529
-  _globals['_NEWREQUEST']._serialized_end=914
-  _globals['_NEWREQUEST_TRACECONTEXTENTRY']._serialized_start=839
-  _globals['_NEWREQUEST_TRACECONTEXTENTRY']._serialized_end=890
-  _globals['_CACHEDROWS']._serialized_start=917
-  _globals['_CACHEDROWS']._serialized_end=1097
-  _globals['_WORKERCOMMAND']._serialized_start=1099
-  _globals['_WORKERCOMMAND']._serialized_end=1224
-  _globals['_INTERRUPT']._serialized_start=1226
-  _globals['_INTERRUPT']._serialized_end=1254
-  _globals['_STEPPLAN']._serialized_start=1257
-  _globals['_STEPPLAN']._serialized_end=1762
-  _globals['_STEPPLAN_TRACECONTEXTENTRY']._serialized_start=839
-  _globals['_STEPPLAN_TRACECONTEXTENTRY']._serialized_end=890
-  _globals['_BLOCKMOVE']._serialized_start=1764
-  _globals['_BLOCKMOVE']._serialized_end=1801
-  _globals['_SAMPLEDTOKENS']._serialized_start=1803
-  _globals['_SAMPLEDTOKENS']._serialized_end=1924
-  _globals['_STEPRESULT']._serialized_start=1927
-  _globals['_STEPRESULT']._serialized_end=2089
-  _globals['_WORKER']._serialized_start=2092
-  _globals['_WORKER']._serialized_end=2271
+  _globals['_WORKERINFO']._serialized_end=550
+  _globals['_NEWREQUEST']._serialized_start=553
+  _globals['_NEWREQUEST']._serialized_end=938
+  _globals['_NEWREQUEST_TRACECONTEXTENTRY']._serialized_start=863
+  _globals['_NEWREQUEST_TRACECONTEXTENTRY']._serialized_end=914
+  _globals['_CACHEDROWS']._serialized_start=941
+  _globals['_CACHEDROWS']._serialized_end=1121
+  _globals['_WORKERCOMMAND']._serialized_start=1123
+  _globals['_WORKERCOMMAND']._serialized_end=1248
+  _globals['_INTERRUPT']._serialized_start=1250
+  _globals['_INTERRUPT']._serialized_end=1278
+  _globals['_STEPPLAN']._serialized_start=1281
+  _globals['_STEPPLAN']._serialized_end=1786
+  _globals['_STEPPLAN_TRACECONTEXTENTRY']._serialized_start=863
+  _globals['_STEPPLAN_TRACECONTEXTENTRY']._serialized_end=914
+  _globals['_BLOCKMOVE']._serialized_start=1788
+  _globals['_BLOCKMOVE']._serialized_end=1825
+  _globals['_SAMPLEDTOKENS']._serialized_start=1827
+  _globals['_SAMPLEDTOKENS']._serialized_end=1948
+  _globals['_STEPRESULT']._serialized_start=1951
+  _globals['_STEPRESULT']._serialized_end=2113
+  _globals['_WORKER']._serialized_start=2116
+  _globals['_WORKER']._serialized_end=2295
 # @@protoc_insertion_point(module_scope)

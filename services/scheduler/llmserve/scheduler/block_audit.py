@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from llmserve.scheduler.block_pool import BlockPool
+from llmserve.scheduler.block_pool import BlockPool, held_blocks
 from llmserve.scheduler.request import Sample
 
 
@@ -49,9 +49,9 @@ def holders_by_block(samples: Iterable[Sample]) -> tuple[dict[int, list[Sample]]
     gpu: dict[int, list[Sample]] = {}
     cpu: dict[int, list[Sample]] = {}
     for sample in samples:
-        for block in sample.block_table:
+        for block in held_blocks(sample.block_table):
             gpu.setdefault(block, []).append(sample)
-        for block in sample.cpu_table:
+        for block in held_blocks(sample.cpu_table):
             cpu.setdefault(block, []).append(sample)
     return gpu, cpu
 

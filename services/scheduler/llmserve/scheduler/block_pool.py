@@ -27,6 +27,15 @@ from collections.abc import Hashable, Iterable
 
 from llmserve.scheduler.block_events import AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored
 
+# A block-table entry whose block was given back while the table lives on: a sliding
+# window left it behind (kv_cache_manager.py). It is no block id; no pool holds it.
+RELEASED = -1
+
+
+def held_blocks(table: Iterable[int]) -> list[int]:
+    """The entries of a block table that are blocks (RELEASED ones skipped)."""
+    return [b for b in table if b != RELEASED]
+
 
 class BlockPool:
     """Hands out block ids and tracks how many holders each block has."""

@@ -48,7 +48,8 @@ def core_for(config: SchedulerServiceConfig, info: WorkerInfo) -> Scheduler:
     """A scheduler core for a worker whose registration says `info`, its step budget
     resolved for the worker's device (logged: it decides the step sizes)."""
     cache = KVCacheShape(num_blocks=info.num_kv_blocks, block_size=info.block_size,
-                         max_model_len=info.max_model_len, num_cpu_blocks=info.num_cpu_blocks)
+                         max_model_len=info.max_model_len, num_cpu_blocks=info.num_cpu_blocks,
+                         sliding_window=info.sliding_window)
     scheduling, budget = step_budget.config_for(config.scheduling, info)
     how = "set by --async-scheduling" if config.scheduling.async_scheduling is not None else "by device"
     logger.info("%s; engine loop: %s (%s)", budget.describe(),

@@ -20,6 +20,14 @@ Sharing (n > 1): the samples of a request hold the same prompt blocks (ref count
                                block 2 is copied to a fresh block 9, and sample 0 -> [7, 9]
                                The last holder of 2 (sample 1) then writes in place.
 
+Sliding windows (every layer attends to the last W tokens only, `sliding_window`): a
+block wholly before the next query's window is released as the sequence grows, its
+table entry becoming RELEASED (the worker's copy keeps the old id, which no kernel reads
+again), so a sequence holds about ceil(W / block_size) + 1 blocks however long it gets:
+
+    W = 6, block_size = 4, 13 tokens computed: the next query (position 13) sees 8..13
+    table: [ RELEASED , RELEASED , 5 , 3 ]      blocks 0 and 1 (tokens 0..7) released
+
 Prefix caching lives in prefix_cache.py, the CPU swap space in swap_space.py.
 """
 
@@ -30,10 +38,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from llmserve.contract.arith import cdiv
-from llmserve.scheduler.block_pool import BlockPool
+from llmserve.scheduler.block_pool import RELEASED, BlockPool, held_blocks
 from llmserve.scheduler.prefix_cache import PrefixCache
 from llmserve.scheduler.request import Sample
 from llmserve.scheduler.swap_space import SwapSpace
+
+__all__ = ["RELEASED", "BlockOps", "KVCacheManager"]
 
 
 @dataclass
@@ -54,11 +64,19 @@ class KVCacheManager:
         block_size: int,
         num_cpu_blocks: int = 0,
         enable_prefix_caching: bool = False,
+        sliding_window: int = 0,
+        prefill_chunk: int = 0,
     ) -> None:
-        """A cache of `num_blocks` blocks of `block_size` tokens, plus an optional CPU pool."""
+        """A cache of `num_blocks` blocks of `block_size` tokens, plus an optional CPU pool.
+        sliding_window W > 0: every layer attends to the last W tokens only, and blocks
+        that left the window are released (0: every token stays). prefill_chunk: the
+        most tokens one step computes for a sequence (0: a whole prompt at once)."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if sliding_window < 0:
+            raise ValueError(f"sliding_window must be >= 0, got {sliding_window}")
         self.block_size = block_size
+        self.sliding_window, self.prefill_chunk = sliding_window, prefill_chunk
         # Block events only with prefix caching: without it no hash is ever stored.
         self.pool = BlockPool(num_blocks, record_events=enable_prefix_caching)
         self.prefix = PrefixCache(self.pool, block_size, enable_prefix_caching)  # Lookups, offers.
@@ -199,15 +217,28 @@ class KVCacheManager:
         prefix-cache progress, then release the parent's hold."""
         table = parent.block_table
         for child in children:
-            self.pool.incref(table)
+            self.pool.incref(held_blocks(table))
             self._hold(child, list(table))
             child.block_hashes = list(parent.block_hashes)
             child.num_offered_blocks = parent.num_offered_blocks
+            child.num_released_blocks = parent.num_released_blocks
         self.free(parent)
 
+    def blocks_to_run(self, samples: Sequence[Sample]) -> int:
+        """The most blocks the samples need at once to go on running, a recompute from
+        scratch included. Without a window, every token's KV (blocks_to_hold). With one,
+        released blocks need not come back, but a recompute writes a whole prefill chunk
+        before it can release anything: per sample, the blocks of its window and one
+        chunk (its whole length without chunked prefill), shared blocks counted each time."""
+        if not self.sliding_window:
+            return self.blocks_to_hold(samples)
+        span = lambda s: s.num_tokens if not self.prefill_chunk else min(  # noqa: E731
+            s.num_tokens, self.prefill_chunk + self.sliding_window)
+        return sum(self.num_blocks_for(span(s)) + 1 for s in samples)
+
     def blocks_to_hold_at_most(self, samples: Sequence[Sample]) -> int:
-        """An upper bound of blocks_to_hold in O(samples), not O(blocks): shared blocks
-        counted once per holder, a copy-on-write for every sample."""
+        """An upper bound of blocks_to_hold and blocks_to_run in O(samples), not
+        O(blocks): shared blocks counted once per holder, a copy-on-write for every sample."""
         return sum(max(len(s.block_table or s.cpu_table), self.num_blocks_for(s.num_tokens)) + 1 for s in samples)
 
     def blocks_to_hold(self, samples: Sequence[Sample]) -> int:
@@ -218,7 +249,7 @@ class KVCacheManager:
         for sample in samples:
             table = sample.block_table or sample.cpu_table
             pool = self.pool if sample in self._on_gpu else self.cpu_pool
-            held.update(table)
+            held.update(held_blocks(table))
             needed += max(0, self.num_blocks_for(sample.num_tokens) - len(table))
             start = sample.num_computed_tokens
             if start % self.block_size and pool.ref_count(table[start // self.block_size]) > 1:
@@ -271,12 +302,13 @@ class KVCacheManager:
         NOTE: the tail is freed first: the free queue is LRU, so a sequence's last
         blocks, the least likely to be shared, are evicted before its first ones.
         """
-        self.pool.free(reversed(sample.block_table))
+        self.pool.free(held_blocks(reversed(sample.block_table)))
         sample.block_table = []
         self._on_gpu.pop(sample, None)
         self.swap.free(sample)
         sample.block_hashes = []
         sample.num_offered_blocks = 0
+        sample.num_released_blocks = 0
         sample.table_replaced = False
 
     def reset_prefix_cache(self) -> None:
@@ -290,8 +322,30 @@ class KVCacheManager:
     # ---- introspection ----
 
     def get_block_ids(self, sample: Sample) -> list[int]:
-        """A copy of the sample's GPU block table ([] if it holds none)."""
-        return list(sample.block_table)
+        """A copy of the sample's GPU block table ([] if it holds none), for the worker:
+        a RELEASED entry becomes block 0, a valid id that no kernel reads (it lies wholly
+        before every query's window)."""
+        return [0 if b == RELEASED else b for b in sample.block_table]
+
+    def release_outside_window(self, sample: Sample) -> None:
+        """Release the sample's blocks wholly before the window of its next query (at
+        position num_computed_tokens, seeing keys from num_computed_tokens - W + 1 on).
+        Nothing without a sliding window.
+
+        NOTE: a block released while the plan that reads it last is still in flight is
+        safe: another sample can only get it from a later schedule(), whose plan runs
+        after that one."""
+        if not self.sliding_window:
+            return
+        first_key = sample.num_computed_tokens - self.sliding_window + 1
+        table = sample.block_table
+        end = min(max(0, first_key) // self.block_size, len(table))
+        start = sample.num_released_blocks
+        if end <= start:
+            return
+        self.pool.free(held_blocks(table[start:end]))
+        table[start:end] = [RELEASED] * (end - start)
+        sample.num_released_blocks = end
 
     def tables(self) -> dict[str, list[int]]:
         """Every GPU block table, by sequence id (copies). For checks and tests."""

@@ -115,6 +115,7 @@ class OutputProcessor:
             # Blocks the run filled (before a finish frees them), or the block a pipelined
             # plan filled ending in this token's placeholder (a no-op in a serial loop).
             self.kv.prefix.cache_full_blocks(sample)
+            self.kv.release_outside_window(sample)  # a run's further steps moved its window on
         if status is not None:
             self.queues.running.remove(sample)
             self._finish(sample, status, sample.error)
@@ -173,7 +174,7 @@ class OutputProcessor:
         samples = sample.request.samples
         if self.kv.blocks_to_hold_at_most(samples) <= self.kv.num_total_blocks:
             return None  # NOTE: the common case, decided without walking every block table
-        num_blocks = self.kv.blocks_to_hold(samples)
+        num_blocks = self.kv.blocks_to_run(samples)
         what = f"{sample.num_tokens} tokens" if len(samples) == 1 else f"{len(samples)} samples"
         if error := self.kv.too_small_for(num_blocks, what):
             sample.error, sample.error_code = error, ErrorCode.RESOURCE_EXHAUSTED

@@ -9,7 +9,7 @@ KV events (kv_events.py).
 from __future__ import annotations
 
 from llmserve.contract.block_hash import hash_block
-from llmserve.scheduler.block_pool import BlockPool
+from llmserve.scheduler.block_pool import RELEASED, BlockPool
 from llmserve.scheduler.request import Sample
 
 
@@ -59,7 +59,8 @@ class PrefixCache:
             return
         table, hashes = sample.block_table, self.block_hashes(sample)
         for index in range(start, num_full):
-            self.pool.cache(table[index], hashes[index], hashes[index - 1] if index else None)
+            if table[index] != RELEASED:  # NOTE: a window may have left a block behind before it was offered
+                self.pool.cache(table[index], hashes[index], hashes[index - 1] if index else None)
         sample.num_offered_blocks = num_full
 
     def block_hashes(self, sample: Sample) -> list[bytes]:

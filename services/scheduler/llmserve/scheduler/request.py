@@ -163,6 +163,7 @@ class Sample:
     cpu_table: list[int] = field(default_factory=list)  # While swapped out: CPU block ids.
     block_hashes: list[bytes] = field(default_factory=list)  # Of its full blocks so far (memo).
     num_offered_blocks: int = 0  # Leading table blocks offered to the prefix cache.
+    num_released_blocks: int = 0  # Leading table entries a sliding window left behind (RELEASED).
     table_replaced: bool = False  # A copy-on-write replaced a table entry this step.
     # ---- worker view: kept by WorkerView only ----
     known_to_worker: bool = False  # Sent in full since the worker last dropped it.

@@ -61,6 +61,8 @@ class KVCacheShape:
     block_size: int  # Tokens per block.
     max_model_len: int  # Prompt + output tokens, at most.
     num_cpu_blocks: int = 0  # Swap space, in blocks.
+    # Every layer attends to the last W tokens only: older blocks are released (0: none).
+    sliding_window: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_model_len"):
@@ -84,7 +86,8 @@ class Scheduler:
         self.config = config
         self.cache = cache
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.num_cpu_blocks,
-                                 config.enable_prefix_caching)
+                                 config.enable_prefix_caching, cache.sliding_window,
+                                 config.max_num_batched_tokens if config.enable_chunked_prefill else 0)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.queues = Queues(config.max_num_seqs)
         self.live = LiveRequests()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from llmserve.scheduler.block_pool import BlockPool
+from llmserve.scheduler.block_pool import RELEASED, BlockPool, held_blocks
 from llmserve.scheduler.request import Sample
 
 
@@ -28,12 +28,12 @@ class SwapSpace:
 
     def can_swap_out(self, samples: Sequence[Sample]) -> bool:
         """True if the CPU pool can take every block the samples hold."""
-        needed = len({b for s in samples for b in s.block_table})
+        needed = len({b for s in samples for b in held_blocks(s.block_table)})
         return self.pool is not None and needed <= self.pool.num_free_blocks
 
     def num_swap_in_blocks(self, samples: Sequence[Sample]) -> int:
         """GPU blocks a swap-in of the samples takes (shared blocks once)."""
-        return len({b for s in samples for b in s.cpu_table})
+        return len({b for s in samples for b in held_blocks(s.cpu_table)})
 
     def swap_out(self, samples: Sequence[Sample]) -> list[tuple[int, int]]:
         """Move the samples' GPU tables to the CPU; returns the (gpu, cpu) block copies."""
@@ -61,7 +61,7 @@ class SwapSpace:
     def free(self, sample: Sample) -> None:
         """Return the sample's CPU blocks (if any), tail first."""
         if sample.cpu_table:
-            self.pool.free(reversed(sample.cpu_table))
+            self.pool.free(held_blocks(reversed(sample.cpu_table)))
         sample.cpu_table = []
         self.holders.pop(sample, None)
 
@@ -70,11 +70,12 @@ def _move(tables: list[list[int]], src_pool: BlockPool,
           dst_pool: BlockPool) -> tuple[list[list[int]], dict[int, int]]:
     """Copy the tables' blocks to `dst_pool`, each distinct block once, and release them
     in `src_pool`. Returns the new tables and the block mapping (src -> dst)."""
-    unique = list(dict.fromkeys(b for table in tables for b in table))
+    unique = list(dict.fromkeys(b for table in tables for b in held_blocks(table)))
     mapping = dict(zip(unique, dst_pool.allocate(len(unique))))
     # A block held by k tables gets k holders in dst_pool too (allocate gave it one).
-    holders = Counter(b for table in tables for b in table)
+    holders = Counter(b for table in tables for b in held_blocks(table))
     dst_pool.incref(mapping[b] for b, times in holders.items() for _ in range(times - 1))
     for table in tables:
-        src_pool.free(reversed(table))
-    return [[mapping[b] for b in table] for table in tables], mapping
+        src_pool.free(held_blocks(reversed(table)))
+    # NOTE: a RELEASED entry stays one: a window left it behind on either side.
+    return [[mapping.get(b, RELEASED) for b in table] for table in tables], mapping

@@ -114,6 +114,7 @@ class WorkerView:
         if not sample.is_root and sample.num_computed_tokens == sample.num_target_tokens:
             self._samples(plan.step_id, sample)
         self.kv.prefix.cache_full_blocks(sample)
+        self.kv.release_outside_window(sample)
 
     def _samples(self, step_id: int, sample: Sample) -> None:
         """The step samples a token for the sample: a placeholder unless it is the last."""

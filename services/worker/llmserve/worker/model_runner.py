@@ -26,7 +26,7 @@ from llmserve.worker.device import dtype_choice, dtype_name, resolve_device
 from llmserve.worker.input_batch import InputBatch
 from llmserve.worker.layers.int8_weight import describe_quantization
 from llmserve.worker.distributed import DistInit, init_parallel
-from llmserve.worker.models.decoder import head_dim_of, local_kv_heads
+from llmserve.worker.models.decoder import head_dim_of, local_kv_heads, release_window
 from llmserve.worker.pipeline import forward_step
 from llmserve.worker.models.loader import load_config, load_model
 from llmserve.worker.sampler import Sampler, SamplingRows
@@ -134,11 +134,16 @@ class ModelRunner:
         return model
 
     def _log_ready(self) -> None:
+        # NOTE: with a window on every layer a sequence holds about its window's blocks, however long.
+        window = release_window(self.config)
+        per_sequence = min(self.max_model_len, window + self.block_size) if window else self.max_model_len
         logger.info("# KV blocks: %d (%d CPU swap blocks), max concurrency for %d-token requests: %.2fx "
-                    "(%s, %s, quantization %s, %s)", self.num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
-                    self.num_kv_blocks * self.block_size / self.max_model_len, self.device, dtype_name(self.dtype),
+                    "(%s, %s, quantization %s, %s)%s", self.num_kv_blocks, self.num_cpu_blocks, self.max_model_len,
+                    self.num_kv_blocks * self.block_size / per_sequence, self.device, dtype_name(self.dtype),
                     describe_quantization(self.model, self.quantization),
-                    "CUDA graphs" if self.graphs is not None else "eager")
+                    "CUDA graphs" if self.graphs is not None else "eager",
+                    f"; every layer attends to the last {window} tokens: a sequence holds ~{per_sequence} tokens "
+                    "of KV, older blocks are released" if window else "")
 
     def _uses_graphs(self) -> bool:
         """CUDA graphs for decode steps: on CUDA, unless --enforce-eager, with the Triton
@@ -202,6 +207,7 @@ class ModelRunner:
             cuda_graphs=self.graphs is not None,
             quantization=self.quantization,
             dtype_reason=self.dtype_choice.reason,
+            sliding_window=release_window(cfg),
         )
 
     def _blocks_from_profile(self, block_bytes: int, kv_cache_memory_bytes: int | None,

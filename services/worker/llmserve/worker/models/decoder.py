@@ -66,6 +66,13 @@ def sliding_windows(config: Any) -> list[int | None]:
     return [window] * n
 
 
+def release_window(config: Any) -> int:
+    """How far back any layer reads keys when every layer has a window (the largest):
+    the scheduler releases blocks older than that. 0 when some layer sees every token."""
+    windows = sliding_windows(config)
+    return max(windows) if windows and all(windows) else 0
+
+
 def rope_tables(config: Any) -> dict[str, dict]:
     """RoPE settings per table: {"default": ...}, or one per layer type where the config
     keeps them so (Gemma 3: a local base for its sliding layers, another for full ones)."""
