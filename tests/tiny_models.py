@@ -66,3 +66,75 @@ def make_tiny_model(out_dir: Path, kind: str, tied: bool, seed: int = 0, **overr
                     proj.bias.normal_(0, 0.5)
     model.save_pretrained(out_dir)
     return out_dir
+
+
+# Mixture-of-experts families: kind -> (config class, model class) names in transformers.
+MOE_KINDS = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
+}
+
+
+def make_tiny_moe_model(out_dir: Path, kind: str, seed: int = 0, num_experts: int = 8, **overrides) -> Path:
+    """A tiny top-2 mixture-of-experts checkpoint (kind: mixtral | qwen3_moe | olmoe) with
+    `num_experts` experts of intermediate size 32; random router and norm weights (HF
+    starts some at 0 or 1, which would hide a wrong router or norm)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config_cls, model_cls = (getattr(transformers, n) for n in MOE_KINDS[kind])
+    base = {**TINY, "num_experts_per_tok": 2, "intermediate_size": 32, "tie_word_embeddings": False, **overrides}
+    experts = {"num_local_experts": num_experts} if kind == "mixtral" else {"num_experts": num_experts}
+    if kind == "qwen3_moe":  # intermediate_size: the dense layers' (mlp_only_layers)
+        base = {"moe_intermediate_size": 32, "norm_topk_prob": True, "head_dim": 16, **base, "intermediate_size": 96}
+    model = model_cls(config_cls(**base, **experts)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.3)
+            elif name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+# Families with QK-norm, soft-caps or sliding windows (tests/worker/test_window_models_vs_hf.py).
+# A tiny window (8 tokens) so that prompts of a few dozen tokens leave it several times over.
+TINY_WINDOW = 8
+
+
+def make_tiny_window_model(out_dir: Path, kind: str, seed: int = 0, **overrides) -> Path:
+    """kind: qwen3 (QK-norm) | mistral (every layer windowed) | gemma2 (alternating
+    windowed/full layers, attention and final soft-caps, query_pre_attn_scalar, sandwich
+    norms) | gemma3 (QK-norm, 5 windowed : 1 full, a RoPE base per layer type, linear
+    scaling on the full layers). head_dim 16; random norm gains (HF starts them at 0 or 1,
+    which would hide a norm applied wrongly)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    layers = {"gemma2": 4, "gemma3": 6}.get(kind, TINY["num_hidden_layers"])  # a full layer after the windowed ones
+    base = {**TINY, "head_dim": 16, "num_hidden_layers": layers, **overrides}
+    if kind == "qwen3":
+        cfg = transformers.Qwen3Config(**base, tie_word_embeddings=False)
+    elif kind == "mistral":
+        cfg = transformers.MistralConfig(**base, sliding_window=TINY_WINDOW, tie_word_embeddings=False)
+    elif kind == "gemma2":  # softcaps small enough to bite on these logits
+        cfg = transformers.Gemma2Config(**base, sliding_window=TINY_WINDOW,
+                                        query_pre_attn_scalar=24, attn_logit_softcapping=4.0,
+                                        final_logit_softcapping=6.0, attn_implementation="eager")
+    elif kind == "gemma3":
+        rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}
+        cfg = transformers.Gemma3TextConfig(**base, sliding_window=TINY_WINDOW,
+                                            query_pre_attn_scalar=24, rope_parameters=rope,
+                                            attn_implementation="eager")
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0 if kind.startswith("gemma") else 1.0, 0.3)
+    model.save_pretrained(out_dir)
+    return out_dir

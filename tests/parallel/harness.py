@@ -43,8 +43,9 @@ def resident_weight_shapes(model) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def greedy(model, parallel, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Prefill every prompt in one step, then `steps - 1` batched decode steps."""
+def greedy(model, parallel, prompts: list[list[int]], steps: int, dtype: torch.dtype = torch.float32
+           ) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Prefill every prompt in one step, then `steps - 1` batched decode steps (KV cache in `dtype`)."""
     from llmserve.worker.attention import TorchPagedAttention
     from llmserve.worker.kv_cache import allocate_kv_caches
     from llmserve.worker.models.decoder import head_dim_of, local_kv_heads
@@ -55,7 +56,7 @@ def greedy(model, parallel, prompts: list[list[int]], steps: int) -> tuple[list[
     free = list(range(sum(need)))[::-1]  # non-contiguous, descending block ids
     tables = [[free.pop(0) for _ in range(n)] for n in need]
     kv = allocate_kv_caches(model.num_local_layers, sum(need), BLOCK, local_kv_heads(cfg, parallel.tp.size),
-                            head_dim_of(cfg), torch.float32)
+                            head_dim_of(cfg), dtype)
     seqs = [list(p) for p in prompts]
     computed = [0] * len(prompts)
     out_tokens: list[list[int]] = [[] for _ in prompts]

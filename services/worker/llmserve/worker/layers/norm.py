@@ -74,3 +74,31 @@ class OffsetRMSNorm(RMSNorm):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class ShardedRMSNorm(nn.Module):
+    """RMSNorm over a width split across the TP ranks (OLMoE's q/k norms span the whole
+    q and k projection, not one head): each rank holds `local_width` columns of x and of
+    the weight; the mean square is the group's all-reduced sum of squares over the full
+    width. `replicas` ranks hold the same columns (KV heads replicated when fewer than
+    ranks): their copies are counted once. x [T, local_width] -> [T, local_width]."""
+
+    def __init__(self, full_width: int, local_width: int, eps: float, tp, shard: int = 0, replicas: int = 1):
+        super().__init__()
+        self.full_width, self.eps, self.tp, self.shard, self.replicas = full_width, eps, tp, shard, replicas
+        self.weight = nn.Parameter(torch.ones(local_width), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        n = param.shape[0]
+        if loaded.shape != (self.full_width,):
+            raise ValueError(f"ShardedRMSNorm: checkpoint {tuple(loaded.shape)} != ({self.full_width},)")
+        param.data.copy_(loaded.narrow(0, self.shard * n, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        sum_sq = xf.pow(2).sum(-1, keepdim=True)  # [T, 1] this rank's columns
+        if self.tp.size > 1:
+            sum_sq = self.tp.all_reduce(sum_sq) / self.replicas
+        xf = xf * torch.rsqrt(sum_sq / self.full_width + self.eps)
+        return self.weight * xf.to(x.dtype)

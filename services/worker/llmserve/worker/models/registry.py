@@ -19,6 +19,9 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Gemma2ForCausalLM": ("llmserve.worker.models.gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("llmserve.worker.models.gemma2", "Gemma3ForCausalLM"),
     "Phi3ForCausalLM": ("llmserve.worker.models.phi3", "Phi3ForCausalLM"),
+    "MixtralForCausalLM": ("llmserve.worker.models.mixtral", "MixtralForCausalLM"),
+    "Qwen3MoeForCausalLM": ("llmserve.worker.models.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "OlmoeForCausalLM": ("llmserve.worker.models.olmoe", "OlmoeForCausalLM"),
 }
 
 
