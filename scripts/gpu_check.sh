@@ -1,28 +1,45 @@
 #!/usr/bin/env bash
 # GPU self-check: on a bare CUDA machine without a package registry, install llmserve
 # from the checkout and a wheelhouse (scripts/make_wheelhouse.sh, made beforehand where a
-# registry is reachable), then prove the GPU path in one run (< 10 min on one H100):
-#   - the GPU tests (pytest -m gpu),
+# registry is reachable), then prove the GPU path in one run, within a time budget
+# (--budget, 540 s: one device call of at most 10 minutes), the most important figures
+# first:
 #   - a random-weight ~1B Llama (Llama 3.2 1B's shape) made on the spot, in bf16,
+#   - offline-1b: vLLM's offline benchmark (1,000 random prompts, 1,024 in / 128 out,
+#     greedy and temperature 1.0, in-process): req/s, tok/s and the share of the physical
+#     ceiling from the measured matmul peak and bandwidth (target: >= 50%),
+#   - decode-floor-1b: decode at batch 1 / 8 / 64 / 256, context 1,024, against the
+#     bandwidth floor (target at batch 1: >= 60%),
+#   - loops: the serial vs the pipelined engine loop through a local cluster, batch 64
+#     (target: pipelined >= 1.3x),
+#   - a random Llama-3.1-8B-shaped model (16 GB in bf16) and offline-8b (target: >= 50%),
+#   - the GPU tests (pytest -m gpu), decode-floor-8b,
 #   - the KV cache the worker sizes vs what fits after start-up (target: within 5%),
 #   - decode tok/s with CUDA graphs vs --enforce-eager at batch 1, 2, 4, 8 (target: >= 1.5x),
 #   - the engine vs HF static-batch generate on the reference workload (target: >= 3x),
 #     with MFU against a bf16 matmul peak and the roofline floor, both measured in the run,
 #   - where a decode step's GPU time goes at batch 8 and 64 (bench profile, by kernel family),
-# then print one summary table. Exits non-zero when any check fails.
+# then print one summary table. Exits non-zero when any check fails. A step that the
+# budget leaves less than a minute is skipped (SKIP in the table, with why); each step
+# also has its own hard timeout.
 #
-#   bash scripts/gpu_check.sh [--wheelhouse DIR] [--quick] [--device cuda|cpu]
-#                             [--install auto|venv|target|none] [--python PY]
+#   bash scripts/gpu_check.sh [--wheelhouse DIR] [--quick] [--device cuda|cpu] [--budget S]
+#                             [--only STEP,...] [--install auto|venv|target|none] [--python PY]
 #
-# --quick: fewer decode steps and one throughput round. --device cpu (or
-# LLMSERVE_GPU_CHECK_DEVICE=cpu): a dry run of the same flow on the CPU with a tiny model
-# (performance targets are then SKIP). Without CUDA and without --device cpu it stops at
-# once with "no CUDA device: ...".
+# --quick: fewer decode steps, one throughput round, 256 prompts for the 8B model.
+# --budget S: seconds for the whole run (540); the summary always comes last.
+# --only STEP,...: those steps alone (a random model they need is made when missing), e.g.
+# --only offline-1b,loops; steps: verify gpu-tests make-model offline-1b decode-floor-1b
+# loops make-model-8b offline-8b decode-floor-8b kv-sizing decode throughput profile.
+# --device cpu (or LLMSERVE_GPU_CHECK_DEVICE=cpu): a dry run of the same flow on the CPU
+# with tiny models and few prompts (performance targets are then SKIP). Without CUDA and
+# without --device cpu it stops at once with "no CUDA device: ...".
 # --install: venv = into the interpreter's venv (pip --no-deps, the project editable);
 # target = into .gpu-check/site on PYTHONPATH (the venv is left untouched); auto = venv
 # when the interpreter runs in a writable venv, else target; none = already installed.
 # Interpreter: --python, else $PYTHON, else /opt/torch/.venv/bin/python3, else python3.
-# Logs and reports go to $OUT if set, else gpu-check-results/.
+# Logs and reports go to $OUT if set, else gpu-check-results/; random models to
+# $LLMSERVE_GPU_CHECK_SCRATCH if set, else .gpu-check/ (a complete one is kept for reruns).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +48,8 @@ QUICK=0
 DEVICE=${LLMSERVE_GPU_CHECK_DEVICE:-cuda}
 INSTALL=auto
 PY=${PYTHON:-}
+BUDGET=540
+ONLY=
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheelhouse) WHEELHOUSE=$2; shift 2 ;;
@@ -38,7 +57,9 @@ while [ $# -gt 0 ]; do
     --device) DEVICE=$2; shift 2 ;;
     --install) INSTALL=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --budget) BUDGET=$2; shift 2 ;;
+    --only) ONLY=$2; shift 2 ;;
+    -h|--help) sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -48,7 +69,8 @@ if [ -z "$PY" ]; then
 fi
 
 RESULTS=${OUT:-gpu-check-results}
-SCRATCH=.gpu-check
+SCRATCH=${LLMSERVE_GPU_CHECK_SCRATCH:-$PWD/.gpu-check}  # Random models (kept between runs) and the install.
+case "$SCRATCH" in /*) ;; *) SCRATCH=$PWD/$SCRATCH ;; esac
 TARGET=$SCRATCH/site
 WHEEL_LIST=scripts/gpu-wheels.txt
 BUILD_LIST=scripts/gpu-build-wheels.txt
@@ -92,15 +114,47 @@ fi
 
 # Our own outputs only: a previous run's reports would be read as this run's.
 mkdir -p "$RESULTS/logs" "$SCRATCH"
-rm -rf "$RESULTS"/{kv-sizing,decode,throughput,profile} "$RESULTS"/logs/*.log
-rm -f "$RESULTS"/{steps.tsv,gpu-tests.xml,random-model.json,summary.md,summary.json,environment.txt}
+rm -rf "$RESULTS"/{kv-sizing,decode,throughput,profile,offline-1b,offline-8b,decode-floor-1b,decode-floor-8b,loops}
+rm -rf "$RESULTS"/logs/*.log
+rm -f "$RESULTS"/{steps.tsv,gpu-tests.xml,random-model.json,random-model-8b.json,summary.md,summary.json}
+rm -f "$RESULTS"/environment.txt
+
+# The steps --only names, with the random models they need: `,a,b,` for a lookup.
+if [ -n "$ONLY" ]; then
+  case ",$ONLY," in *,offline-1b,*|*,decode-floor-1b,*|*,loops,*|*,kv-sizing,*|*,decode,*|*,throughput,*|*,profile,*)
+    ONLY="$ONLY,make-model" ;; esac
+  case ",$ONLY," in *,offline-8b,*|*,decode-floor-8b,*) ONLY="$ONLY,make-model-8b" ;; esac
+fi
+# NOTE: a step may overrun its timeout by the 30 s grace `timeout` gives before SIGKILL;
+# what is left past the deadline is the summary's.
+DEADLINE=$(( T0 + BUDGET - 15 ))
+MIN_STEP_S=60  # A step left less than this is skipped, not started.
+
+# skip_step NAME WHY: a step not run, in steps.tsv as WHY (only, budget), and why here.
+skip_step() {
+  printf '%s\t%s\t0\n' "$1" "$2" >> "$RESULTS/steps.tsv"
+  [ "$2" = budget ] && echo "gpu_check: $1 skipped: $(( DEADLINE - $(date +%s) )) s left of the ${BUDGET} s budget"
+  return 0
+}
 
 # run_step NAME SECONDS CMD...: CMD's output to logs/NAME.log, its exit code and time to
-# steps.tsv, one status line here (and the log's tail when it fails).
+# steps.tsv, one status line here (and the log's tail when it fails). Its timeout is
+# SECONDS or what is left of the budget, whichever is less; a step --only leaves out, or
+# that the budget leaves under MIN_STEP_S, is skipped.
 run_step() {
-  local name=$1 limit=$2 start rc secs
+  local name=$1 limit=$2 start rc secs left
   shift 2
+  if [ -n "$ONLY" ] && [ "$name" != install ] && [[ ",$ONLY," != *",$name,"* ]]; then
+    skip_step "$name" only
+    return 0
+  fi
   start=$(date +%s)
+  left=$(( DEADLINE - start ))
+  if [ "$left" -lt "$MIN_STEP_S" ]; then
+    skip_step "$name" budget
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   echo "gpu_check: $name ..."
   if declare -F "$1" > /dev/null; then  # A function of this script: timeout cannot run it.
     "$@" > "$RESULTS/logs/$name.log" 2>&1
@@ -139,7 +193,7 @@ install_into_venv() {
   for p in "${PROJECTS[@]}"; do editable+=(-e "$p"); done
   install_build_backend &&
     "${PIP[@]}" --find-links "$WHEELHOUSE" -r "$WHEEL_LIST" &&
-    env PYTHONPATH="$PWD/$BUILD_BACKEND" "${PIP[@]}" --no-build-isolation "${editable[@]}"
+    env PYTHONPATH="$BUILD_BACKEND" "${PIP[@]}" --no-build-isolation "${editable[@]}"
 }
 
 install_into_target() {
@@ -147,7 +201,7 @@ install_into_target() {
   # --target skips a top-level directory that an earlier call already made.
   rm -rf "$TARGET"
   install_build_backend &&
-    env PYTHONPATH="$PWD/$BUILD_BACKEND" "${PIP[@]}" --no-build-isolation --target "$TARGET" \
+    env PYTHONPATH="$BUILD_BACKEND" "${PIP[@]}" --no-build-isolation --target "$TARGET" \
       --find-links "$WHEELHOUSE" -r "$WHEEL_LIST" "${PROJECTS[@]}"
 }
 
@@ -174,29 +228,62 @@ case "$INSTALL" in
 esac
 INSTALLED=$?
 if [ "$INSTALL" = target ]; then
-  export PYTHONPATH="$PWD/$TARGET${PYTHONPATH:+:$PYTHONPATH}"
-  export PATH="$PWD/$TARGET/bin:$PATH"
+  export PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}"
+  export PATH="$TARGET/bin:$PATH"
 fi
 echo "install mode: $INSTALL" > "$RESULTS/environment.txt"
 
 # --- The checks. -----------------------------------------------------------------------
+q() { [ "$QUICK" = 1 ] && echo "$1" || echo "$2"; }  # q QUICK FULL: the --quick value or the full one.
 if [ "$DEVICE" = cuda ]; then
-  PRESET=llama-1b DTYPE=bfloat16
-  DECODE=(--batch 1 2 4 8 --context 256 --steps "$([ "$QUICK" = 1 ] && echo 32 || echo 96)")
+  PRESET=llama-1b PRESET_8B=llama-8b DTYPE=bfloat16 SHARDS=()
+  # vLLM's offline benchmark: 1,000 random prompts, 1,024 in / 128 out (the 8B model
+  # takes ~7x the 1B's time: --quick gives it 256 prompts).
+  OFFLINE_1B=(--num-prompts 1000 --input-len 1024 --output-len 128 --warmup-prompts 64)
+  OFFLINE_8B=(--num-prompts "$(q 256 1000)" --input-len 1024 --output-len 128 --warmup-prompts 32)
+  FLOOR=(--batch 1 8 64 256 --context 1024 --steps "$(q 16 32)")
+  LOOPS=(--batch 64 --prompt-len 128 --max-tokens "$(q 128 256)")
+  DECODE=(--batch 1 2 4 8 --context 256 --steps "$(q 32 96)")
   # The reference workload; the engine's KV cache at half the GPU (its peak need is
   # under 1 GiB) leaves HF's generate the other half in the same process.
-  TPUT=(--workload reference --gpu-memory-utilization 0.5 --repeat "$([ "$QUICK" = 1 ] && echo 1 || echo 3)")
+  TPUT=(--workload reference --gpu-memory-utilization 0.5 --repeat "$(q 1 3)")
   KV=()
   PROFILE=(--batch 8 64 --context 256)
 else
-  PRESET=tiny DTYPE=float32
+  # tiny-untied stands in for the 8B model: its untied head, llama3 rope and shards.
+  PRESET=tiny PRESET_8B=tiny-untied DTYPE=float32 SHARDS=(--shard-bytes 65536)
+  OFFLINE_1B=(--num-prompts 6 --input-len 24 --output-len 4 --warmup-prompts 2 --kv-cache-memory 64MiB
+              --calibrate-s 0.1)
+  OFFLINE_8B=("${OFFLINE_1B[@]}")
+  FLOOR=(--batch 1 4 --context 24 --steps 4 --calibrate-s 0.1)
+  LOOPS=(--batch 4 --prompt-len 8 --max-tokens 8)
   DECODE=(--batch 1 2 --context 32 --steps 8)
   TPUT=(--workload random --num-requests 8 --input-len 8 40 --output-len 4 16 --hf-batch-size 4)
   KV=(--kv-cache-memory 64MiB)
   PROFILE=(--batch 2 --context 32)
 fi
 MODEL=$SCRATCH/model-$PRESET
+MODEL_8B=$SCRATCH/model-$PRESET_8B
 BENCH=("$PY" -m llmserve.cli --log-level INFO bench)
+
+# make_model STEP DIR PRESET SECONDS REPORT: a random model, unless DIR holds a complete
+# one from an earlier run (random-model.json is written last; older runs wrote no
+# tokenizer); what it is goes to $RESULTS/REPORT for the summary.
+make_model() {
+  if [ -n "$ONLY" ] && [[ ",$ONLY," != *",$1,"* ]]; then
+    skip_step "$1" only
+    return 0
+  fi
+  if [ ! -f "$2/random-model.json" ] || [ ! -f "$2/tokenizer.json" ]; then
+    rm -rf "$2"
+    run_step "$1" "$4" "${BENCH[@]}" make-model --out "$2" --preset "$3" --device "$DEVICE" \
+      ${SHARDS[@]+"${SHARDS[@]}"}
+  else
+    printf '%s\t0\t0\n' "$1" >> "$RESULTS/steps.tsv"
+  fi
+  cp "$2/random-model.json" "$RESULTS/$5" 2>/dev/null
+  return 0
+}
 
 if [ "$INSTALLED" -eq 0 ]; then
   {
@@ -206,18 +293,25 @@ print("triton", triton.__version__); print("transformers", transformers.__versio
     command -v nvidia-smi > /dev/null && nvidia-smi 2>&1
   } >> "$RESULTS/environment.txt"
   run_step verify 120 "$PY" scripts/wheelhouse.py verify "$WHEEL_LIST"
-  # Bounded, so that the whole check stays under 10 minutes on one H100. tests/ops checks
-  # the Kubernetes manifests (kubernetes-validate, not in the wheelhouse) and has no GPU test.
-  run_step gpu-tests "$([ "$QUICK" = 1 ] && echo 210 || echo 300)" \
-    "$PY" -m pytest -m gpu -q -rfE --durations=15 -p no:cacheprovider --ignore=tests/ops tests/ --junitxml "$RESULTS/gpu-tests.xml"
-  if [ ! -f "$MODEL/random-model.json" ]; then  # Written last: a complete model from an earlier run is kept.
-    rm -rf "$MODEL"
-    run_step make-model 300 "${BENCH[@]}" make-model --out "$MODEL" --preset "$PRESET" --device "$DEVICE"
-  else
-    printf 'make-model\t0\t0\n' >> "$RESULTS/steps.tsv"
-  fi
-  cp "$MODEL/random-model.json" "$RESULTS/" 2>/dev/null
+  make_model make-model "$MODEL" "$PRESET" 300 random-model.json
   COMMON=(--model "$MODEL" --device "$DEVICE" --dtype "$DTYPE")
+  COMMON_8B=(--model "$MODEL_8B" --device "$DEVICE" --dtype "$DTYPE")
+  # Issue #31's figures first, most important first: what the budget cuts is the tail.
+  run_step offline-1b "$(q 180 240)" "${BENCH[@]}" offline "${COMMON[@]}" "${OFFLINE_1B[@]}" \
+    --output-dir "$RESULTS/offline-1b"
+  run_step decode-floor-1b "$(q 120 150)" "${BENCH[@]}" decode-floor "${COMMON[@]}" "${FLOOR[@]}" \
+    --output-dir "$RESULTS/decode-floor-1b"
+  run_step loops "$(q 180 240)" "${BENCH[@]}" loops "${COMMON[@]}" "${LOOPS[@]}" --log-dir "$RESULTS/logs/loops" \
+    --output-dir "$RESULTS/loops"
+  make_model make-model-8b "$MODEL_8B" "$PRESET_8B" 240 random-model-8b.json
+  run_step offline-8b "$(q 200 360)" "${BENCH[@]}" offline "${COMMON_8B[@]}" "${OFFLINE_8B[@]}" \
+    --output-dir "$RESULTS/offline-8b"
+  # Bounded, so that the whole check stays within its budget. tests/ops checks the
+  # Kubernetes manifests (kubernetes-validate, not in the wheelhouse) and has no GPU test.
+  run_step gpu-tests "$(q 210 300)" \
+    "$PY" -m pytest -m gpu -q -rfE --durations=15 -p no:cacheprovider --ignore=tests/ops tests/ --junitxml "$RESULTS/gpu-tests.xml"
+  run_step decode-floor-8b "$(q 120 150)" "${BENCH[@]}" decode-floor "${COMMON_8B[@]}" "${FLOOR[@]}" \
+    --output-dir "$RESULTS/decode-floor-8b"
   # ${KV[@]+...}: an empty array under `set -u` on bash before 4.4.
   run_step kv-sizing 300 "${BENCH[@]}" kv-sizing "${COMMON[@]}" ${KV[@]+"${KV[@]}"} --output-dir "$RESULTS/kv-sizing"
   run_step decode 300 "${BENCH[@]}" decode "${COMMON[@]}" "${DECODE[@]}" --output-dir "$RESULTS/decode"
@@ -227,6 +321,7 @@ print("triton", triton.__version__); print("transformers", transformers.__versio
     "${PROFILE[@]}" --output-dir "$RESULTS/profile"
 fi
 
-echo "gpu_check: done in $(( $(date +%s) - T0 )) s; logs and reports in $RESULTS"
+echo "gpu_check: done in $(( $(date +%s) - T0 )) s of a ${BUDGET} s budget; logs and reports in $RESULTS"
+printf 'total\t0\t%s\n' "$(( $(date +%s) - T0 ))" >> "$RESULTS/steps.tsv"
 echo
 "$PY" scripts/gpu_summary.py "$RESULTS"

@@ -3,11 +3,13 @@
     python scripts/gpu_summary.py RESULTS_DIR
 
 Reads what scripts/gpu_check.sh left in RESULTS_DIR: steps.tsv (each step's exit code
-and seconds), gpu-tests.xml (pytest's JUnit report), random-model.json and the bench
-reports under kv-sizing/, decode/ and throughput/. Prints the table, writes it to
-summary.md (and summary.json), exits 1 when any row FAILs.
+and seconds, or why it did not run), gpu-tests.xml (pytest's JUnit report),
+random-model*.json and the bench reports under offline-1b/, decode-floor-1b/, loops/,
+offline-8b/, decode-floor-8b/, kv-sizing/, decode/, throughput/ and profile/. Prints the
+table, writes it to summary.md (and summary.json), exits 1 when any row FAILs.
 
-Performance targets apply on CUDA; a CPU dry run shows its figures as SKIP.
+Performance targets apply on CUDA; a CPU dry run shows its figures as SKIP, and so does
+a step that --only left out or that the time budget did not reach.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ from pathlib import Path
 GRAPHS_OVER_EAGER = 1.5  # CUDA graphs decode tok/s over eager, at every batch size.
 ENGINE_OVER_HF = 3.0  # Engine output tok/s over HF static-batch generate, reference workload.
 KV_TOLERANCE = 0.05  # KV cache bytes within 5% of what fits after start-up.
+# Issue #31's GPU targets.
+OFFLINE_SHARE = 0.5  # Offline benchmark: >= 50% of the physical ceiling (bench/ceiling.py).
+DECODE_FLOOR_SHARE = 0.6  # Decode at batch 1: >= 60% of the bandwidth floor.
+DECODE_FLOOR_BATCH = 1
+PIPELINED_OVER_SERIAL = 1.3  # Pipelined loop >= 1.3x the serial one, steady decode at batch 64.
+LOOPS_BATCH = 64
+REPORT_DIRS = ("offline-1b", "decode-floor-1b", "loops", "offline-8b", "throughput", "decode", "kv-sizing")
+NOT_RUN = {"only": "not run: --only left it out", "budget": "not run: the time budget (--budget) ran out first"}
 
 
 @dataclass(frozen=True)
@@ -30,13 +40,14 @@ class Row:
     figure: str
 
 
-def read_steps(results: Path) -> dict[str, tuple[int, float]]:
-    """steps.tsv: `name<TAB>exit code<TAB>seconds` per step run."""
-    steps = {}
+def read_steps(results: Path) -> dict[str, tuple[int | str, float]]:
+    """steps.tsv: `name<TAB>exit code<TAB>seconds` per step run; a step not run has a word
+    (a key of NOT_RUN) for its exit code."""
+    steps: dict[str, tuple[int | str, float]] = {}
     path = results / "steps.tsv"
     for line in path.read_text().splitlines() if path.is_file() else ():
         name, rc, seconds = line.split("\t")
-        steps[name] = (int(rc), float(seconds))
+        steps[name] = (int(rc) if rc.lstrip("-").isdigit() else rc, float(seconds))
     return steps
 
 
@@ -67,13 +78,15 @@ def _judged(passed: bool, on_cuda: bool) -> str:
 
 def _missing(check: str, step: str, steps: dict) -> Row:
     rc = steps.get(step, (None, 0))[0]
+    if rc in NOT_RUN:
+        return Row(check, "SKIP", NOT_RUN[rc])
     # 124: `timeout` stopped it; 137: killed after its grace period (or for memory).
     why = {None: "did not run", 124: "timed out", 137: "killed (time or memory)"}.get(rc, f"exited {rc}")
     return Row(check, "FAIL", f"{why}: see logs/{step}.log")
 
 
 def step_row(check: str, step: str, steps: dict, figure: str = "") -> Row:
-    if step not in steps or steps[step][0] != 0:
+    if step not in steps or steps[step][0] != 0:  # Not run (SKIP), or failed.
         return _missing(check, step, steps)
     return Row(check, "PASS", figure or f"{steps[step][1]:.0f} s")
 
@@ -106,10 +119,10 @@ def tests_row(results: Path, steps: dict, on_cuda: bool) -> Row:
     return Row(check, "FAIL" if bad or empty else "PASS", figure + (" (none ran on the GPU)" if empty else ""))
 
 
-def model_row(results: Path, steps: dict) -> Row:
-    path = results / "random-model.json"
+def model_row(results: Path, steps: dict, file: str = "random-model.json", step: str = "make-model") -> Row:
+    path = results / file
     if not path.is_file():
-        return _missing("random model made on the spot", "make-model", steps)
+        return _missing("random model made on the spot", step, steps)
     made = json.loads(path.read_text())
     shape = made["shape"]
     return Row(f"random {made['preset']} model made on the spot", "PASS",
@@ -185,19 +198,108 @@ def profile_rows(results: Path, steps: dict) -> list[Row]:
     return rows
 
 
+def _on_cuda(report: dict) -> bool:
+    return str(report.get("device", "")).startswith("cuda")
+
+
+def offline_rows(results: Path, steps: dict, step: str) -> list[Row]:
+    """Per sampling mode: req/s, tok/s and the share of the physical ceiling (judged); then
+    the ceiling itself and its formula (INFO)."""
+    report = latest_report(results / step)
+    check = f"{step}: >= {100 * OFFLINE_SHARE:.0f}% of the physical ceiling"
+    if report is None or not report["results"]:
+        return [_missing(check, step, steps)]
+    w, c = report["workload"], report["ceiling"]
+    shape = f"{report['model']}, {w['num_prompts']} x {w['input_len']}/{w['output_len']}"
+    rows = [Row(f"offline {shape}, {mode} >= {100 * OFFLINE_SHARE:.0f}% of the ceiling",
+                _judged(r["share_of_ceiling"] >= OFFLINE_SHARE, _on_cuda(report)),
+                f"{r['requests_per_s']:,.2f} req/s, {r['output_tokens_per_s']:,.0f} output / "
+                f"{r['total_tokens_per_s']:,.0f} total tok/s = {100 * r['share_of_ceiling']:.1f}% "
+                f"({r['seconds']:.1f} s, {r['num_steps']} steps, {r['num_preemptions']} preemptions)")
+            for mode, r in report["results"].items()]
+    if steps.get(step, (0, 0))[0] != 0:  # Cut short: the modes it finished stand, the step failed.
+        rows.append(_missing(check, step, steps))
+    rows.append(Row(f"offline {report['model']}: the physical ceiling", "INFO",
+                    f"{c['output_tokens_per_s']:,.0f} output tok/s ({c['seconds']:.2f} s, {c['bound']}-bound: "
+                    f"compute {c['compute_s']:.2f} s at {_rate(report['matmul_peak_gflop_per_s'] * 1e9)}, memory "
+                    f"{c['memory_s']:.2f} s at {report['memory_bandwidth_gb_per_s']:,.0f} GB/s); {c['formula']}"))
+    return rows
+
+
+def decode_floor_rows(results: Path, steps: dict, step: str) -> list[Row]:
+    """The median decode step at DECODE_FLOOR_BATCH against its floor (judged); the other
+    batch sizes in one INFO row, with the floor's formula."""
+    report = latest_report(results / step)
+    check = f"{step}: batch {DECODE_FLOOR_BATCH} >= {100 * DECODE_FLOOR_SHARE:.0f}% of the floor"
+    if report is None:
+        return [_missing(check, step, steps)]
+    where = f"{report['model']}, context {report['context']}"
+    cell = lambda r: f"{r['step_ms']:.3f} ms vs {r['floor_ms']:.3f} = {100 * r['share_of_floor']:.1f}%"  # noqa: E731
+    batches = report["batches"]
+    rows = []
+    if str(DECODE_FLOOR_BATCH) in batches:
+        r = batches[str(DECODE_FLOOR_BATCH)]
+        rows.append(Row(f"decode {where}, batch {DECODE_FLOOR_BATCH} >= {100 * DECODE_FLOOR_SHARE:.0f}% of the floor",
+                        _judged(r["share_of_floor"] >= DECODE_FLOOR_SHARE, _on_cuda(report)),
+                        f"{r['tok_per_s']:,.0f} tok/s: a step {cell(r)} of its {r['bound']}-bound floor "
+                        f"({'CUDA graphs' if report['uses_graphs'] else 'eager'}, "
+                        f"{report['memory_bandwidth_gb_per_s']:,.0f} GB/s)"))
+    elif _on_cuda(report):
+        rows.append(Row(check, "FAIL", f"batch {DECODE_FLOOR_BATCH} not measured: see logs/{step}.log"))
+    others = {b: r for b, r in batches.items() if b != str(DECODE_FLOOR_BATCH)}
+    if others:
+        rows.append(Row(f"decode {where}, batch {' / '.join(others)}: share of the floor", "INFO",
+                        "; ".join([*(f"{b}: {r['tok_per_s']:,.0f} tok/s, {cell(r)}" for b, r in others.items()),
+                                   *([report["formula"]] if "formula" in report else [])])))
+    return rows
+
+
+def loops_rows(results: Path, steps: dict) -> list[Row]:
+    """Per batch size: pipelined over serial steady decode; batch LOOPS_BATCH judged (and
+    missing it on CUDA fails)."""
+    report = latest_report(results / "loops")
+    check = f"pipelined loop >= {PIPELINED_OVER_SERIAL:g}x serial, batch {LOOPS_BATCH}"
+    if report is None:
+        return [_missing(check, "loops", steps)]
+    loops, rows = report["loops"], []
+    for batch, ratio in report["pipelined_over_serial"].items():
+        judged = int(batch) == LOOPS_BATCH
+        serial, pipelined = loops["serial"][batch], loops["pipelined"][batch]
+        rows.append(Row(check if judged else f"pipelined loop over serial, batch {batch}",
+                        _judged(ratio >= PIPELINED_OVER_SERIAL, _on_cuda(report)) if judged else "INFO",
+                        f"steady decode {pipelined['steady_tokens_per_s']:,.0f} vs "
+                        f"{serial['steady_tokens_per_s']:,.0f} tok/s = {ratio:.2f}x ({report['model']}, through gRPC with {report['transport']})"))
+    if _on_cuda(report) and str(LOOPS_BATCH) not in report["pipelined_over_serial"]:
+        rows.append(Row(check, "FAIL", f"batch {LOOPS_BATCH} not measured (no steady window?): see logs/loops.log"))
+    return rows
+
+
+def time_row(steps: dict) -> Row:
+    """INFO: the run's seconds, and each step's that took any."""
+    total = steps.get("total", (0, 0.0))[1]
+    spent = ", ".join(f"{name} {secs:.0f}" for name, (rc, secs) in steps.items() if secs and name != "total")
+    return Row("time (seconds)", "INFO", f"{total:.0f} in all" + (f"; {spent}" if spent else ""))
+
+
 def summarize(results: Path) -> list[Row]:
     steps = read_steps(results)
-    device = next((r["device"] for r in (latest_report(results / d) for d in ("kv-sizing", "decode", "throughput"))
-                   if r), "cpu")
+    device = next((r["device"] for r in (latest_report(results / d) for d in REPORT_DIRS) if r), "cpu")
     return [
         step_row("install (wheelhouse + project, no registry)", "install", steps),
         step_row("installed versions and their requirements", "verify", steps),
-        tests_row(results, steps, device.startswith("cuda")),
         model_row(results, steps),
+        *offline_rows(results, steps, "offline-1b"),
+        *decode_floor_rows(results, steps, "decode-floor-1b"),
+        *loops_rows(results, steps),
+        model_row(results, steps, "random-model-8b.json", "make-model-8b"),
+        *offline_rows(results, steps, "offline-8b"),
+        tests_row(results, steps, device.startswith("cuda")),
+        *decode_floor_rows(results, steps, "decode-floor-8b"),
         kv_row(results, steps),
         *decode_rows(results, steps),
         *throughput_rows(results, steps),
         *profile_rows(results, steps),
+        time_row(steps),
     ]
 
 
@@ -211,7 +313,7 @@ def render(rows: list[Row], title: str) -> str:
 
 
 def title(results: Path) -> str:
-    report = next((r for r in (latest_report(results / d) for d in ("throughput", "decode", "kv-sizing")) if r), None)
+    report = next((r for r in (latest_report(results / d) for d in REPORT_DIRS) if r), None)
     if report is None:
         return "GPU self-check"
     m = report["machine"]

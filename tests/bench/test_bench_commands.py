@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
+# NOTE: float32 said outright: HF's tokens are float32's, and `auto` serves the embedded
+# Q4_1 GGUF on the int8 or bfloat16 path (worker/cpu_dtype.py).
 SMALL = ["--workload", "random", "--num-requests", "6", "--input-len", "8", "40", "--output-len", "4", "12",
-         "--kv-cache-memory", "128MiB"]
+         "--kv-cache-memory", "128MiB", "--dtype", "float32"]
 
 
 def run_cli(args: list[str], tmp_path) -> dict:

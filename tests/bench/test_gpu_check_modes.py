@@ -135,12 +135,41 @@ def test_decode_comparison_captures_graphs_on_cuda(tiny_random_model):
 
 # --- The summary's judgement, on reports shaped like the benches' own. ---------------------
 
+STEPS = ("install", "verify", "make-model", "offline-1b", "decode-floor-1b", "loops", "make-model-8b", "offline-8b",
+         "gpu-tests", "decode-floor-8b", "kv-sizing", "decode", "throughput", "profile")
+
+
+def _offline_report(device: str, model: str, share: float) -> dict:
+    ceiling = {"seconds": 2.42, "compute_s": 2.42, "memory_s": 1.45, "bound": "compute",
+               "output_tokens_per_s": 52_875.0, "formula": "ceiling_s = max(compute_s, memory_s)"}
+    result = lambda: {"seconds": 2.42 / share, "requests_per_s": 1000 * share / 2.42,  # noqa: E731
+                      "output_tokens_per_s": 52_875.0 * share, "total_tokens_per_s": 475_876.0 * share,
+                      "share_of_ceiling": share, "num_steps": 200, "num_preemptions": 0}
+    return {"device": device, "model": model, "workload": {"num_prompts": 1000, "input_len": 1024, "output_len": 128},
+            "matmul_peak_gflop_per_s": 989e3, "memory_bandwidth_gb_per_s": 3350.0, "ceiling": ceiling,
+            "results": {"greedy": result(), "sampled": result()}}
+
+
+def _decode_floor_report(device: str, model: str, share: float) -> dict:
+    return {"device": device, "model": model, "context": 1024, "uses_graphs": device != "cpu",
+            "memory_bandwidth_gb_per_s": 3350.0, "batches": {
+                str(b): {"step_ms": 0.75 * b / share, "tok_per_s": 1000 * share / 0.75, "floor_ms": 0.75 * b,
+                         "bound": "memory", "share_of_floor": share} for b in (1, 8, 64, 256)}}
+
+
+def _loops_report(device: str, ratio: float) -> dict:
+    rows = lambda rate: {"64": {"steady_tokens_per_s": rate}}  # noqa: E731
+    return {"device": device, "model": "llama-1b", "transport": "mutual TLS",
+            "loops": {"serial": rows(10_000.0), "pipelined": rows(10_000.0 * ratio)},
+            "pipelined_over_serial": {"64": ratio}}
+
+
 def _write_results(tmp_path, device: str, graphs_over_eager: float, engine_over_hf: float, kv_over_fits: float,
-                   failures: int = 0):
+                   failures: int = 0, offline_share: float = 0.6, floor_share: float = 0.7,
+                   pipelined_over_serial: float = 1.5):
     machine = {"cuda": "NVIDIA H100" if device != "cpu" else None, "cuda_version": "12.8", "torch": "2.11.0",
                "python": "3.12.3", "git_revision": "abc1234", "date": "2026-11-25 12:00:00"}
-    (tmp_path / "steps.tsv").write_text("".join(f"{s}\t0\t5\n" for s in (
-        "install", "verify", "gpu-tests", "make-model", "kv-sizing", "decode", "throughput", "profile")))
+    (tmp_path / "steps.tsv").write_text("".join(f"{s}\t0\t5\n" for s in STEPS) + "total\t0\t70\n")
     (tmp_path / "gpu-tests.xml").write_text(
         f'<testsuites><testsuite tests="10" failures="{failures}" errors="0" skipped="1">'
         + "".join(f'<testcase classname="tests.t" name="f{i}"><failure/></testcase>' for i in range(failures))
@@ -148,6 +177,9 @@ def _write_results(tmp_path, device: str, graphs_over_eager: float, engine_over_
     (tmp_path / "random-model.json").write_text(json.dumps({
         "preset": "llama-1b", "dtype": "bfloat16", "parameters": 1_235_814_400, "bytes": 2_471_628_800,
         "shape": {"hidden_size": 2048, "num_hidden_layers": 16, "vocab_size": 128256}}))
+    (tmp_path / "random-model-8b.json").write_text(json.dumps({
+        "preset": "llama-8b", "dtype": "bfloat16", "parameters": 8_030_261_248, "bytes": 16_060_522_496,
+        "shape": {"hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 128256}}))
     reports = {
         "kv-sizing": {"device": device, "num_kv_blocks": 1000, "block_bytes": 2**19, "kv_bytes": 1000 * 2**19,
                       "fits_bytes": 1000 * 2**19 / kv_over_fits, "kv_over_fits": kv_over_fits},
@@ -161,6 +193,10 @@ def _write_results(tmp_path, device: str, graphs_over_eager: float, engine_over_
                            "hf": {"output_tokens_per_s": 100.0, "engine_over_this": engine_over_hf,
                                   "engine_over_this_median": engine_over_hf, "batch_size": 16}}},
     }
+    for size in ("1b", "8b"):
+        reports[f"offline-{size}"] = _offline_report(device, f"llama-{size}", offline_share)
+        reports[f"decode-floor-{size}"] = _decode_floor_report(device, f"llama-{size}", floor_share)
+    reports["loops"] = _loops_report(device, pipelined_over_serial)
     reports["profile"] = {"reports": [
         {"batch": b, "context": 256, "step_s": 0.002 * b, "uses_graphs": device != "cpu",
          "families_s": {"matmul": 0.001, "attention (paged decode)": 0.0005 * b, "copies": 0.0001}}
@@ -181,9 +217,12 @@ def test_summary_passes_a_run_that_meets_every_target(tmp_path, capsys):
     assert results["CUDA graphs >= 1.5x eager, batch 8"] == "PASS"
     assert results["engine >= 3x HF generate (reference workload)"] == "PASS"
     assert results["KV blocks within 5% of what fits"] == "PASS"
-    assert set(results.values()) == {"PASS", "INFO"} and len(results) == 13
+    assert results["offline llama-8b, 1000 x 1024/128, sampled >= 50% of the ceiling"] == "PASS"
+    assert results["decode llama-1b, context 1024, batch 1 >= 60% of the floor"] == "PASS"
+    assert results["pipelined loop >= 1.3x serial, batch 64"] == "PASS"
+    assert set(results.values()) == {"PASS", "INFO"} and len(results) == 26
     out = capsys.readouterr().out
-    assert out.startswith("GPU self-check on NVIDIA H100") and "PASSED: 0 of 13 rows failed" in out
+    assert out.startswith("GPU self-check on NVIDIA H100") and "PASSED: 0 of 26 rows failed" in out
     profile = {row.check: row.figure for row in gpu_summary.summarize(tmp_path)}["decode step profile, batch 64"]
     # 64 x 0.5 ms of attention against 1 ms of matmul and 0.1 ms of copies: shares of 33.1 ms.
     assert profile == ("128.00 ms a step (CUDA graphs, context 256); kernel time: attention (paged decode) 97%, "
@@ -202,12 +241,49 @@ def test_summary_fails_each_missed_target(tmp_path):
     assert rows["GPU tests (pytest -m gpu)"].figure == "7 passed, 2 failed, 1 skipped: tests.t::f0, tests.t::f1"
 
 
+def test_summary_fails_each_missed_gpu_target_of_issue_31(tmp_path):
+    _write_results(tmp_path, "cuda:0", graphs_over_eager=2.0, engine_over_hf=4.0, kv_over_fits=1.0,
+                   offline_share=0.45, floor_share=0.55, pipelined_over_serial=1.25)
+    assert gpu_summary.main([str(tmp_path)]) == 1
+    rows = {row.check: row for row in gpu_summary.summarize(tmp_path)}
+    failed = {check for check, row in rows.items() if row.result == "FAIL"}
+    assert failed == {*(f"offline llama-{size}, 1000 x 1024/128, {mode} >= 50% of the ceiling"
+                        for size in ("1b", "8b") for mode in ("greedy", "sampled")),
+                      *(f"decode llama-{size}, context 1024, batch 1 >= 60% of the floor" for size in ("1b", "8b")),
+                      "pipelined loop >= 1.3x serial, batch 64"}
+    assert rows["pipelined loop >= 1.3x serial, batch 64"].figure == (
+        "steady decode 12,500 vs 10,000 tok/s = 1.25x (llama-1b, through gRPC with mutual TLS)")
+    assert rows["offline llama-1b, 1000 x 1024/128, greedy >= 50% of the ceiling"].figure == (
+        "185.95 req/s, 23,794 output / 214,144 total tok/s = 45.0% (5.4 s, 200 steps, 0 preemptions)")
+    # The other batch sizes are figures, not targets.
+    assert rows["decode llama-1b, context 1024, batch 8 / 64 / 256: share of the floor"].result == "INFO"
+
+
+def test_summary_skips_what_only_or_the_budget_left_out(tmp_path):
+    _write_results(tmp_path, "cuda:0", graphs_over_eager=2.0, engine_over_hf=4.0, kv_over_fits=1.0)
+    for folder in ("offline-8b", "profile"):
+        for report in (tmp_path / folder).iterdir():
+            report.unlink()
+    steps = (tmp_path / "steps.tsv").read_text()
+    (tmp_path / "steps.tsv").write_text(steps.replace("offline-8b\t0\t5", "offline-8b\tbudget\t0")
+                                        .replace("profile\t0\t5", "profile\tonly\t0"))
+    rows = {row.check: row for row in gpu_summary.summarize(tmp_path)}
+    assert rows["offline-8b: >= 50% of the physical ceiling"] == gpu_summary.Row(
+        "offline-8b: >= 50% of the physical ceiling", "SKIP", "not run: the time budget (--budget) ran out first")
+    assert rows["decode step profile"].figure == "not run: --only left it out"
+    assert rows["time (seconds)"].figure.startswith("70 in all; install 5, verify 5, make-model 5, offline-1b 5, ")
+    assert "offline-8b" not in rows["time (seconds)"].figure and gpu_summary.main([str(tmp_path)]) == 0
+
+
 def test_summary_of_a_cpu_dry_run_skips_the_performance_targets(tmp_path):
     _write_results(tmp_path, "cpu", graphs_over_eager=1.0, engine_over_hf=1.4, kv_over_fits=1.0)
     results = _results(gpu_summary.summarize(tmp_path))
     assert results["CUDA graphs >= 1.5x eager, batch 1"] == "SKIP"
     assert results["engine >= 3x HF generate (reference workload)"] == "SKIP"
     assert results["KV blocks within 5% of what fits"] == "PASS"
+    assert results["offline llama-1b, 1000 x 1024/128, greedy >= 50% of the ceiling"] == "SKIP"
+    assert results["decode llama-8b, context 1024, batch 1 >= 60% of the floor"] == "SKIP"
+    assert results["pipelined loop >= 1.3x serial, batch 64"] == "SKIP"
     assert gpu_summary.main([str(tmp_path)]) == 0
 
 

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 
 from llmserve.bench import llama_cpp
 from llmserve.bench.overload import add_overload_arguments
+from llmserve.bench.loops import add_loops_flags
+from llmserve.bench.offline import OfflineSettings, add_offline_flags
 from llmserve.bench.overhead import add_overhead_flags
 from llmserve.bench.decode_variants import VARIANTS
-from llmserve.bench.random_model import PRESETS
+from llmserve.bench.moe import PRESETS as MOE_PRESETS
+from llmserve.bench.random_model import PRESETS, SHARD_BYTES
 from llmserve.bench.routing import add_routing_arguments
 from llmserve.bench.workloads import add_workload_flags
 from llmserve.launcher.engine_settings import EngineSettings
@@ -134,6 +137,21 @@ def _decode_flags(decode: argparse.ArgumentParser) -> None:
     decode.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
 
+def _decode_floor_flags(floor: argparse.ArgumentParser) -> None:
+    add_flags(floor, BenchSettings)
+    floor.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 256], help="decode batch sizes")
+    floor.add_argument("--context", type=int, default=1024, help="prompt tokens per sequence")
+    floor.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size")
+    floor.add_argument("--calibrate-s", type=float, default=1.0,
+                       help="seconds measuring the memory bandwidth (the matmul peak: 1.5x that)")
+    floor.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+
+
+def _loops_flags(loops: argparse.ArgumentParser) -> None:
+    add_flags(loops, BenchSettings)
+    add_loops_flags(loops)
+
+
 def _variants_flags(variants: argparse.ArgumentParser) -> None:
     add_flags(variants, BenchSettings)
     variants.add_argument("--variants", nargs="+", default=["float32", "bfloat16", "int8", "int8-wo"],
@@ -144,6 +162,16 @@ def _variants_flags(variants: argparse.ArgumentParser) -> None:
     variants.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
     variants.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size and variant")
     variants.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+
+
+def _moe_flags(moe: argparse.ArgumentParser) -> None:
+    moe.add_argument("--preset", default="small", choices=list(MOE_PRESETS), help="the two models' shape")
+    moe.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    moe.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16], help="decode batch sizes")
+    moe.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
+    moe.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size and model")
+    moe.add_argument("--seed", type=int, default=0, help="the random weights' seed")
+    moe.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
 
 def _speculative_flags(spec: argparse.ArgumentParser) -> None:
@@ -179,6 +207,7 @@ def _make_model_flags(make: argparse.ArgumentParser) -> None:
     make.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                       help="where the random values are drawn (a GPU draws 1.2 B in milliseconds)")
     make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--shard-bytes", type=int, default=SHARD_BYTES, help="most bytes per safetensors file")
 
 
 @dataclass(frozen=True)
@@ -196,6 +225,9 @@ class BenchCommand:
 BENCHES = (
     BenchCommand("throughput", "offline: in-process engine, optionally gRPC stack, HF and llama.cpp",
                  _throughput_flags, "llmserve.bench.throughput:bench_throughput"),
+    BenchCommand("offline", "vLLM's offline benchmark: N random prompts of fixed length in and out, in-process, "
+                            "greedy and temperature 1.0: req/s, tok/s and the share of the measured physical ceiling",
+                 add_offline_flags, "llmserve.bench.offline:bench_offline", engine=OfflineSettings),
     BenchCommand("serve", "online: Poisson arrivals against a cluster", _serve_flags,
                  "llmserve.bench.serve:bench_serve"),
     BenchCommand("routing", "routing policies over data-parallel replicas, side by side: cached-token fraction and "
@@ -206,8 +238,17 @@ BENCHES = (
                  "llmserve.bench.profile_step:bench_profile", engine=None),
     BenchCommand("decode", "decode tok/s with CUDA graphs vs eager (--enforce-eager), per batch size, side by side",
                  _decode_flags, "llmserve.bench.decode_graphs:bench_decode"),
+    BenchCommand("decode-floor", "decode steps per batch size (graphs as served) against the measured bandwidth "
+                                 "floor: weights + KV bytes per step", _decode_floor_flags,
+                 "llmserve.bench.decode_floor:bench_decode_floor"),
+    BenchCommand("loops", "the serial vs the pipelined engine loop (--async-scheduling) on a real model, through a "
+                          "local cluster: steady decode tok/s per batch size", _loops_flags,
+                 "llmserve.bench.loops:bench_loops"),
     BenchCommand("decode-variants", "decode tok/s per weight format (float32, bfloat16, int8), per batch size, side "
                                     "by side", _variants_flags, "llmserve.bench.decode_variants:bench_decode_variants"),
+    BenchCommand("moe", "decode tok/s of a mixture-of-experts model (random Mixtral) vs a dense Llama with the same "
+                        "active parameters per token, side by side", _moe_flags, "llmserve.bench.moe:bench_moe",
+                 engine=None),
     BenchCommand("speculative", "speculative decoding (n-gram drafts, --speculative-tokens K, default 4) vs plain "
                                 "decoding: TPOT at batch 1 on a copying and a random workload, throughput at 64 at "
                                 "once, side by side", _speculative_flags, "llmserve.bench.speculative:bench_speculative"),
@@ -243,5 +284,6 @@ def run_bench(args) -> int:
 
 
 COMMAND = Command("bench", "benchmarks (throughput offline, serve online, routing over replicas, overload, profile a "
-                           "step, decode graphs vs eager, decode per weight format, speculative decoding, quality vs "
-                           "float32, KV sizing, a random model)", None, run_bench, add_bench_arguments)
+                           "step, decode graphs vs eager, decode per weight format, MoE vs dense, speculative "
+                           "decoding, quality vs float32, KV sizing, a random model)", None, run_bench,
+                  add_bench_arguments)

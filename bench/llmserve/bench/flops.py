@@ -92,3 +92,11 @@ def measure_matmul_peak(dtype: torch.dtype = torch.float32, size: int | None = N
     a = torch.randn(size, size, dtype=dtype, device=device)  # [size, size]
     b = torch.randn(size, size, dtype=dtype, device=device)  # [size, size]
     return best_rate(lambda: torch.mm(a, b), 2 * size**3, device, seconds, reps=10 if device.type == "cuda" else 1)
+
+
+def measure_peak_and_bandwidth(dtype: torch.dtype, device: torch.device | str, seconds: float = 1.0
+                               ) -> tuple[float, float]:
+    """This device's matmul FLOP/s in `dtype` and its memory bytes/s, now: `seconds` of
+    sampling for the bandwidth, 1.5x that for the peak (the defaults above)."""
+    return (measure_matmul_peak(dtype, seconds=1.5 * seconds, device=device),
+            measure_memory_bandwidth(seconds=seconds, device=device))

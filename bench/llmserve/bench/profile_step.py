@@ -75,11 +75,14 @@ def _ms(seconds: float) -> str:
     return f"{1000 * seconds:8.2f} ms"
 
 
-def prefilled_engine(runner, batch: int, context: int, max_new_tokens: int, seed: int = 1) -> InProcessEngine:
+def prefilled_engine(runner, batch: int, context: int, max_new_tokens: int, seed: int = 1,
+                     max_num_batched_tokens: int | None = None) -> InProcessEngine:
     """An in-process engine on `runner` with `batch` sequences of `context` random prompt
     tokens (ids within the model's vocabulary), all past their prefill: every further
-    step is a pure decode step at that batch size, for `max_new_tokens` steps."""
-    engine = InProcessEngine(runner, SchedulerConfig(max_num_batched_tokens=max(4096, batch * (context + 16))))
+    step is a pure decode step at that batch size, for `max_new_tokens` steps. The prefill
+    runs in one step unless `max_num_batched_tokens` caps it (chunks)."""
+    budget = max_num_batched_tokens or max(4096, batch * (context + 16))
+    engine = InProcessEngine(runner, SchedulerConfig(max_num_batched_tokens=budget))
     vocab = runner.config.vocab_size
     for i, r in enumerate(random_workload(batch, (context, context), (1000, 1000), vocab, seed=seed)):
         engine.add_request(f"r{i}", r.prompt_token_ids, SamplingParams(max_tokens=max_new_tokens, temperature=0.0,

@@ -56,6 +56,13 @@ def write_json(report: dict, path: str | Path) -> None:
     path.write_text(json.dumps(report, indent=2))
 
 
+def model_label(model_dir: str | Path) -> str:
+    """A random model's preset (its random-model.json, from `bench make-model`), else the
+    directory's name: what reports call the model."""
+    made = Path(model_dir) / "random-model.json"
+    return json.loads(made.read_text())["preset"] if made.is_file() else Path(model_dir).name
+
+
 def median_round(rounds: list[dict], key) -> dict:
     """A copy of the round whose `key(round)` is the median (of an even count, the lower
     middle one): a run that actually happened, not an average of several."""

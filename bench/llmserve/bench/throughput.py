@@ -211,12 +211,14 @@ def _tls_cost(rounds: dict[str, list[dict]]) -> list[float]:
 
 def engine_device_and_dtype(model_dir: Path, runner: RunnerConfig) -> tuple[torch.device, torch.dtype]:
     """Where the engine's runner will compute, and in which dtype (the runner's own rules:
-    auto = CUDA when there is one; its model's own dtype there, float32 on the CPU)."""
+    auto = CUDA when there is one; its model's own dtype there; on the CPU, device.dtype_choice)."""
+    from llmserve.gguf_checkpoint import quantized_weight_type
     from llmserve.worker.device import resolve_device, resolve_dtype
     from llmserve.worker.models.loader import load_config
 
     device = resolve_device(runner.device)
-    return device, resolve_dtype(runner.dtype, device, load_config(model_dir), runner.quantization)
+    return device, resolve_dtype(runner.dtype, device, load_config(model_dir), runner.quantization,
+                                 quantized_weight_type(model_dir))
 
 
 @dataclass
