@@ -53,6 +53,16 @@ def test_the_settings_reference_is_generated(site):
             assert f"--{opt.name}" in html and opt.env in html, (command.name, opt.name)
 
 
+def test_the_supported_models_page_is_generated(site):
+    from llmserve.worker.models.catalog import FAMILIES
+
+    html = page(site, "reference/models")
+    for family in FAMILIES:
+        for architecture in family.architectures:
+            assert architecture in html, architecture
+        assert family.examples[0] in html
+
+
 def test_the_api_reference_is_generated(site):
     html = page(site, "reference/api")
     for name in ("llmserve.v1.Generation", "Generate", "GenerateRequest", "SamplingParams", "max_tokens",

@@ -6,6 +6,7 @@
   file key, default, help).
 - `reference/api.md` from the comments of the .proto files under `protos/`, compiled
   with grpcio-tools' protoc (`--include_source_info`) into a descriptor set.
+- `reference/models.md` from the worker's model catalog (models/catalog.py).
 
 Nothing here is written to docs/: the pages exist only in the build.
 """
@@ -28,7 +29,35 @@ COMMAND_GROUP = "llmserve.commands"
 def on_files(files, config):
     files.append(File.generated(config, "reference/settings.md", content=settings_page()))
     files.append(File.generated(config, "reference/api.md", content=api_page()))
+    files.append(File.generated(config, "reference/models.md", content=models_page()))
     return files
+
+
+# --- supported models ----------------------------------------------------------------
+
+
+def models_page() -> str:
+    from llmserve.worker.models.catalog import FAMILIES
+
+    yes = lambda flag: "yes" if flag else "no"  # noqa: E731
+    lines = [
+        "# Supported models",
+        "",
+        "Generated at build time from the worker's model catalog",
+        "(`services/worker/llmserve/worker/models/catalog.py`), which a test keeps equal to the",
+        "architectures the worker registers. A model loads when config.json's `architectures`",
+        "names one of these; any size of the family works (the examples are shapes we test",
+        "against transformers with tiny random weights of the same configuration). See",
+        "[Models](../guide/models.md) for loading checkpoints and GGUF files.",
+        "",
+        "| family | architectures | examples | what it adds | TP | PP | quantization | GGUF |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for f in FAMILIES:
+        lines.append("| " + " | ".join(_cell(c) for c in (
+            f.name, ", ".join(f"`{a}`" for a in f.architectures), ", ".join(f.examples), f.features,
+            yes(f.tensor_parallel), yes(f.pipeline_parallel), f.quantization, yes(f.gguf))) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # --- settings -----------------------------------------------------------------------
