@@ -1,4 +1,4 @@
-"""The families added beside Llama, through the three processes as deployed (router,
+"""Every family added beside Llama, through the three processes as deployed (router,
 scheduler, worker over gRPC with mutual TLS): greedy tokens equal transformers' float32
 `generate` on the same tiny random checkpoint (every feature of the family switched on:
 QK-norm, soft-caps and alternating windows, fused Phi-3 tensors with LongRoPE, a mixture
@@ -26,7 +26,10 @@ FAMILIES = {
     "qwen3": lambda out: make_tiny_window_model(out, "qwen3"),
     "gemma2": lambda out: make_tiny_window_model(out, "gemma2"),
     "phi3": lambda out: make_tiny_model(out, "phi3", False),
+    "gemma3": lambda out: make_tiny_window_model(out, "gemma3"),
     "mixtral": lambda out: make_tiny_moe_model(out, "mixtral"),
+    "qwen3_moe": lambda out: make_tiny_moe_model(out, "qwen3_moe"),
+    "olmoe": lambda out: make_tiny_moe_model(out, "olmoe"),
 }
 
 
