@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llmserve.contract.arith import cdiv
 from llmserve.contract.plan import StepPlan
 from llmserve.contract.sampling import SamplingParams
 from llmserve.worker.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from llmserve.worker.block_table import BlockTables
 from llmserve.worker.sampler import SamplingRows
 
 
@@ -24,6 +26,7 @@ class RequestState:
     # Speculative decoding: this step's drafts, computed after token_ids' last token (set
     # by each plan that schedules the request).
     draft_token_ids: list[int] = field(default_factory=list)
+    row: int = -1  # Its row of InputBatch.block_tables (block_ids, kept there as a tensor too).
 
     @property
     def num_output_tokens(self) -> int:
@@ -55,6 +58,17 @@ class InputBatch:
         self.attention_backend = attention_backend  # builds the per-step metadata its layers need
         self.device = torch.device(device)  # where the step's tensors go (the model's device)
         self.states: dict[int, RequestState] = {}
+        self.block_tables = BlockTables(max_model_len, block_size)  # every state's block_ids, by row
+
+    def clear(self) -> None:
+        """Forget every request (a new scheduler stream resends them in full)."""
+        self.states.clear()
+        self.block_tables.clear()
+
+    def _forget(self, seq_id: int) -> None:
+        st = self.states.pop(seq_id, None)
+        if st is not None:
+            self.block_tables.drop(st.row)
 
     # ---- plan -> state -------------------------------------------------------------
     def apply_plan(self, plan: StepPlan) -> list[tuple[RequestState, int]]:
@@ -63,16 +77,19 @@ class InputBatch:
         leaving the states untouched."""
         self._validate(plan)
         for rid in plan.finished_seq_ids:
-            self.states.pop(rid, None)
+            self._forget(rid)
         rows = []
         for r in plan.new_requests:
+            self._forget(r.seq_id)  # (a full resend replaces what the worker held)
             st = RequestState(r.seq_id, list(r.token_ids), r.num_prompt_tokens, r.sampling,
-                              list(r.block_ids), r.num_computed_tokens, list(r.draft_token_ids))
+                              list(r.block_ids), r.num_computed_tokens, list(r.draft_token_ids),
+                              row=self.block_tables.add(r.block_ids))
             self.states[r.seq_id] = st
             rows.append((st, r.num_scheduled_tokens))
         for c in plan.cached_requests:
             st = self.states[c.seq_id]
             st.block_ids.extend(c.new_block_ids)
+            self.block_tables.extend(st.row, c.new_block_ids)
             st.num_computed_tokens = c.num_computed_tokens
             st.draft_token_ids = list(c.draft_token_ids)
             rows.append((st, c.num_scheduled_tokens))
@@ -142,7 +159,7 @@ class InputBatch:
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
-        query_lens, seq_lens, tables = [], [], []
+        query_lens, seq_lens, tables, table_rows = [], [], [], []
         sample_idx, sample_states, sample_offsets = [], [], []
         for st, n in rows:
             c = st.num_computed_tokens
@@ -155,6 +172,7 @@ class InputBatch:
                     query_lens.append(1)
                     seq_lens.append(p + 1)
                     tables.append(table)
+                    table_rows.append(st.row)
                     sample_idx.append(len(ids) - n + j)
                     sample_states.append(st)
                     sample_offsets.append(j)
@@ -165,6 +183,7 @@ class InputBatch:
             query_lens.append(n)
             seq_lens.append(c + n)
             tables.append(table)
+            table_rows.append(st.row)
             if c + n == len(st.token_ids):
                 sample_idx.append(len(ids) - 1)
                 sample_states.append(st)
@@ -173,7 +192,10 @@ class InputBatch:
         T, S = len(ids), len(sample_idx)
         packed = torch.tensor(ids + pos + slots + sample_idx, dtype=torch.long).to(self.device, non_blocking=True)
         input_ids, positions, slot_mapping, sample_indices = packed.split([T, T, T, S])
-        meta = self.attention_backend.build_metadata(query_lens, seq_lens, tables, slot_mapping, bs)
+        # [rows, widest table this step] int32: one gather from the kept tables, one copy
+        padded = self.block_tables.padded(table_rows, max(cdiv(n, bs) for n in seq_lens) if seq_lens else 0)
+        meta = self.attention_backend.build_metadata(query_lens, seq_lens, tables, slot_mapping, bs,
+                                                     padded.to(self.device, non_blocking=True))
         # NOTE: position j of a row verifying drafts samples as the plain decode of its
         # (num_output_tokens + j)-th token would: a seeded request draws the same token,
         # and a penalized one sees drafts[:j] as output (the only copy of a history made).

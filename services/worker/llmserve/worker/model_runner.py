@@ -290,7 +290,7 @@ class ModelRunner:
 
     def reset_requests(self) -> None:
         """Forget every request (a new scheduler stream resends them in full)."""
-        self.batch.states.clear()
+        self.batch.clear()
 
     def interrupt(self, step_id: int) -> None:
         """Ask the multi-step plan `step_id` to stop after its current step. Any thread may

@@ -87,7 +87,7 @@ class SimulatedRunner:
                     self.num_kv_blocks)
 
     def reset_requests(self) -> None:
-        self.batch.states.clear()
+        self.batch.clear()
 
     def interrupt(self, step_id: int) -> None:
         self._interrupted_step_id = step_id

@@ -99,9 +99,11 @@ class AttentionBackend(abc.ABC):
     @abc.abstractmethod
     def build_metadata(
         query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
-        slot_mapping: torch.Tensor, block_size: int,
+        slot_mapping: torch.Tensor, block_size: int, padded_tables: torch.Tensor | None = None,
     ) -> AttentionMetadata:
-        """Rows must be ordered decodes (query_len == 1) first."""
+        """Rows must be ordered decodes (query_len == 1) first. padded_tables: the same
+        tables as [N, max_blocks] int32 on slot_mapping's device, zero-padded (the input
+        batch keeps them as a tensor; built from block_tables when None)."""
 
     @abc.abstractmethod
     def forward(

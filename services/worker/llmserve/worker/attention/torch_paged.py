@@ -14,13 +14,15 @@ from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadat
 
 class TorchPagedAttention(AttentionBackend):
     @staticmethod
-    def build_metadata(query_lens, seq_lens, block_tables, slot_mapping, block_size) -> AttentionMetadata:
+    def build_metadata(query_lens, seq_lens, block_tables, slot_mapping, block_size,
+                       padded_tables=None) -> AttentionMetadata:
         """Tensors land on slot_mapping's device."""
         dev = slot_mapping.device
         qsl, num_decodes = row_layout(query_lens)
         dec_table = dec_mask = None
         if num_decodes:
-            dec_table, dec_mask = _decode_tensors(block_tables[:num_decodes], seq_lens[:num_decodes], block_size, dev)
+            dec_table, dec_mask = _decode_tensors(block_tables[:num_decodes], seq_lens[:num_decodes], block_size, dev,
+                                                  None if padded_tables is None else padded_tables[:num_decodes])
         prefills = [
             _prefill_seq(qsl[i], qsl[i + 1], seq_lens[i], block_tables[i], block_size, dev)
             for i in range(num_decodes, len(query_lens))
@@ -150,11 +152,14 @@ def _write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_map
     flat[1].index_copy_(0, slot_mapping, v)
 
 
-def _decode_tensors(tables: list[list[int]], seq_lens: list[int], block_size: int,
-                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _decode_tensors(tables: list[list[int]], seq_lens: list[int], block_size: int, device: torch.device,
+                    padded: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     max_blocks = max(cdiv(n, block_size) for n in seq_lens)
-    padded = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in tables]
-    table = torch.tensor(padded, dtype=torch.long, device=device)  # [B, max_blocks]
+    if padded is not None:  # [B, >= max_blocks] int32, kept by the input batch
+        table = padded[:, :max_blocks].long()  # [B, max_blocks]
+    else:
+        rows = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in tables]
+        table = torch.tensor(rows, dtype=torch.long, device=device)  # [B, max_blocks]
     key_pos = torch.arange(max_blocks * block_size, device=device)
     mask = key_pos[None, :] < torch.tensor(seq_lens, device=device)[:, None]  # [B, L]
     return table, mask[:, None, None, :]

@@ -65,19 +65,24 @@ class TritonPagedAttention(AttentionBackend):
                              ">= 16 (16, 32, ...)")
 
     @staticmethod
-    def build_metadata(query_lens, seq_lens, block_tables, slot_mapping, block_size) -> TritonAttentionMetadata:
+    def build_metadata(query_lens, seq_lens, block_tables, slot_mapping, block_size,
+                       padded_tables=None) -> TritonAttentionMetadata:
         """Tensors land on slot_mapping's device. Rows must be ordered decodes first."""
         dev = slot_mapping.device
         qsl, num_decodes = row_layout(query_lens)
         if any(n < 1 for n in query_lens[num_decodes:]):
             raise ValueError(f"query lengths must be >= 1: {query_lens}")
         max_blocks = max((cdiv(n, block_size) for n in seq_lens), default=0)
-        padded = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in block_tables]
+        if padded_tables is not None:  # [N, >= max_blocks] int32, kept by the input batch
+            block_table = padded_tables[:, :max_blocks].contiguous()
+        else:
+            rows = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in block_tables]
+            block_table = torch.tensor(rows, dtype=torch.int32, device=dev).view(len(seq_lens), max_blocks)
         return TritonAttentionMetadata(
             slot_mapping=slot_mapping, query_start_loc=qsl, seq_lens=list(seq_lens), block_tables=block_tables,
             block_size=block_size, num_decodes=num_decodes,
             decode_block_table=None, decode_mask=None, prefills=[],
-            block_table=torch.tensor(padded, dtype=torch.int32, device=dev).view(len(seq_lens), max_blocks),
+            block_table=block_table,
             seq_lens_t=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
             cu_seqlens_q=torch.tensor(qsl, dtype=torch.int32, device=dev),
             max_prefill_query_len=max(query_lens[num_decodes:], default=0),

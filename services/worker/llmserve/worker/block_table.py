@@ -1,0 +1,79 @@
+"""The worker's block tables, kept across steps in one host tensor: a request's table is
+written once when it arrives and then only its new blocks, so a step's padded table is
+one row gather, not a Python list of lists turned into a tensor.
+
+    table [capacity, max_blocks] int32          row r: the block ids of the request in row r
+      row 0: [ 7  2  5  0  0 ...]                (entries past a table's length are 0: the
+      row 1: [ 3  9  0  0  0 ...]                 kernels mask keys past each row's length)
+    step with rows [1, 0], widest 3 blocks  ->  [[3 9 0], [7 2 5]]   (table[:, :3].index_select)
+
+A step's gather is pageable host memory: on CUDA its copy to the device is synchronous
+(a pinned, double-buffered staging tensor would make it asynchronous: not done yet).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmserve.contract.arith import cdiv
+
+
+class BlockTables:
+    def __init__(self, max_model_len: int, block_size: int, capacity: int = 64):
+        # NOTE: widened if a multi-step run's lookahead or a step's drafts reach past max_model_len's blocks.
+        self.max_blocks = cdiv(max_model_len, block_size) + 1
+        self.table = self._zeros(capacity)  # [capacity, max_blocks] int32
+        self.lengths: list[int] = [0] * capacity  # blocks written per row
+        self._free = list(range(capacity - 1, -1, -1))  # rows not in use (popped from the end: lowest first)
+
+    def _zeros(self, rows: int) -> torch.Tensor:
+        return torch.zeros(rows, self.max_blocks, dtype=torch.int32)
+
+    def add(self, block_ids: list[int]) -> int:
+        """A row holding `block_ids` (a request's whole table); returns the row."""
+        if not self._free:
+            self._grow()
+        row = self._free.pop()
+        self.lengths[row] = 0
+        self.extend(row, block_ids)
+        return row
+
+    def extend(self, row: int, block_ids: list[int]) -> None:
+        """Append `block_ids` to the row's table."""
+        if not block_ids:
+            return
+        start = self.lengths[row]
+        end = start + len(block_ids)
+        if end > self.max_blocks:  # (a table the plan's validation let through: never refuse it here)
+            self._widen(end)
+        self.table[row, start:end] = torch.tensor(block_ids, dtype=torch.int32)
+        self.lengths[row] = end
+
+    def drop(self, row: int) -> None:
+        """The row is free again; its entries are zeroed (a later request's table is shorter)."""
+        self.table[row, : self.lengths[row]] = 0
+        self.lengths[row] = 0
+        self._free.append(row)
+
+    def clear(self) -> None:
+        self.table.zero_()
+        capacity = self.table.shape[0]
+        self.lengths = [0] * capacity
+        self._free = list(range(capacity - 1, -1, -1))
+
+    def padded(self, rows: list[int], width: int) -> torch.Tensor:
+        """[len(rows), width] int32: the rows' tables in this order, cut or zero-padded to width."""
+        return self.table[:, :width].index_select(0, torch.tensor(rows, dtype=torch.long))
+
+    def _widen(self, max_blocks: int) -> None:
+        table = torch.zeros(self.table.shape[0], max_blocks, dtype=torch.int32)
+        table[:, : self.max_blocks] = self.table
+        self.table, self.max_blocks = table, max_blocks
+
+    def _grow(self) -> None:
+        old = self.table.shape[0]
+        table = self._zeros(2 * old)
+        table[:old] = self.table
+        self.table = table
+        self.lengths += [0] * old
+        self._free = list(range(2 * old - 1, old - 1, -1))
