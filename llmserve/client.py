@@ -21,6 +21,7 @@ server aborts the request.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ class GenerationDelta:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     stop_reason: str = ""  # The stop string or token that ended the sample.
     error: str = ""
+    reasoning_text: str = ""  # A chat's new reasoning, split from `text` (the router's --reasoning-parser).
 
     @classmethod
     def from_pb(cls, msg: pb.GenerateResponse) -> "GenerationDelta":
@@ -126,6 +128,7 @@ class GenerationDelta:
             ],
             stop_reason=msg.stop_reason,
             error=msg.error,
+            reasoning_text=msg.reasoning_text,
         )
 
 
@@ -180,8 +183,9 @@ class ModelInfo:
         )
 
 
-def chat_messages_pb(messages: Messages) -> pb.ChatMessages:
-    out = pb.ChatMessages()
+def chat_messages_pb(messages: Messages, chat_template_kwargs: Mapping[str, Any] | None = None) -> pb.ChatMessages:
+    """`chat_template_kwargs`: variables for the chat template (JSON values: {"enable_thinking": False})."""
+    out = pb.ChatMessages(chat_template_kwargs={k: json.dumps(v) for k, v in (chat_template_kwargs or {}).items()})
     for message in messages:
         if isinstance(message, Mapping):
             role, content = message["role"], message["content"]
@@ -209,6 +213,7 @@ def build_generate_request(
     request_id: str = "",
     model: str = "",
     priority: int = 0,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> pb.GenerateRequest:
     """The GenerateRequest for these arguments; exactly one input must be given."""
     given = [x is not None for x in (prompt, messages, token_ids)]
@@ -228,7 +233,7 @@ def build_generate_request(
     if prompt is not None:
         request.text = prompt
     elif messages is not None:
-        request.messages.CopyFrom(chat_messages_pb(messages))
+        request.messages.CopyFrom(chat_messages_pb(messages, chat_template_kwargs))
     else:
         request.token_ids.ids.extend(token_ids)
     return request
@@ -297,6 +302,7 @@ class LLMServeClient:
         request_id: str = "",
         model: str = "",
         priority: int = 0,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         metadata: Sequence[tuple[str, str]] | None = None,
     ) -> AsyncIterator[GenerationDelta]:
         """Stream the deltas of all samples; ``None`` arguments take the server default.
@@ -305,7 +311,7 @@ class LLMServeClient:
             prompt, messages=messages, token_ids=token_ids, max_tokens=max_tokens,
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
             stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, n=n, logprobs=logprobs,
-            request_id=request_id, model=model, priority=priority,
+            request_id=request_id, model=model, priority=priority, chat_template_kwargs=chat_template_kwargs,
         )
         call = self._stub.Generate(request, metadata=metadata)
         deltas = 0

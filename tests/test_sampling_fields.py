@@ -17,7 +17,7 @@ import pytest
 
 from llmserve.contract import wire
 from llmserve.contract.plan import NewRequestData, StepPlan
-from llmserve.contract.sampling import ROUTER_ONLY_FIELDS, SamplingParams
+from llmserve.contract.sampling import ROUTER_ONLY_FIELDS, SamplingParams, StructuredOutput
 from llmserve.internal.v1 import scheduler_pb2, worker_pb2
 from llmserve.router.openai.protocol import ChatCompletionRequest, CompletionRequest
 from llmserve.router.validation import ServedModel, check_sampling, resolve_sampling
@@ -29,15 +29,19 @@ from llmserve.worker.sampler import SamplingRows
 # wire carries them).
 SET = dict(max_tokens=7, temperature=0.5, top_p=0.25, top_k=3, seed=-(2**40), ignore_eos=True, logprobs=2,
            stop_token_ids=(5, 9), stop=("END", "\n\n"), repetition_penalty=1.25, frequency_penalty=0.5,
-           presence_penalty=-0.75, min_p=0.125, logit_bias=((3, 1.5), (7, -2.0)), min_tokens=2)
+           presence_penalty=-0.75, min_p=0.125, logit_bias=((3, 1.5), (7, -2.0)), min_tokens=2,
+           structured_output=StructuredOutput("regex", "[a-z]+"))
 FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
 SERVED = ServedModel(name="m", max_model_len=64, vocab_size=100, max_prompt_bytes=1 << 20)
 PROMPT_LEN = 3
 
 
 def _public_pb(**extra) -> generation_pb2.SamplingParams:
-    """SET as a gRPC client sends it (a map field takes a dict)."""
-    return generation_pb2.SamplingParams(**{**SET, "logit_bias": dict(SET["logit_bias"])}, **extra)
+    """SET as a gRPC client sends it (a map field takes a dict, a message its fields)."""
+    structured = generation_pb2.StructuredOutput(kind=generation_pb2.STRUCTURED_OUTPUT_KIND_REGEX,
+                                                 spec=SET["structured_output"].spec)
+    return generation_pb2.SamplingParams(**{**SET, "logit_bias": dict(SET["logit_bias"]),
+                                            "structured_output": structured}, **extra)
 
 
 def _changed(sampling: SamplingParams) -> set[str]:
@@ -63,7 +67,8 @@ def test_grpc_params_convert_field_for_field():
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_openai_body_converts_field_for_field(endpoint):
     body = {**SET, "stop": list(SET["stop"]), "stop_token_ids": list(SET["stop_token_ids"]), "n": 2,
-            "logit_bias": {str(t): b for t, b in SET["logit_bias"]}}  # JSON's keys are strings.
+            "logit_bias": {str(t): b for t, b in SET["logit_bias"]},  # JSON's keys are strings.
+            "structured_output": None, "guided_regex": SET["structured_output"].spec}
     if endpoint == "chat":  # Chat asks for logprobs as a flag and a count.
         body.update(logprobs=True, top_logprobs=SET["logprobs"])
         sampling, n = ChatCompletionRequest(model="m", messages=[], **body).sampling()
@@ -101,11 +106,18 @@ def test_a_missing_conversion_line_fails(monkeypatch):
     assert _changed(_through_the_scheduler(SamplingParams(**SET))) == set(FIELDS) - ROUTER_ONLY_FIELDS - {"seed"}
 
 
+class _NoGrammars:
+    """Grammars without a tokenizer: the sample's matcher is test_structured_output.py's."""
+
+    def matcher_for(self, so, output_token_ids):
+        return None
+
+
 def test_the_worker_receives_the_same_type_and_samples_with_every_column():
     sent = dataclasses.replace(SamplingParams(**SET), stop=())
     plan = StepPlan(step_id=0, new_requests=[NewRequestData(1, [1, 2, 3], PROMPT_LEN, sent, [0], 0, PROMPT_LEN)])
     plan = wire.step_plan_from_pb(worker_pb2.StepPlan.FromString(wire.step_plan_to_pb(plan).SerializeToString()))
-    batch = InputBatch(block_size=4, num_blocks=8, max_model_len=64)
+    batch = InputBatch(block_size=4, num_blocks=8, max_model_len=64, grammars=_NoGrammars())
     rows = batch.apply_plan(plan)
     assert batch.states[1].sampling == sent
     inputs = batch.build_inputs(rows)

@@ -33,6 +33,26 @@ def sample_seed(seed: int, index: int) -> int:
     return (seed + index - INT64_MIN) % 2**64 + INT64_MIN
 
 
+# What StructuredOutput.spec holds for each kind (llmserve/contract/structured_output.py
+# turns one into a grammar):
+STRUCTURED_OUTPUT_KINDS = {
+    "json_schema": "a JSON schema (JSON text); the output is JSON that validates against it",
+    "json_object": "nothing (empty); the output is any JSON object",
+    "regex": "a regular expression the whole output matches",
+    "choice": "a JSON array of strings; the output is exactly one of them",
+    "grammar": "an EBNF (GBNF) grammar whose rule `root` derives the output",
+}
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on a sample's output: `kind` (a key of STRUCTURED_OUTPUT_KINDS) and its
+    `spec` as text, so that one (kind, spec) pair keys every compilation cache."""
+
+    kind: str
+    spec: str = ""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     # None only between the router's front door and its validation: as many as fit
@@ -59,6 +79,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     # No eos, stop token id or stop string ends a sample before it has this many tokens.
     min_tokens: int = 0
+    # Constrained decoding: only tokens the grammar allows are sampled, and a sample ends
+    # (eos) once it is complete. None: unconstrained.
+    structured_output: StructuredOutput | None = None
 
     @property
     def penalized(self) -> bool:

@@ -17,7 +17,7 @@ from llmserve.contract.plan import (
     StepPlan,
     StepResult,
 )
-from llmserve.contract.sampling import SamplingParams
+from llmserve.contract.sampling import SamplingParams, StructuredOutput
 from llmserve.v1 import generation_pb2
 from llmserve.contract.worker_info import WorkerInfo
 
@@ -80,6 +80,8 @@ def sampling_from_public_pb(msg: generation_pb2.SamplingParams) -> tuple[Samplin
         min_p=msg.min_p,
         logit_bias=tuple(sorted(msg.logit_bias.items())),
         min_tokens=msg.min_tokens,
+        structured_output=(structured_from_public_pb(msg.structured_output)
+                           if msg.HasField("structured_output") else None),
     )
     return sampling, _optional(msg, "n", 1)
 
@@ -101,6 +103,7 @@ def sampling_to_pb(p: SamplingParams) -> sampling_pb2.SamplingParams:
         min_p=p.min_p,
         logit_bias=dict(p.logit_bias),
         min_tokens=p.min_tokens,
+        structured_output=structured_to_pb(p.structured_output),
     )
 
 
@@ -120,7 +123,27 @@ def sampling_from_pb(msg: sampling_pb2.SamplingParams) -> SamplingParams:
         min_p=msg.min_p,
         logit_bias=tuple(sorted(msg.logit_bias.items())),
         min_tokens=msg.min_tokens,
+        structured_output=StructuredOutput(msg.structured_output.kind, msg.structured_output.spec)
+        if msg.HasField("structured_output") else None,
     )
+
+
+# The public enum's values <-> StructuredOutput.kind (UNSPECIFIED: "", refused by validation).
+_STRUCTURED_KINDS = {"json_schema": generation_pb2.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA,
+                     "json_object": generation_pb2.STRUCTURED_OUTPUT_KIND_JSON_OBJECT,
+                     "regex": generation_pb2.STRUCTURED_OUTPUT_KIND_REGEX,
+                     "choice": generation_pb2.STRUCTURED_OUTPUT_KIND_CHOICE,
+                     "grammar": generation_pb2.STRUCTURED_OUTPUT_KIND_GRAMMAR}
+_STRUCTURED_KIND_NAMES = {number: name for name, number in _STRUCTURED_KINDS.items()}
+
+
+def structured_from_public_pb(msg: generation_pb2.StructuredOutput) -> StructuredOutput:
+    """An unknown or unset kind becomes "" (validation refuses it by name)."""
+    return StructuredOutput(_STRUCTURED_KIND_NAMES.get(msg.kind, ""), msg.spec)
+
+
+def structured_to_pb(so: StructuredOutput | None) -> sampling_pb2.StructuredOutput | None:
+    return None if so is None else sampling_pb2.StructuredOutput(kind=so.kind, spec=so.spec)
 
 
 def public_float(value: float) -> float:

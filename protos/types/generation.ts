@@ -9,6 +9,7 @@ import type { GenerationClient as _llmserve_v1_GenerationClient, GenerationDefin
 import type { GetModelInfoRequest as _llmserve_v1_GetModelInfoRequest, GetModelInfoRequest__Output as _llmserve_v1_GetModelInfoRequest__Output } from './llmserve/v1/GetModelInfoRequest';
 import type { ModelInfo as _llmserve_v1_ModelInfo, ModelInfo__Output as _llmserve_v1_ModelInfo__Output } from './llmserve/v1/ModelInfo';
 import type { SamplingParams as _llmserve_v1_SamplingParams, SamplingParams__Output as _llmserve_v1_SamplingParams__Output } from './llmserve/v1/SamplingParams';
+import type { StructuredOutput as _llmserve_v1_StructuredOutput, StructuredOutput__Output as _llmserve_v1_StructuredOutput__Output } from './llmserve/v1/StructuredOutput';
 import type { TokenIds as _llmserve_v1_TokenIds, TokenIds__Output as _llmserve_v1_TokenIds__Output } from './llmserve/v1/TokenIds';
 import type { TokenLogprobs as _llmserve_v1_TokenLogprobs, TokenLogprobs__Output as _llmserve_v1_TokenLogprobs__Output } from './llmserve/v1/TokenLogprobs';
 import type { TokenizeRequest as _llmserve_v1_TokenizeRequest, TokenizeRequest__Output as _llmserve_v1_TokenizeRequest__Output } from './llmserve/v1/TokenizeRequest';
@@ -35,6 +36,8 @@ export interface ProtoGrpcType {
       GetModelInfoRequest: MessageTypeDefinition<_llmserve_v1_GetModelInfoRequest, _llmserve_v1_GetModelInfoRequest__Output>
       ModelInfo: MessageTypeDefinition<_llmserve_v1_ModelInfo, _llmserve_v1_ModelInfo__Output>
       SamplingParams: MessageTypeDefinition<_llmserve_v1_SamplingParams, _llmserve_v1_SamplingParams__Output>
+      StructuredOutput: MessageTypeDefinition<_llmserve_v1_StructuredOutput, _llmserve_v1_StructuredOutput__Output>
+      StructuredOutputKind: EnumTypeDefinition
       TokenIds: MessageTypeDefinition<_llmserve_v1_TokenIds, _llmserve_v1_TokenIds__Output>
       TokenLogprobs: MessageTypeDefinition<_llmserve_v1_TokenLogprobs, _llmserve_v1_TokenLogprobs__Output>
       TokenizeRequest: MessageTypeDefinition<_llmserve_v1_TokenizeRequest, _llmserve_v1_TokenizeRequest__Output>

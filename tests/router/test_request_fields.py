@@ -20,6 +20,7 @@ import pytest
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 
+from llmserve.contract.sampling import StructuredOutput
 from llmserve.router.openai.protocol import IGNORED, NOT_SUPPORTED, ChatCompletionRequest, CompletionRequest
 from llmserve.router.validation import RequestError, check_known_fields
 from llmserve.v1 import generation_pb2 as pb
@@ -60,11 +61,25 @@ CHAT_HONOURED = {
     "stream_options": ({"include_usage": True}, lambda b: b.include_usage),
     "temperature": (0.5, lambda b: _sampling(b).temperature == 0.5),
     "top_p": (0.5, lambda b: _sampling(b).top_p == 0.5),
+    # Structured output (test_structured_output.py: what the engine makes of it).
+    "response_format": ({"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"},
+                                                                "strict": True}},
+                        lambda b: _sampling(b).structured_output == StructuredOutput("json_schema",
+                                                                                     '{"type": "integer"}')),
+    # Extensions (not in the SDK's types).
+    "guided_regex": ("[ab]+", lambda b: _sampling(b).structured_output == StructuredOutput("regex", "[ab]+")),
+    "guided_choice": (["x", "y"], lambda b: _sampling(b).structured_output == StructuredOutput("choice", '["x", "y"]')),
+    "guided_grammar": ('root ::= "a"',
+                       lambda b: _sampling(b).structured_output == StructuredOutput("grammar", 'root ::= "a"')),
+    # An extension (not in the SDK's types): each value as JSON text (test_reasoning.py renders them).
+    "chat_template_kwargs": ({"enable_thinking": False}, lambda b: dict(
+        b.to_pb("r").messages.chat_template_kwargs) == {"enable_thinking": "false"}),
 }
 COMPLETION_HONOURED = {
     **{name: CHAT_HONOURED[name] for name in ("frequency_penalty", "presence_penalty", "logit_bias", "max_tokens",
                                                "n", "seed", "stop", "stream", "stream_options", "temperature",
-                                               "top_p")},
+                                               "top_p", "response_format", "guided_regex", "guided_choice",
+                                               "guided_grammar")},
     "model": ("other", lambda b: b.to_pb(["r"])[0].model == "other"),
     "prompt": ([1, 2, 3], lambda b: list(b.to_pb(["r"])[0].token_ids.ids) == [1, 2, 3]),
     "logprobs": (2, lambda b: _sampling(b).logprobs == 2),

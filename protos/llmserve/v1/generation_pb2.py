@@ -24,43 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cllmserve/v1/generation.proto\x12\x0bllmserve.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\":\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.llmserve.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xa1\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x0e\n\x01n\x18\x08 \x01(\x05H\x04\x88\x01\x01\x12\x15\n\x08logprobs\x18\t \x01(\x05H\x05\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x1f\n\x12repetition_penalty\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x19\n\x11\x66requency_penalty\x18\x0c \x01(\x02\x12\x18\n\x10presence_penalty\x18\r \x01(\x02\x12\r\n\x05min_p\x18\x0e \x01(\x02\x12>\n\nlogit_bias\x18\x0f \x03(\x0b\x32*.llmserve.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x10 \x01(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x04\n\x02_nB\x0b\n\t_logprobsB\x15\n\x13_repetition_penalty\"\xe7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12*\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x15.llmserve.v1.TokenIdsH\x00\x12-\n\x08messages\x18\x05 \x01(\x0b\x32\x19.llmserve.v1.ChatMessagesH\x00\x12+\n\x06params\x18\x06 \x01(\x0b\x32\x1b.llmserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x07 \x01(\x05\x42\x07\n\x05input\"_\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x03 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\xfd\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12,\n\x08logprobs\x18\x05 \x03(\x0b\x32\x1a.llmserve.v1.TokenLogprobs\x12\x30\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x19.llmserve.v1.FinishReason\x12!\n\x05usage\x18\x07 \x01(\x0b\x32\x12.llmserve.v1.Usage\x12\x13\n\x0bstop_reason\x18\x08 \x01(\t\x12\r\n\x05\x65rror\x18\t \x01(\t\"\xa0\x01\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12-\n\x08messages\x18\x03 \x01(\x0b\x32\x19.llmserve.v1.ChatMessagesH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"D\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x0e\n\x06prompt\x18\x03 \x01(\t\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x89\x03\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x12\n\nblock_size\x18\x06 \x01(\x05\x12\x15\n\rnum_kv_blocks\x18\x07 \x01(\x05\x12\x1c\n\x14tensor_parallel_size\x18\x08 \x01(\x05\x12\x14\n\x0c\x62os_token_id\x18\t \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x13\n\x0b\x63uda_graphs\x18\x0b \x01(\x08\x12\x1a\n\x12\x64\x61ta_parallel_size\x18\x0c \x01(\x05\x12\x14\n\x0cquantization\x18\r \x01(\t\x12\x14\n\x0c\x64type_reason\x18\x0e \x01(\t\x12\x1e\n\x16max_num_batched_tokens\x18\x0f \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\x10 \x01(\x05\x12\x1a\n\x12step_budget_reason\x18\x11 \x01(\t*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xea\x01\n\nGeneration\x12I\n\x08Generate\x12\x1c.llmserve.v1.GenerateRequest\x1a\x1d.llmserve.v1.GenerateResponse0\x01\x12G\n\x08Tokenize\x12\x1c.llmserve.v1.TokenizeRequest\x1a\x1d.llmserve.v1.TokenizeResponse\x12H\n\x0cGetModelInfo\x12 .llmserve.v1.GetModelInfoRequest\x1a\x16.llmserve.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cllmserve/v1/generation.proto\x12\x0bllmserve.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xc6\x01\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.llmserve.v1.ChatMessage\x12O\n\x14\x63hat_template_kwargs\x18\x02 \x03(\x0b\x32\x31.llmserve.v1.ChatMessages.ChatTemplateKwargsEntry\x1a\x39\n\x17\x43hatTemplateKwargsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xdb\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x0e\n\x01n\x18\x08 \x01(\x05H\x04\x88\x01\x01\x12\x15\n\x08logprobs\x18\t \x01(\x05H\x05\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x1f\n\x12repetition_penalty\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x19\n\x11\x66requency_penalty\x18\x0c \x01(\x02\x12\x18\n\x10presence_penalty\x18\r \x01(\x02\x12\r\n\x05min_p\x18\x0e \x01(\x02\x12>\n\nlogit_bias\x18\x0f \x03(\x0b\x32*.llmserve.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x10 \x01(\x05\x12\x38\n\x11structured_output\x18\x11 \x01(\x0b\x32\x1d.llmserve.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x04\n\x02_nB\x0b\n\t_logprobsB\x15\n\x13_repetition_penalty\"Q\n\x10StructuredOutput\x12/\n\x04kind\x18\x01 \x01(\x0e\x32!.llmserve.v1.StructuredOutputKind\x12\x0c\n\x04spec\x18\x02 \x01(\t\"\xe7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12*\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x15.llmserve.v1.TokenIdsH\x00\x12-\n\x08messages\x18\x05 \x01(\x0b\x32\x19.llmserve.v1.ChatMessagesH\x00\x12+\n\x06params\x18\x06 \x01(\x0b\x32\x1b.llmserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x07 \x01(\x05\x42\x07\n\x05input\"_\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x03 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\x95\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12,\n\x08logprobs\x18\x05 \x03(\x0b\x32\x1a.llmserve.v1.TokenLogprobs\x12\x30\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x19.llmserve.v1.FinishReason\x12!\n\x05usage\x18\x07 \x01(\x0b\x32\x12.llmserve.v1.Usage\x12\x13\n\x0bstop_reason\x18\x08 \x01(\t\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x16\n\x0ereasoning_text\x18\n \x01(\t\"\xa0\x01\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12-\n\x08messages\x18\x03 \x01(\x0b\x32\x19.llmserve.v1.ChatMessagesH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"D\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x0e\n\x06prompt\x18\x03 \x01(\t\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x89\x03\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x12\n\nblock_size\x18\x06 \x01(\x05\x12\x15\n\rnum_kv_blocks\x18\x07 \x01(\x05\x12\x1c\n\x14tensor_parallel_size\x18\x08 \x01(\x05\x12\x14\n\x0c\x62os_token_id\x18\t \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x13\n\x0b\x63uda_graphs\x18\x0b \x01(\x08\x12\x1a\n\x12\x64\x61ta_parallel_size\x18\x0c \x01(\x05\x12\x14\n\x0cquantization\x18\r \x01(\t\x12\x14\n\x0c\x64type_reason\x18\x0e \x01(\t\x12\x1e\n\x16max_num_batched_tokens\x18\x0f \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\x10 \x01(\x05\x12\x1a\n\x12step_budget_reason\x18\x11 \x01(\t*\xf7\x01\n\x14StructuredOutputKind\x12&\n\"STRUCTURED_OUTPUT_KIND_UNSPECIFIED\x10\x00\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_SCHEMA\x10\x01\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_OBJECT\x10\x02\x12 \n\x1cSTRUCTURED_OUTPUT_KIND_REGEX\x10\x03\x12!\n\x1dSTRUCTURED_OUTPUT_KIND_CHOICE\x10\x04\x12\"\n\x1eSTRUCTURED_OUTPUT_KIND_GRAMMAR\x10\x05*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xea\x01\n\nGeneration\x12I\n\x08Generate\x12\x1c.llmserve.v1.GenerateRequest\x1a\x1d.llmserve.v1.GenerateResponse0\x01\x12G\n\x08Tokenize\x12\x1c.llmserve.v1.TokenizeRequest\x1a\x1d.llmserve.v1.TokenizeResponse\x12H\n\x0cGetModelInfo\x12 .llmserve.v1.GetModelInfoRequest\x1a\x16.llmserve.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmserve.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_CHATMESSAGES_CHATTEMPLATEKWARGSENTRY']._loaded_options = None
+  _globals['_CHATMESSAGES_CHATTEMPLATEKWARGSENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=2061
-  _globals['_FINISHREASON']._serialized_end=2206
+  _globals['_STRUCTUREDOUTPUTKIND']._serialized_start=2367
+  _globals['_STRUCTUREDOUTPUTKIND']._serialized_end=2614
+  _globals['_FINISHREASON']._serialized_start=2617
+  _globals['_FINISHREASON']._serialized_end=2762
   _globals['_CHATMESSAGE']._serialized_start=45
   _globals['_CHATMESSAGE']._serialized_end=89
-  _globals['_CHATMESSAGES']._serialized_start=91
-  _globals['_CHATMESSAGES']._serialized_end=149
-  _globals['_TOKENIDS']._serialized_start=151
-  _globals['_TOKENIDS']._serialized_end=174
-  _globals['_SAMPLINGPARAMS']._serialized_start=177
-  _globals['_SAMPLINGPARAMS']._serialized_end=722
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=582
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=630
-  _globals['_GENERATEREQUEST']._serialized_start=725
-  _globals['_GENERATEREQUEST']._serialized_end=956
-  _globals['_TOKENLOGPROBS']._serialized_start=958
-  _globals['_TOKENLOGPROBS']._serialized_end=1053
-  _globals['_USAGE']._serialized_start=1055
-  _globals['_USAGE']._serialized_end=1135
-  _globals['_GENERATERESPONSE']._serialized_start=1138
-  _globals['_GENERATERESPONSE']._serialized_end=1391
-  _globals['_TOKENIZEREQUEST']._serialized_start=1394
-  _globals['_TOKENIZEREQUEST']._serialized_end=1554
-  _globals['_TOKENIZERESPONSE']._serialized_start=1556
-  _globals['_TOKENIZERESPONSE']._serialized_end=1624
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1626
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1662
-  _globals['_MODELINFO']._serialized_start=1665
-  _globals['_MODELINFO']._serialized_end=2058
-  _globals['_GENERATION']._serialized_start=2209
-  _globals['_GENERATION']._serialized_end=2443
+  _globals['_CHATMESSAGES']._serialized_start=92
+  _globals['_CHATMESSAGES']._serialized_end=290
+  _globals['_CHATMESSAGES_CHATTEMPLATEKWARGSENTRY']._serialized_start=233
+  _globals['_CHATMESSAGES_CHATTEMPLATEKWARGSENTRY']._serialized_end=290
+  _globals['_TOKENIDS']._serialized_start=292
+  _globals['_TOKENIDS']._serialized_end=315
+  _globals['_SAMPLINGPARAMS']._serialized_start=318
+  _globals['_SAMPLINGPARAMS']._serialized_end=921
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=781
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=829
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=923
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1004
+  _globals['_GENERATEREQUEST']._serialized_start=1007
+  _globals['_GENERATEREQUEST']._serialized_end=1238
+  _globals['_TOKENLOGPROBS']._serialized_start=1240
+  _globals['_TOKENLOGPROBS']._serialized_end=1335
+  _globals['_USAGE']._serialized_start=1337
+  _globals['_USAGE']._serialized_end=1417
+  _globals['_GENERATERESPONSE']._serialized_start=1420
+  _globals['_GENERATERESPONSE']._serialized_end=1697
+  _globals['_TOKENIZEREQUEST']._serialized_start=1700
+  _globals['_TOKENIZEREQUEST']._serialized_end=1860
+  _globals['_TOKENIZERESPONSE']._serialized_start=1862
+  _globals['_TOKENIZERESPONSE']._serialized_end=1930
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1932
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1968
+  _globals['_MODELINFO']._serialized_start=1971
+  _globals['_MODELINFO']._serialized_end=2364
+  _globals['_GENERATION']._serialized_start=2765
+  _globals['_GENERATION']._serialized_end=2999
 # @@protoc_insertion_point(module_scope)

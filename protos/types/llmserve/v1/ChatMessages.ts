@@ -10,6 +10,12 @@ export interface ChatMessages {
    * The conversation so far, oldest first.
    */
   'messages'?: (_llmserve_v1_ChatMessage)[];
+  /**
+   * Variables for the chat template (e.g. enable_thinking), each value a JSON text:
+   * {"enable_thinking": "false"}. Not one of the template's own names (messages, tools,
+   * add_generation_prompt, ...); a value that is not JSON is INVALID_ARGUMENT.
+   */
+  'chat_template_kwargs'?: ({[key: string]: string});
 }
 
 /**
@@ -20,4 +26,10 @@ export interface ChatMessages__Output {
    * The conversation so far, oldest first.
    */
   'messages': (_llmserve_v1_ChatMessage__Output)[];
+  /**
+   * Variables for the chat template (e.g. enable_thinking), each value a JSON text:
+   * {"enable_thinking": "false"}. Not one of the template's own names (messages, tools,
+   * add_generation_prompt, ...); a value that is not JSON is INVALID_ARGUMENT.
+   */
+  'chat_template_kwargs': ({[key: string]: string});
 }

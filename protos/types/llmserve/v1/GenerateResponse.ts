@@ -44,6 +44,11 @@ export interface GenerateResponse {
    * With FINISH_REASON_ERROR: what went wrong.
    */
   'error'?: (string);
+  /**
+   * A chat's new reasoning text, split from `text` by the router's --reasoning-parser
+   * (e.g. what a model writes between <think> and </think>); empty without one.
+   */
+  'reasoning_text'?: (string);
 }
 
 /**
@@ -86,4 +91,9 @@ export interface GenerateResponse__Output {
    * With FINISH_REASON_ERROR: what went wrong.
    */
   'error': (string);
+  /**
+   * A chat's new reasoning text, split from `text` by the router's --reasoning-parser
+   * (e.g. what a model writes between <think> and </think>); empty without one.
+   */
+  'reasoning_text': (string);
 }

@@ -1,5 +1,6 @@
 // Original file: llmserve/v1/generation.proto
 
+import type { StructuredOutput as _llmserve_v1_StructuredOutput, StructuredOutput__Output as _llmserve_v1_StructuredOutput__Output } from '../../llmserve/v1/StructuredOutput';
 import type { Long } from '@grpc/proto-loader';
 
 /**
@@ -77,6 +78,12 @@ export interface SamplingParams {
    * tokens. At most max_tokens.
    */
   'min_tokens'?: (number);
+  /**
+   * Constrained decoding: only tokens the grammar allows are sampled, and the sample
+   * ends once the grammar is complete. Unset: unconstrained. A spec that cannot be
+   * compiled is refused with INVALID_ARGUMENT before anything is queued.
+   */
+  'structured_output'?: (_llmserve_v1_StructuredOutput | null);
   '_max_tokens'?: "max_tokens";
   '_temperature'?: "temperature";
   '_top_p'?: "top_p";
@@ -161,6 +168,12 @@ export interface SamplingParams__Output {
    * tokens. At most max_tokens.
    */
   'min_tokens': (number);
+  /**
+   * Constrained decoding: only tokens the grammar allows are sampled, and the sample
+   * ends once the grammar is complete. Unset: unconstrained. A spec that cannot be
+   * compiled is refused with INVALID_ARGUMENT before anything is queued.
+   */
+  'structured_output': (_llmserve_v1_StructuredOutput__Output | null);
   '_max_tokens'?: "max_tokens";
   '_temperature'?: "temperature";
   '_top_p'?: "top_p";

@@ -8,6 +8,7 @@ from llmserve.contract.api_keys import ApiKeyOptions
 from llmserve.contract.grpc_server import ServerOptions, service_command
 from llmserve.contract.security import SecurityOptions
 from llmserve.router.discovery import parse_scheduler_addresses
+from llmserve.router.reasoning import REASONING_PARSER_CHOICES
 from llmserve.router.routing import ROUTING_POLICIES
 from llmserve.settings import format_bytes, group, parse_bytes, setting
 
@@ -37,6 +38,12 @@ class RouterConfig:
                                   help="which replica runs a request: cache-aware (the longest cached prefix of "
                                        "its prompt, from the replicas' KV events, unless that unbalances the "
                                        "load), least-load, round-robin")
+    reasoning_parser: str = setting("none", choices=REASONING_PARSER_CHOICES,
+                                    help="how a chat reply splits into reasoning (OpenAI's reasoning_content, "
+                                         "the gRPC API's reasoning_text) and answer: none; think (<think>...</think>"
+                                         ": Qwen3, QwQ, DeepSeek-R1 distills; a template that opens <think> is "
+                                         "seen in the prompt); deepseek_r1 (reasoning until </think>, opening tag "
+                                         "or not)")
     connect_timeout_s: float = setting(600.0, flag="connect-timeout",
                                        help="seconds to wait at start-up for a scheduler to serve a model")
     # NOTE: the public port's own limit, smaller than the internal hops' --max-message-bytes:

@@ -16,6 +16,7 @@ aborts the request in the scheduler, so its KV blocks are freed at once.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from llmserve.router.attempts import Attempts, GenerationError, Job
 from llmserve.router.detokenizer import new_detokenizer
 from llmserve.router.limits import check_prompt_size, check_stop_sizes
 from llmserve.router.placements import Placement, Placements
+from llmserve.router.reasoning import REASONING_PARSERS, ReasoningSplitter
 from llmserve.router.replicas import Replica, ReplicaSet
 from llmserve.router.sample_stream import SampleDelta, SampleStream
 from llmserve.router.stop_strings import StopStringMatcher
@@ -37,6 +39,7 @@ from llmserve.router.usage import Usage
 from llmserve.router.validation import (
     RequestError,
     ServedModel,
+    check_grammar,
     check_known_fields,
     check_model_name,
     check_sampling,
@@ -48,6 +51,9 @@ from llmserve.telemetry import RouterMetrics
 from llmserve.telemetry.requests import RouterRequest
 
 __all__ = ["Generation", "GenerationError", "Output"]
+
+# How much of a chat's prompt a reasoning splitter reads: enough for "<think>\n\n</think>\n\n".
+PROMPT_TAIL_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,11 @@ class Generation:
     scheduler session, and the table of the requests placed on them), and the served
     model's limits."""
 
-    def __init__(self, tokenizer: PromptTokenizer, replicas: ReplicaSet, metrics: RouterMetrics):
+    def __init__(self, tokenizer: PromptTokenizer, replicas: ReplicaSet, metrics: RouterMetrics,
+                 reasoning_parser: str = "none"):
         self.tokenizer = tokenizer
+        # --reasoning-parser: how a chat's reply splits into reasoning and answer (None: it does not).
+        self.reasoning = REASONING_PARSERS.get(reasoning_parser)
         self.replicas = replicas
         self.metrics = metrics
         self.draining = False  # After SIGTERM: new calls are refused, running ones finish.
@@ -105,7 +114,8 @@ class Generation:
             record.telemetry.admitted(record.request_id, len(job.prompt_ids))
             streams = [SampleStream(index=i, detokenizer=new_detokenizer(self.tokenizer),
                                     stop_matcher=StopStringMatcher(job.sampling.stop),
-                                    min_tokens=job.sampling.min_tokens) for i in range(job.n)]
+                                    min_tokens=job.sampling.min_tokens,
+                                    reasoning=self._splitter(request, job.prompt_ids)) for i in range(job.n)]
             unfinished = set(range(job.n))  # Samples the client has not seen end.
             attempts = Attempts(self.replicas, record, job, lambda: self.draining)
             await attempts.start(unfinished)
@@ -124,6 +134,13 @@ class Generation:
         finally:
             # Done, or the client cancelled or disconnected (CancelledError or GeneratorExit lands here).
             await self._release(record)
+
+    def _splitter(self, request, prompt_ids: list[int]) -> ReasoningSplitter | None:
+        """A chat's reasoning splitter (--reasoning-parser), which reads the prompt's end:
+        a chat template may have opened the reasoning already."""
+        if self.reasoning is None or request.WhichOneof("input") != "messages":
+            return None
+        return self.reasoning(self.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False))
 
     def _delta(self, telemetry: RouterRequest, streams: list[SampleStream], out: RequestOutput
                ) -> SampleDelta | None:
@@ -180,6 +197,7 @@ class Generation:
             sampling, n = given or wire.sampling_from_public_pb(request.params)
             check_sampling(sampling, n)
             check_stop_sizes(sampling)
+            await check_grammar(sampling)  # A schema that cannot be compiled: refused, nothing queued.
             check_prompt_size(request, self.served)  # Before tokenizing: bounded work from here on.
             prompt_ids = await self._prompt_ids(request)
             sampling = resolve_sampling(sampling, len(prompt_ids), self.served)
@@ -209,9 +227,22 @@ class Generation:
         messages = [(m.role, m.content) for m in messages_pb.messages]
         if not messages:
             raise invalid("messages is empty")
+        kwargs = template_kwargs(messages_pb.chat_template_kwargs)
         try:
-            return await asyncio.to_thread(self.tokenizer.encode_chat, messages)
+            return await asyncio.to_thread(self.tokenizer.encode_chat, messages, kwargs)
         except ValueError as err:
             raise invalid(str(err)) from err
         except Exception as err:  # Jinja errors from the template (e.g. an unknown role).
             raise invalid(f"the chat template rejected the messages: {err}") from err
+
+
+def template_kwargs(values) -> dict:
+    """ChatMessages.chat_template_kwargs (name -> JSON text) as the template's variables."""
+    kwargs = {}
+    for name, text in values.items():
+        try:
+            kwargs[name] = json.loads(text)
+        except ValueError:
+            raise invalid(f"chat_template_kwargs.{name}: not a JSON value: {text[:80]!r}",
+                          param=f"chat_template_kwargs.{name}") from None
+    return kwargs

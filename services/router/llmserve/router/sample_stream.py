@@ -1,5 +1,6 @@
 """Turns one sample's token outputs into streamed text: incremental detokenization,
-then stop strings (which the engine cannot see: it stops on token ids only)."""
+then stop strings (which the engine cannot see: it stops on token ids only), then, for
+a reasoning model's chat, the split of that text into reasoning and answer."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 
 from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
 from llmserve.router.detokenizer import IncrementalDetokenizer, StreamDetokenizer
+from llmserve.router.reasoning import ReasoningSplitter
 from llmserve.router.stop_strings import StopStringMatcher
 
 
@@ -21,6 +23,7 @@ class SampleDelta:
     finish_reason: FinishReason
     stop_reason: str = ""
     error: str = ""
+    reasoning_text: str = ""  # With --reasoning-parser: the reasoning part (`text`: the answer).
 
 
 @dataclass
@@ -36,6 +39,7 @@ class SampleStream:
     finish_reason: FinishReason = FinishReason.NONE
     stop_reason: str = ""
     token_text: dict = field(default_factory=dict)
+    reasoning: ReasoningSplitter | None = None  # Splits the text (stop strings apply to all of it).
 
     @property
     def finished(self) -> bool:
@@ -67,9 +71,13 @@ class SampleStream:
             if out.stop_token_id >= 0:
                 stop_reason = decode_token(out.stop_token_id)
         self.finish_reason, self.stop_reason = finish, stop_reason
+        reasoning = ""
+        if self.reasoning is not None:
+            reasoning, emit = self.reasoning.feed(emit, final=finish != FinishReason.NONE)
         return SampleDelta(
             index=self.index,
             text=emit,
+            reasoning_text=reasoning,
             token_ids=list(out.new_token_ids[:kept]),
             logprobs=list(out.logprobs[:kept]),
             finish_reason=finish,

@@ -7,6 +7,7 @@ eos ids from ``config.json`` / ``generation_config.json``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from llmserve.contract.startup_errors import StartupError
+
+# Variables apply_chat_template gives every template itself: chat_template_kwargs cannot set them.
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt",
+                                         "bos_token", "eos_token", "unk_token", "pad_token"})
 
 # A chat: ``[("user", "Hi")]`` or ``[{"role": "user", "content": "Hi"}]``.
 Messages = Sequence[tuple[str, str]] | Sequence[Mapping[str, Any]]
@@ -129,22 +134,36 @@ class PromptTokenizer:
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return self._check_ids(list(ids))
 
-    def render_chat(self, messages: Messages) -> str:
-        """The prompt text of a chat, with the assistant's generation prompt appended."""
+    def render_chat(self, messages: Messages, template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """The prompt text of a chat, with the assistant's generation prompt appended;
+        `template_kwargs`: variables for the template (e.g. ``enable_thinking``)."""
         if not self.has_chat_template:
             raise ValueError(f"model {self.name} has no chat template")
+        kwargs = dict(template_kwargs or {})
+        reserved = sorted(set(kwargs) & self._reserved_template_names())
+        if reserved:
+            raise ValueError(f"chat_template_kwargs: {', '.join(reserved)} cannot be set (the template's own "
+                             f"arguments)")
         return self.tokenizer.apply_chat_template(
-            normalize_messages(messages), tokenize=False, add_generation_prompt=True
+            normalize_messages(messages), tokenize=False, add_generation_prompt=True, **kwargs
         )
 
-    def encode_chat(self, messages: Messages) -> tuple[str, list[int]]:
+    def _reserved_template_names(self) -> frozenset[str]:
+        """apply_chat_template's own parameters (`chat_template` would swap the template,
+        `tokenize` the return type) and what it passes the template itself."""
+        params = inspect.signature(self.tokenizer.apply_chat_template).parameters
+        named = {name for name, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        return frozenset(named | RESERVED_TEMPLATE_VARIABLES)
+
+    def encode_chat(self, messages: Messages, template_kwargs: Mapping[str, Any] | None = None
+                    ) -> tuple[str, list[int]]:
         """(rendered prompt, its ids).
 
         NOTE: chat templates write their own special tokens (SmolLM2's emits
         ``<|im_start|>`` itself), so the rendered text is encoded without adding
         special tokens again, as ``apply_chat_template(tokenize=True)`` does.
         """
-        prompt = self.render_chat(messages)
+        prompt = self.render_chat(messages, template_kwargs)
         return prompt, self.encode_text(prompt, add_special_tokens=False)
 
     def longest_token_bytes(self) -> int:

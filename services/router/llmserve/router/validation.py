@@ -7,17 +7,20 @@ vanishes under `python -O`); the router turns `RequestError` into the call's sta
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass, replace
 
 import grpc
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from llmserve.contract.sampling import SamplingParams
+from llmserve.contract.sampling import STRUCTURED_OUTPUT_KINDS, SamplingParams
+from llmserve.contract.structured_output import check_structured_output
 
 MAX_LOGPROBS = 20
 MAX_N = 64
 MAX_LOGIT_BIAS = 1024  # Entries of one request's logit_bias.
+MAX_STRUCTURED_SPEC_BYTES = 256 * 1024  # A structured output's schema, regex or grammar.
 # Error details travel in a trailer: a message echoing a huge client string would exceed
 # the client's metadata limit and reach it as a transport error instead.
 MAX_ERROR_CHARS = 1024
@@ -131,6 +134,24 @@ def _check_sampling_extras(sampling: SamplingParams) -> None:
         raise invalid(f"min_tokens must be >= 0, got {sampling.min_tokens}")
     if sampling.max_tokens is not None and sampling.min_tokens > sampling.max_tokens:
         raise invalid(f"min_tokens ({sampling.min_tokens}) must not exceed max_tokens ({sampling.max_tokens})")
+    so = sampling.structured_output
+    if so is not None:
+        if so.kind not in STRUCTURED_OUTPUT_KINDS:
+            raise invalid(f"structured_output.kind must be one of {', '.join(STRUCTURED_OUTPUT_KINDS)}")
+        if len(so.spec.encode()) > MAX_STRUCTURED_SPEC_BYTES:
+            raise invalid(f"structured_output.spec has {len(so.spec.encode())} bytes; at most "
+                          f"{MAX_STRUCTURED_SPEC_BYTES}")
+
+
+async def check_grammar(sampling: SamplingParams) -> None:
+    """A structured output that cannot be compiled is the client's error, found before
+    anything is queued: parsed off the event loop, once per (kind, spec) (cached)."""
+    so = sampling.structured_output
+    if so is None:
+        return
+    problem = await asyncio.to_thread(check_structured_output, so)
+    if problem is not None:
+        raise invalid(f"structured output ({so.kind}) cannot be compiled: {problem[:600]}")
 
 
 def check_prompt_tokens(prompt_len: int, served: ServedModel) -> None:

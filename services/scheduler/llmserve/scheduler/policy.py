@@ -217,6 +217,9 @@ class StepPolicy:
             sample = item.sample
             if item.num_tokens != 1 or sample.is_root or sample.num_uncomputed_tokens != 1:
                 continue
+            if sample.sampling.structured_output is not None:
+                continue  # NOTE: constrained rows take no drafts (the worker's grammar matcher
+                # advances one sampled token at a time; it refuses drafts).
             limit = min(budget, sample.sampling.max_tokens - sample.num_output_tokens - 1,
                         self.max_model_len - sample.num_tokens - 1)
             drafts = self.drafter.propose(sample, limit)

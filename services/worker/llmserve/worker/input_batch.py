@@ -13,6 +13,7 @@ from llmserve.contract.sampling import SamplingParams
 from llmserve.worker.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from llmserve.worker.block_table import BlockTables
 from llmserve.worker.sampler import SamplingRows
+from llmserve.worker.structured_output import Grammars, RowGrammar
 
 
 @dataclass
@@ -27,6 +28,8 @@ class RequestState:
     # by each plan that schedules the request).
     draft_token_ids: list[int] = field(default_factory=list)
     row: int = -1  # Its row of InputBatch.block_tables (block_ids, kept there as a tensor too).
+    # Structured output: the sample's grammar matcher (None: unconstrained).
+    grammar: RowGrammar | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -53,11 +56,12 @@ class InputBatch:
 
     def __init__(self, block_size: int, num_blocks: int, max_model_len: int,
                  attention_backend: type[AttentionBackend] = TorchPagedAttention,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", grammars: Grammars | None = None):
         self.block_size, self.num_blocks, self.max_model_len = block_size, num_blocks, max_model_len
         self.attention_backend = attention_backend  # builds the per-step metadata its layers need
         self.device = torch.device(device)  # where the step's tensors go (the model's device)
         self.states: dict[int, RequestState] = {}
+        self.grammars = grammars  # Compiles constrained samples' grammars (None: none may come).
         self.block_tables = BlockTables(max_model_len, block_size)  # every state's block_ids, by row
 
     def clear(self) -> None:
@@ -76,6 +80,7 @@ class InputBatch:
         scheduled request in plan order. Raises ValueError on an inconsistent plan,
         leaving the states untouched."""
         self._validate(plan)
+        grammars = self._grammars(plan)  # Before any state changes: compiling may fail.
         for rid in plan.finished_seq_ids:
             self._forget(rid)
         rows = []
@@ -83,7 +88,7 @@ class InputBatch:
             self._forget(r.seq_id)  # (a full resend replaces what the worker held)
             st = RequestState(r.seq_id, list(r.token_ids), r.num_prompt_tokens, r.sampling,
                               list(r.block_ids), r.num_computed_tokens, list(r.draft_token_ids),
-                              row=self.block_tables.add(r.block_ids))
+                              row=self.block_tables.add(r.block_ids), grammar=grammars.get(r.seq_id))
             self.states[r.seq_id] = st
             rows.append((st, r.num_scheduled_tokens))
         for c in plan.cached_requests:
@@ -95,6 +100,15 @@ class InputBatch:
             rows.append((st, c.num_scheduled_tokens))
         return rows
 
+    def _grammars(self, plan: StepPlan) -> dict[int, RowGrammar]:
+        """The new constrained samples' matchers, each having accepted the outputs the plan
+        resends (a preempted sample resumes its grammar where it was)."""
+        constrained = [r for r in plan.new_requests if r.sampling.structured_output is not None]
+        if constrained and self.grammars is None:
+            raise ValueError(f"request {constrained[0].seq_id}: structured output, but this worker has no grammars")
+        return {r.seq_id: self.grammars.matcher_for(r.sampling.structured_output, r.token_ids[r.num_prompt_tokens:])
+                for r in constrained}
+
     def _validate(self, plan: StepPlan) -> None:
         seen: set[int] = set()
         finished = set(plan.finished_seq_ids)
@@ -104,6 +118,8 @@ class InputBatch:
         for r in plan.new_requests:
             self._check_row(r.seq_id, seen, r.block_ids, len(r.block_ids), len(r.token_ids),
                             r.num_computed_tokens, r.num_scheduled_tokens, steps, len(r.draft_token_ids))
+            if r.draft_token_ids and r.sampling.structured_output is not None:
+                raise ValueError(f"request {r.seq_id}: drafts for a constrained sample (the scheduler drafts none)")
             if not 0 <= r.num_prompt_tokens <= len(r.token_ids):
                 raise ValueError(f"request {r.seq_id}: num_prompt_tokens {r.num_prompt_tokens} "
                                  f"outside 0..{len(r.token_ids)}")
@@ -115,6 +131,8 @@ class InputBatch:
             self._check_row(c.seq_id, seen, c.new_block_ids, len(st.block_ids) + len(c.new_block_ids),
                             len(st.token_ids), c.num_computed_tokens, c.num_scheduled_tokens, steps,
                             len(c.draft_token_ids))
+            if c.draft_token_ids and st.grammar is not None:
+                raise ValueError(f"request {c.seq_id}: drafts for a constrained sample (the scheduler drafts none)")
 
     def _check_row(self, rid: int, seen: set[int], block_ids: list[int], table_len: int,
                    num_tokens: int, computed: int, scheduled: int, steps: int, drafts: int = 0) -> None:
@@ -204,6 +222,14 @@ class InputBatch:
             [st.num_output_tokens + j for st, j in zip(sample_states, sample_offsets)],
             [st.token_ids + st.draft_token_ids[:j] if j and st.sampling.penalized else st.token_ids
              for st, j in zip(sample_states, sample_offsets)],
-            [st.num_prompt_tokens for st in sample_states])
+            [st.num_prompt_tokens for st in sample_states],
+            self._token_bitmask(sample_states))
         return StepInputs(input_ids=input_ids, positions=positions, meta=meta, sample_indices=sample_indices,
                           sample_states=sample_states, sample_offsets=sample_offsets, sampling=sampling)
+
+    def _token_bitmask(self, states: list[RequestState]) -> torch.Tensor | None:
+        """The sampled rows' allowed tokens ([S, ceil(V / 32)] int32), or None when none is
+        constrained: unconstrained batches pay nothing."""
+        if self.grammars is None or all(st.grammar is None for st in states):
+            return None
+        return self.grammars.fill_bitmask([st.grammar for st in states])

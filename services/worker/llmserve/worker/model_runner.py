@@ -30,6 +30,7 @@ from llmserve.worker.models.decoder import head_dim_of, local_kv_heads, release_
 from llmserve.worker.pipeline import forward_step
 from llmserve.worker.models.loader import load_config, load_model
 from llmserve.worker.sampler import Sampler, SamplingRows
+from llmserve.worker.structured_output import Grammars
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +110,10 @@ class ModelRunner:
         self.sampler = Sampler(sampler_seed, self.device)
         self.uses_graphs = self._uses_graphs()  # Decided once: profiling measures the same graphs.
         self._allocate_kv_caches(settings)
+        # Structured output: the tokenizer loads at the first constrained request.
+        grammars = Grammars(self.model_dir, self.config.vocab_size, eos_token_ids(self.model_dir, self.config))
         self.batch = InputBatch(block_size, self.num_kv_blocks, self.max_model_len, self.attention_backend,
-                                self.device)
+                                self.device, grammars)
         self.mover = kvc.BlockMover(self.kv_caches, self.cpu_kv_caches)
         self.graphs = self._decode_graphs(self.kv_caches) if self.uses_graphs else None
         if self.graphs is not None:
@@ -369,6 +372,8 @@ class ModelRunner:
                 else:
                     rejected.add(st.seq_id)
             st.token_ids.append(tok)
+            if st.grammar is not None:
+                st.grammar.advance(tok)
             out.append(SampledToken(st.seq_id, tok, lp))
         for st, _ in rows:
             st.draft_token_ids = []

@@ -5,6 +5,7 @@ The order, vLLM's (rows that do not use a setting skip it, and a batch where no 
 uses one pays nothing for it):
 
     logits (float32)
+      -> structured output: ids a row's grammar forbids set to -inf
       -> logit_bias added                       }
       -> stop ids masked while < min_tokens     } what greedy rows take the argmax of
       -> repetition, frequency, presence        }
@@ -55,7 +56,8 @@ class SamplingRows:
     rows' state, not settings. On the host; the sampler moves what it needs to the
     logits' device."""
 
-    ROW_STATE: ClassVar[frozenset[str]] = frozenset({"output_index", "token_ids", "num_prompt_tokens"})
+    ROW_STATE: ClassVar[frozenset[str]] = frozenset({"output_index", "token_ids", "num_prompt_tokens",
+                                                     "token_bitmask"})
 
     temperature: torch.Tensor  # [S] float32; <= _GREEDY_EPS: greedy
     top_p: torch.Tensor  # [S] float32; 1: off
@@ -75,11 +77,15 @@ class SamplingRows:
     # for the rows with a penalty only (references to the worker's lists, not copies).
     token_ids: list[Sequence[int]]
     num_prompt_tokens: list[int]
+    # [S, ceil(V / 32)] int32, a bit per token id the row may sample (structured output:
+    # its grammar matcher's, worker/structured_output.py); None: no row is constrained.
+    token_bitmask: torch.Tensor | None = None
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams], output_index: Sequence[int],
                     token_ids: Sequence[Sequence[int]] | None = None,
-                    num_prompt_tokens: Sequence[int] | None = None) -> SamplingRows:
+                    num_prompt_tokens: Sequence[int] | None = None,
+                    token_bitmask: torch.Tensor | None = None) -> SamplingRows:
         def floats(name: str) -> torch.Tensor:
             return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32)
 
@@ -99,6 +105,7 @@ class SamplingRows:
             stop_token_ids=[p.stop_token_ids for p in params],
             token_ids=list(token_ids) if token_ids is not None else [()] * len(params),
             num_prompt_tokens=list(num_prompt_tokens) if num_prompt_tokens is not None else [0] * len(params),
+            token_bitmask=token_bitmask,
         )
 
     def __len__(self) -> int:
@@ -110,6 +117,9 @@ class SamplingRows:
         picked = {}
         for f in fields(self):
             column = getattr(self, f.name)
+            if column is None:  # token_bitmask (applied before rows are selected)
+                picked[f.name] = None
+                continue
             picked[f.name] = column[index] if isinstance(column, torch.Tensor) else [column[i] for i in rows]
         return SamplingRows(**picked)
 
@@ -135,6 +145,8 @@ class Sampler:
         logits = logits.float()
         # Logprobs are of the raw logits: taken before the in-place adjustments.
         raw_logprobs = _raw_logprobs(logits, rows)
+        if rows.token_bitmask is not None:  # Structured output: ids the grammars forbid -> -inf.
+            _apply_token_bitmask(logits, rows.token_bitmask)
         logits = adjusted_logits(logits, rows)
         S, V = logits.shape
         # Greedy for every row (random rows overwritten below). NOTE: max(dim) returns the
@@ -198,6 +210,14 @@ def _filtered_probs(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
         last_kept = sorted_logits.masked_fill(drop_sorted, float("inf")).min(dim=-1, keepdim=True).values  # [R, 1]
         logits = logits.masked_fill(logits < last_kept, float("-inf"))
     return logits.softmax(dim=-1)
+
+
+def _apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """logits ([S, V] float32) -inf where bitmask ([S, ceil(V / 32)] int32) has a 0 bit,
+    in place: xgrammar's kernel (CUDA on the GPU, its CPU one here)."""
+    import xgrammar as xgr
+
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True))
 
 
 def adjusted_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:

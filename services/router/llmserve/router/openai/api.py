@@ -257,8 +257,9 @@ async def _chunks(first, outputs: AsyncIterator, renderer: Renderer, with_logpro
                 prompt_index, out = item
                 delta = out.delta
                 index = renderer.choice_index(prompt_index, delta)
-                if delta.text or delta.logprobs or delta.finish_reason or index not in seen:
-                    yield renderer.chunk(prompt_index, delta, index not in seen, with_logprobs)
+                if delta.text or delta.reasoning_text or delta.logprobs or delta.finish_reason or index not in seen:
+                    for chunk in renderer.chunks(prompt_index, delta, index not in seen, with_logprobs):
+                        yield chunk
                     seen.add(index)
                 if out.usage is not None:
                     usages.append(out.usage)

@@ -15,16 +15,18 @@ Every field a client sends is honoured or refused, never silently dropped:
 Only the shape is checked here (pydantic: types, required fields); every value check
 (ranges, sizes, the model's name, the prompt's length) is `Generation`'s, shared with
 gRPC. Extensions beyond OpenAI's fields, as vLLM names them: `top_k`, `min_p`,
-`repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `priority`.
+`repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `priority`,
+`guided_regex`, `guided_choice`, `guided_grammar`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from llmserve.contract.sampling import SamplingParams
+from llmserve.contract.sampling import SamplingParams, StructuredOutput
 from llmserve.contract.wire import public_float, public_int, public_str
 from llmserve.router.validation import invalid
 from llmserve.v1 import generation_pb2
@@ -33,16 +35,15 @@ from llmserve.v1 import generation_pb2
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier"})
 
 _TOOLS = "tool calling is not supported yet"
-_STRUCTURED = "structured output is not supported yet"
+_STRUCTURED = ("this form of structured output is not supported (use response_format, guided_regex, "
+               "guided_choice or guided_grammar)")
 # Fields of OpenAI's API (and common extensions) this server does not implement: refused
 # by name, with why. Later items of issue #33 move some into the models below.
 NOT_SUPPORTED = {
     "tools": _TOOLS, "tool_choice": _TOOLS, "parallel_tool_calls": _TOOLS,
     "functions": _TOOLS, "function_call": _TOOLS,
-    "response_format": _STRUCTURED, "guided_json": _STRUCTURED, "guided_regex": _STRUCTURED,
-    "guided_choice": _STRUCTURED, "guided_grammar": _STRUCTURED, "structured_outputs": _STRUCTURED,
+    "guided_json": "use response_format's json_schema", "structured_outputs": _STRUCTURED,
     "reasoning_effort": "reasoning options are not supported yet",
-    "chat_template_kwargs": "passing variables to the chat template is not supported yet",
     "audio": "audio output is not supported", "modalities": "output modalities other than text are not supported",
     "prediction": "predicted outputs are not supported", "web_search_options": "web search is not supported",
     "verbosity": "verbosity is not supported", "moderation": "moderation is not supported",
@@ -73,6 +74,22 @@ class StreamOptions(BaseModel):
     include_usage: bool = False  # A last chunk with `usage` and no choices.
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # None: any JSON.
+    strict: bool | None = None  # Always strict: the output follows the schema.
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _Sampling(BaseModel):
     """Fields both endpoints share."""
 
@@ -100,6 +117,11 @@ class _Sampling(BaseModel):
     ignore_eos: bool = False  # Extension: generate past end-of-sequence tokens.
     stop_token_ids: list[int] = Field(default_factory=list)  # Extension.
     priority: int = 0  # Extension: lower is served first (the gRPC API's priority).
+    # Structured output: OpenAI's response_format, or one of the extensions (at most one).
+    response_format: ResponseFormat | None = None
+    guided_regex: str | None = None  # Extension: the output matches this regex in full.
+    guided_choice: list[str] | None = None  # Extension: the output is one of these.
+    guided_grammar: str | None = None  # Extension: an EBNF (GBNF) grammar, rule `root`.
 
     @property
     def include_usage(self) -> bool:
@@ -131,8 +153,33 @@ class _Sampling(BaseModel):
             min_p=public_float(self.min_p),
             logit_bias=tuple(sorted((public_int(t), public_float(b)) for t, b in (self.logit_bias or {}).items())),
             min_tokens=public_int(self.min_tokens),
+            structured_output=self._structured_output(),
         )
         return sampling, 1 if self.n is None else public_int(self.n)
+
+    def _structured_output(self) -> StructuredOutput | None:
+        """The one constraint asked for (response_format type "text": none), as the gRPC
+        API's StructuredOutput carries it; whether it compiles is Generation's check."""
+        asked: dict[str, StructuredOutput] = {}
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            asked["response_format"] = StructuredOutput("json_object")
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None:
+                raise invalid("response_format.json_schema is required with type json_schema",
+                              param="response_format.json_schema")
+            schema = fmt.json_schema.schema_
+            asked["response_format"] = (StructuredOutput("json_object") if schema is None
+                                        else StructuredOutput("json_schema", public_str(json.dumps(schema))))
+        if self.guided_regex is not None:
+            asked["guided_regex"] = StructuredOutput("regex", public_str(self.guided_regex))
+        if self.guided_choice is not None:
+            asked["guided_choice"] = StructuredOutput("choice", public_str(json.dumps(self.guided_choice)))
+        if self.guided_grammar is not None:
+            asked["guided_grammar"] = StructuredOutput("grammar", public_str(self.guided_grammar))
+        if len(asked) > 1:
+            raise invalid(f"{' and '.join(asked)}: ask for one structured output only", param=next(iter(asked)))
+        return next(iter(asked.values()), None)
 
 
 class TextPart(BaseModel):
@@ -173,6 +220,8 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens.
     logprobs: bool = False
     top_logprobs: int | None = None
+    # Extension: variables for the chat template ({"enable_thinking": false}).
+    chat_template_kwargs: dict[str, JsonValue] | None = None
 
     def check_fields(self) -> None:
         super().check_fields()
@@ -182,7 +231,9 @@ class ChatCompletionRequest(_Sampling):
     def to_pb(self, request_id: str) -> generation_pb2.GenerateRequest:
         """The prompt and its scheduling (the sampling settings: `sampling`)."""
         messages = generation_pb2.ChatMessages(
-            messages=[generation_pb2.ChatMessage(role=m.role, content=m.text) for m in self.messages])
+            messages=[generation_pb2.ChatMessage(role=m.role, content=m.text) for m in self.messages],
+            chat_template_kwargs={public_str(name): public_str(json.dumps(value, ensure_ascii=False))
+                                  for name, value in (self.chat_template_kwargs or {}).items()})
         return generation_pb2.GenerateRequest(request_id=request_id, model=self.model, messages=messages,
                                               priority=self.priority)
 

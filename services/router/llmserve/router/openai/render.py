@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmserve.contract.outputs import FinishReason, TokenLogprobs
 from llmserve.router.sample_stream import SampleDelta
@@ -20,6 +20,17 @@ def finish_reason(delta: SampleDelta) -> str | None:
 
 def _token(text: str, logprob: float) -> dict:
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def _message(text: str, reasoning: str, first: bool) -> dict:
+    """A chat message or delta: `reasoning_content` (--reasoning-parser) only when there
+    is some, and then `content` only when there is some too."""
+    message: dict = {"role": "assistant"} if first else {}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if text or not reasoning:
+        message["content"] = text
+    return message
 
 
 @dataclass
@@ -73,11 +84,20 @@ class Renderer:
         index = self.choice_index(prompt_index, delta)
         choice: dict = {"index": index, "finish_reason": finish_reason(delta)}
         if self.chat:
-            choice["delta"] = {"role": "assistant", "content": delta.text} if first else {"content": delta.text}
+            choice["delta"] = _message(delta.text, delta.reasoning_text, first)
         else:
             choice["text"] = self._echo(prompt_index, first) + delta.text
         choice["logprobs"] = self.logprobs(index, delta.logprobs) if with_logprobs and delta.logprobs else None
         return self._envelope(self.object + (".chunk" if self.chat else ""), [choice])
+
+    def chunks(self, prompt_index: int, delta: SampleDelta, first: bool, with_logprobs: bool) -> list[dict]:
+        """`chunk`, except that a delta with both reasoning and answer text is two chunks,
+        the reasoning first (its tokens' logprobs go with the answer's)."""
+        if not (self.chat and delta.reasoning_text and delta.text):
+            return [self.chunk(prompt_index, delta, first, with_logprobs)]
+        reasoning = replace(delta, text="", logprobs=[], finish_reason=FinishReason.NONE)
+        return [self.chunk(prompt_index, reasoning, first, False),
+                self.chunk(prompt_index, replace(delta, reasoning_text=""), False, with_logprobs)]
 
     def usage_chunk(self, usages: list[Usage]) -> dict:
         """stream_options.include_usage: the last chunk, no choices."""
@@ -90,11 +110,12 @@ class Renderer:
         for index in sorted(deltas):
             parts = deltas[index]
             text = "".join(d.text for d in parts)
+            reasoning = "".join(d.reasoning_text for d in parts)
             logprobs = [lp for d in parts for lp in d.logprobs]
             choice: dict = {"index": index, "finish_reason": finish_reason(parts[-1]),
                             "logprobs": self.logprobs(index, logprobs) if with_logprobs else None}
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": text}
+                choice["message"] = {"content": None, **_message(text, reasoning, True)}
             else:
                 choice["text"] = self._echo(index // self.n, True) + text
             choices.append(choice)
