@@ -10,6 +10,7 @@ xgrammar.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
 
@@ -53,6 +54,13 @@ def build_grammar(so: StructuredOutput):
         return xgr.Grammar.from_ebnf(so.spec)
     except RuntimeError as err:  # xgrammar's parse errors.
         raise ValueError(f"{so.kind}: {_LOCATION.sub('', str(err)).strip()}") from None
+
+
+def can_compile() -> bool:
+    """xgrammar is installed here. It is a worker dependency (it needs torch): a router
+    installed alone lacks it, and its worker is then where a spec that cannot compile
+    fails (the step that carries it)."""
+    return importlib.util.find_spec("xgrammar") is not None
 
 
 @functools.lru_cache(maxsize=256)

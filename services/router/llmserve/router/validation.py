@@ -15,7 +15,7 @@ import grpc
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from llmserve.contract.sampling import STRUCTURED_OUTPUT_KINDS, SamplingParams
-from llmserve.contract.structured_output import check_structured_output
+from llmserve.contract.structured_output import can_compile, check_structured_output
 
 MAX_LOGPROBS = 20
 MAX_N = 64
@@ -147,7 +147,7 @@ async def check_grammar(sampling: SamplingParams) -> None:
     """A structured output that cannot be compiled is the client's error, found before
     anything is queued: parsed off the event loop, once per (kind, spec) (cached)."""
     so = sampling.structured_output
-    if so is None:
+    if so is None or not can_compile():  # (a router without the worker's xgrammar: see can_compile)
         return
     problem = await asyncio.to_thread(check_structured_output, so)
     if problem is not None:
