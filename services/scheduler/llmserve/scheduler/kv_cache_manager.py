@@ -164,7 +164,7 @@ class KVCacheManager:
         for sample, num_new in items:
             table = sample.cpu_table if swapped else sample.block_table
             start = sample.num_computed_tokens
-            needed += max(0, -(-(start + num_new) // bs) - len(table))
+            needed += max(0, cdiv(start + num_new, bs) - len(table))
             if start % bs and pool.ref_count(table[start // bs]) > 1:
                 writers = writers if writers is not None else Counter()
                 writers[table[start // bs]] += 1
