@@ -13,6 +13,8 @@ class FinishReason(enum.IntEnum):
     LENGTH = 2
     ABORT = 3
     ERROR = 4
+    # Set by the router only (a STOP after tool calls); engines never report it.
+    TOOL_CALLS = 5
 
 
 class ErrorCode(enum.IntEnum):

@@ -14,6 +14,10 @@ import type { TokenIds as _llmserve_v1_TokenIds, TokenIds__Output as _llmserve_v
 import type { TokenLogprobs as _llmserve_v1_TokenLogprobs, TokenLogprobs__Output as _llmserve_v1_TokenLogprobs__Output } from './llmserve/v1/TokenLogprobs';
 import type { TokenizeRequest as _llmserve_v1_TokenizeRequest, TokenizeRequest__Output as _llmserve_v1_TokenizeRequest__Output } from './llmserve/v1/TokenizeRequest';
 import type { TokenizeResponse as _llmserve_v1_TokenizeResponse, TokenizeResponse__Output as _llmserve_v1_TokenizeResponse__Output } from './llmserve/v1/TokenizeResponse';
+import type { Tool as _llmserve_v1_Tool, Tool__Output as _llmserve_v1_Tool__Output } from './llmserve/v1/Tool';
+import type { ToolCall as _llmserve_v1_ToolCall, ToolCall__Output as _llmserve_v1_ToolCall__Output } from './llmserve/v1/ToolCall';
+import type { ToolCallDelta as _llmserve_v1_ToolCallDelta, ToolCallDelta__Output as _llmserve_v1_ToolCallDelta__Output } from './llmserve/v1/ToolCallDelta';
+import type { ToolChoice as _llmserve_v1_ToolChoice, ToolChoice__Output as _llmserve_v1_ToolChoice__Output } from './llmserve/v1/ToolChoice';
 import type { Usage as _llmserve_v1_Usage, Usage__Output as _llmserve_v1_Usage__Output } from './llmserve/v1/Usage';
 
 type SubtypeConstructor<Constructor extends new (...args: any) => any, Subtype> = {
@@ -42,6 +46,11 @@ export interface ProtoGrpcType {
       TokenLogprobs: MessageTypeDefinition<_llmserve_v1_TokenLogprobs, _llmserve_v1_TokenLogprobs__Output>
       TokenizeRequest: MessageTypeDefinition<_llmserve_v1_TokenizeRequest, _llmserve_v1_TokenizeRequest__Output>
       TokenizeResponse: MessageTypeDefinition<_llmserve_v1_TokenizeResponse, _llmserve_v1_TokenizeResponse__Output>
+      Tool: MessageTypeDefinition<_llmserve_v1_Tool, _llmserve_v1_Tool__Output>
+      ToolCall: MessageTypeDefinition<_llmserve_v1_ToolCall, _llmserve_v1_ToolCall__Output>
+      ToolCallDelta: MessageTypeDefinition<_llmserve_v1_ToolCallDelta, _llmserve_v1_ToolCallDelta__Output>
+      ToolChoice: MessageTypeDefinition<_llmserve_v1_ToolChoice, _llmserve_v1_ToolChoice__Output>
+      ToolChoiceMode: EnumTypeDefinition
       Usage: MessageTypeDefinition<_llmserve_v1_Usage, _llmserve_v1_Usage__Output>
     }
   }

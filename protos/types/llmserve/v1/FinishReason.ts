@@ -26,6 +26,10 @@ export const FinishReason = {
    * Failed; see `error`.
    */
   FINISH_REASON_ERROR: 'FINISH_REASON_ERROR',
+  /**
+   * Ended (as STOP would) after calling tools; see `tool_calls`.
+   */
+  FINISH_REASON_TOOL_CALLS: 'FINISH_REASON_TOOL_CALLS',
 } as const;
 
 /**
@@ -59,6 +63,11 @@ export type FinishReason =
    */
   | 'FINISH_REASON_ERROR'
   | 4
+  /**
+   * Ended (as STOP would) after calling tools; see `tool_calls`.
+   */
+  | 'FINISH_REASON_TOOL_CALLS'
+  | 5
 
 /**
  * Why a sample ended. The values carry the enum's name as a prefix, so that they

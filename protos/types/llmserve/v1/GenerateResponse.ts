@@ -3,6 +3,7 @@
 import type { TokenLogprobs as _llmserve_v1_TokenLogprobs, TokenLogprobs__Output as _llmserve_v1_TokenLogprobs__Output } from '../../llmserve/v1/TokenLogprobs';
 import type { FinishReason as _llmserve_v1_FinishReason, FinishReason__Output as _llmserve_v1_FinishReason__Output } from '../../llmserve/v1/FinishReason';
 import type { Usage as _llmserve_v1_Usage, Usage__Output as _llmserve_v1_Usage__Output } from '../../llmserve/v1/Usage';
+import type { ToolCallDelta as _llmserve_v1_ToolCallDelta, ToolCallDelta__Output as _llmserve_v1_ToolCallDelta__Output } from '../../llmserve/v1/ToolCallDelta';
 
 /**
  * One piece of the stream of one sample.
@@ -49,6 +50,12 @@ export interface GenerateResponse {
    * (e.g. what a model writes between <think> and </think>); empty without one.
    */
   'reasoning_text'?: (string);
+  /**
+   * A chat's tool calls, found by the --tool-call-parser (tool_choice auto) or
+   * constrained (required, a named function): each call's first piece has its `id` and
+   * `name`, later pieces extend its `arguments`.
+   */
+  'tool_calls'?: (_llmserve_v1_ToolCallDelta)[];
 }
 
 /**
@@ -96,4 +103,10 @@ export interface GenerateResponse__Output {
    * (e.g. what a model writes between <think> and </think>); empty without one.
    */
   'reasoning_text': (string);
+  /**
+   * A chat's tool calls, found by the --tool-call-parser (tool_choice auto) or
+   * constrained (required, a named function): each call's first piece has its `id` and
+   * `name`, later pieces extend its `arguments`.
+   */
+  'tool_calls': (_llmserve_v1_ToolCallDelta__Output)[];
 }

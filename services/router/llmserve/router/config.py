@@ -10,6 +10,7 @@ from llmserve.contract.security import SecurityOptions
 from llmserve.router.discovery import parse_scheduler_addresses
 from llmserve.router.reasoning import REASONING_PARSER_CHOICES
 from llmserve.router.routing import ROUTING_POLICIES
+from llmserve.router.tool_parsers import TOOL_CALL_PARSER_CHOICES
 from llmserve.settings import format_bytes, group, parse_bytes, setting
 
 
@@ -44,6 +45,13 @@ class RouterConfig:
                                          ": Qwen3, QwQ, DeepSeek-R1 distills; a template that opens <think> is "
                                          "seen in the prompt); deepseek_r1 (reasoning until </think>, opening tag "
                                          "or not)")
+    tool_call_parser: str = setting("none", choices=TOOL_CALL_PARSER_CHOICES,
+                                    help="how tool calls are found in a chat reply with tool_choice auto (the "
+                                         "default when a request has tools): none (auto is refused; required and "
+                                         "named functions still work: constrained decoding); hermes "
+                                         "(<tool_call>{...}</tool_call>: Qwen2.5, Qwen3, Hermes); llama3_json "
+                                         "({\"name\": ..., \"parameters\": ...}: Llama 3.1-3.3); mistral "
+                                         "([TOOL_CALLS][...]: Mistral v0.3, Nemo)")
     connect_timeout_s: float = setting(600.0, flag="connect-timeout",
                                        help="seconds to wait at start-up for a scheduler to serve a model")
     # NOTE: the public port's own limit, smaller than the internal hops' --max-message-bytes:

@@ -35,6 +35,7 @@ from llmserve.router.replicas import Replica, ReplicaSet
 from llmserve.router.sample_stream import SampleDelta, SampleStream
 from llmserve.router.stop_strings import StopStringMatcher
 from llmserve.router.tokenizer import PromptTokenizer
+from llmserve.router.tools import ToolPlan, plan_tools, template_messages, template_tools
 from llmserve.router.usage import Usage
 from llmserve.router.validation import (
     RequestError,
@@ -71,10 +72,11 @@ class Generation:
     model's limits."""
 
     def __init__(self, tokenizer: PromptTokenizer, replicas: ReplicaSet, metrics: RouterMetrics,
-                 reasoning_parser: str = "none"):
+                 reasoning_parser: str = "none", tool_call_parser: str = "none"):
         self.tokenizer = tokenizer
         # --reasoning-parser: how a chat's reply splits into reasoning and answer (None: it does not).
         self.reasoning = REASONING_PARSERS.get(reasoning_parser)
+        self.tool_call_parser = tool_call_parser  # --tool-call-parser: tool_choice auto's ("none": refused).
         self.replicas = replicas
         self.metrics = metrics
         self.draining = False  # After SIGTERM: new calls are refused, running ones finish.
@@ -109,13 +111,15 @@ class Generation:
         `sampling`: the settings and n when the front door converted them itself (the
         OpenAI API), else the request's `params` are."""
         self.require_ready()
-        record, job = await self._admit(request, metadata, deadline_ms, sampling)
+        record, job, tools = await self._admit(request, metadata, deadline_ms, sampling)
         try:  # NOTE: the record (its id) is ours from here on; the finally releases it.
             record.telemetry.admitted(record.request_id, len(job.prompt_ids))
             streams = [SampleStream(index=i, detokenizer=new_detokenizer(self.tokenizer),
                                     stop_matcher=StopStringMatcher(job.sampling.stop),
                                     min_tokens=job.sampling.min_tokens,
-                                    reasoning=self._splitter(request, job.prompt_ids)) for i in range(job.n)]
+                                    reasoning=self._splitter(request, job.prompt_ids),
+                                    tool_calls=tools.parser())
+                       for i in range(job.n)]
             unfinished = set(range(job.n))  # Samples the client has not seen end.
             attempts = Attempts(self.replicas, record, job, lambda: self.draining)
             await attempts.start(unfinished)
@@ -174,9 +178,10 @@ class Generation:
         await asyncio.shield(task)
 
     async def _admit(self, request, metadata, deadline_ms: int, sampling: tuple[SamplingParams, int] | None
-                     ) -> tuple[Placement, Job]:
-        """The request's record (its id claimed) and its job, checked and tokenized; a
-        refusal ends its telemetry and raises GenerationError."""
+                     ) -> tuple[Placement, Job, ToolPlan]:
+        """The request's record (its id claimed), its job, checked and tokenized, and how
+        its reply is read for tool calls; a refusal ends its telemetry and raises
+        GenerationError."""
         telemetry = RouterRequest(self.metrics, metadata, request.model or self.served.name)
         try:
             with telemetry.tokenize_span():
@@ -186,7 +191,7 @@ class Generation:
             raise GenerationError(err.code, err.message) from None
 
     async def _prepare(self, request, telemetry: RouterRequest, deadline_ms: int,
-                       given: tuple[SamplingParams, int] | None) -> tuple[Placement, Job]:
+                       given: tuple[SamplingParams, int] | None) -> tuple[Placement, Job, ToolPlan]:
         """Checks and tokenizes a request and claims its id; on success the caller owns the
         record (and must release it), on failure it is released here."""
         record = self.placements.claim(request.request_id, telemetry)
@@ -195,6 +200,8 @@ class Generation:
             check_known_fields(request)  # A newer client's fields would be dropped: refused.
             # The one conversion of a gRPC client's settings (the OpenAI API's: given).
             sampling, n = given or wire.sampling_from_public_pb(request.params)
+            tools = plan_tools(request, self.tool_call_parser)
+            sampling = tools.constrain(sampling)  # tool_choice required or named: a JSON schema.
             check_sampling(sampling, n)
             check_stop_sizes(sampling)
             await check_grammar(sampling)  # A schema that cannot be compiled: refused, nothing queued.
@@ -204,7 +211,7 @@ class Generation:
         except BaseException:  # A refusal, an error, or the client gone while tokenizing.
             self.placements.release(record)
             raise
-        return record, Job(prompt_ids, sampling, n, request.priority, deadline_ms)
+        return record, Job(prompt_ids, sampling, n, request.priority, deadline_ms), tools
 
     async def _prompt_ids(self, request) -> list[int]:
         kind = request.WhichOneof("input")
@@ -223,13 +230,14 @@ class Generation:
         return (await self.render_chat(request.messages))[1]
 
     async def render_chat(self, messages_pb) -> tuple[str, list[int]]:
-        """(rendered prompt, its ids) of a ChatMessages, with the model's chat template."""
-        messages = [(m.role, m.content) for m in messages_pb.messages]
-        if not messages:
+        """(rendered prompt, its ids) of a ChatMessages, with the model's chat template
+        (its tools too, and the turns' tool calls and results)."""
+        if not messages_pb.messages:
             raise invalid("messages is empty")
+        messages, tools = template_messages(messages_pb), template_tools(messages_pb)
         kwargs = template_kwargs(messages_pb.chat_template_kwargs)
         try:
-            return await asyncio.to_thread(self.tokenizer.encode_chat, messages, kwargs)
+            return await asyncio.to_thread(self.tokenizer.encode_chat, messages, kwargs, tools)
         except ValueError as err:
             raise invalid(str(err)) from err
         except Exception as err:  # Jinja errors from the template (e.g. an unknown role).

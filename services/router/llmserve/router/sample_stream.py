@@ -1,6 +1,7 @@
 """Turns one sample's token outputs into streamed text: incremental detokenization,
 then stop strings (which the engine cannot see: it stops on token ids only), then, for
-a reasoning model's chat, the split of that text into reasoning and answer."""
+a reasoning model's chat, the split of that text into reasoning and answer, and for a
+chat with tools, the answer's tool calls."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
 from llmserve.router.detokenizer import IncrementalDetokenizer, StreamDetokenizer
 from llmserve.router.reasoning import ReasoningSplitter
 from llmserve.router.stop_strings import StopStringMatcher
+from llmserve.router.tool_parsers import ToolCallDelta, ToolCallParser
 
 
 @dataclass
@@ -24,6 +26,7 @@ class SampleDelta:
     stop_reason: str = ""
     error: str = ""
     reasoning_text: str = ""  # With --reasoning-parser: the reasoning part (`text`: the answer).
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)  # Pieces of the answer's tool calls.
 
 
 @dataclass
@@ -40,6 +43,7 @@ class SampleStream:
     stop_reason: str = ""
     token_text: dict = field(default_factory=dict)
     reasoning: ReasoningSplitter | None = None  # Splits the text (stop strings apply to all of it).
+    tool_calls: ToolCallParser | None = None  # Finds calls in the answer (after the reasoning's split).
 
     @property
     def finished(self) -> bool:
@@ -71,13 +75,18 @@ class SampleStream:
             if out.stop_token_id >= 0:
                 stop_reason = decode_token(out.stop_token_id)
         self.finish_reason, self.stop_reason = finish, stop_reason
-        reasoning = ""
+        reasoning, calls = "", []
         if self.reasoning is not None:
             reasoning, emit = self.reasoning.feed(emit, final=finish != FinishReason.NONE)
+        if self.tool_calls is not None:
+            emit, calls = self.tool_calls.feed(emit, final=finish != FinishReason.NONE)
+            if finish == FinishReason.STOP and self.tool_calls.called:
+                finish = self.finish_reason = FinishReason.TOOL_CALLS
         return SampleDelta(
             index=self.index,
             text=emit,
             reasoning_text=reasoning,
+            tool_calls=calls,
             token_ids=list(out.new_token_ids[:kept]),
             logprobs=list(out.logprobs[:kept]),
             finish_reason=finish,

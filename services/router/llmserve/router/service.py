@@ -91,6 +91,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             stop_reason=delta.stop_reason,
             error=delta.error,
             reasoning_text=delta.reasoning_text,
+            tool_calls=[generation_pb2.ToolCallDelta(index=c.index, id=c.id, name=c.name, arguments=c.arguments)
+                        for c in delta.tool_calls],
         )
 
     # --- Tokenize / GetModelInfo ---------------------------------------------
@@ -180,7 +182,7 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     replicas = ReplicaSet(config.scheduler_address, config.security, config.server.max_message_bytes,
                           make_policy(config.routing_policy), config.scheduler_resolve_interval_s)
     # One request path, two wire formats: gRPC here, OpenAI's HTTP API on --http-port.
-    generation = Generation(tokenizer, replicas, metrics, config.reasoning_parser)
+    generation = Generation(tokenizer, replicas, metrics, config.reasoning_parser, config.tool_call_parser)
     servicer = GenerationServicer(generation)
     # Health and reflection answer from the start (NOT_SERVING until a scheduler has a worker).
     generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server.server)

@@ -134,9 +134,11 @@ class PromptTokenizer:
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return self._check_ids(list(ids))
 
-    def render_chat(self, messages: Messages, template_kwargs: Mapping[str, Any] | None = None) -> str:
+    def render_chat(self, messages: Messages, template_kwargs: Mapping[str, Any] | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt text of a chat, with the assistant's generation prompt appended;
-        `template_kwargs`: variables for the template (e.g. ``enable_thinking``)."""
+        `template_kwargs`: variables for the template (e.g. ``enable_thinking``);
+        `tools`: the functions the model may call, in OpenAI's shape (the template's `tools`)."""
         if not self.has_chat_template:
             raise ValueError(f"model {self.name} has no chat template")
         kwargs = dict(template_kwargs or {})
@@ -145,7 +147,7 @@ class PromptTokenizer:
             raise ValueError(f"chat_template_kwargs: {', '.join(reserved)} cannot be set (the template's own "
                              f"arguments)")
         return self.tokenizer.apply_chat_template(
-            normalize_messages(messages), tokenize=False, add_generation_prompt=True, **kwargs
+            normalize_messages(messages), tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
         )
 
     def _reserved_template_names(self) -> frozenset[str]:
@@ -155,15 +157,15 @@ class PromptTokenizer:
         named = {name for name, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
         return frozenset(named | RESERVED_TEMPLATE_VARIABLES)
 
-    def encode_chat(self, messages: Messages, template_kwargs: Mapping[str, Any] | None = None
-                    ) -> tuple[str, list[int]]:
+    def encode_chat(self, messages: Messages, template_kwargs: Mapping[str, Any] | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
         """(rendered prompt, its ids).
 
         NOTE: chat templates write their own special tokens (SmolLM2's emits
         ``<|im_start|>`` itself), so the rendered text is encoded without adding
         special tokens again, as ``apply_chat_template(tokenize=True)`` does.
         """
-        prompt = self.render_chat(messages, template_kwargs)
+        prompt = self.render_chat(messages, template_kwargs, tools)
         return prompt, self.encode_text(prompt, add_special_tokens=False)
 
     def longest_token_bytes(self) -> int:

@@ -257,7 +257,8 @@ async def _chunks(first, outputs: AsyncIterator, renderer: Renderer, with_logpro
                 prompt_index, out = item
                 delta = out.delta
                 index = renderer.choice_index(prompt_index, delta)
-                if delta.text or delta.reasoning_text or delta.logprobs or delta.finish_reason or index not in seen:
+                if (delta.text or delta.reasoning_text or delta.tool_calls or delta.logprobs or delta.finish_reason
+                        or index not in seen):
                     for chunk in renderer.chunks(prompt_index, delta, index not in seen, with_logprobs):
                         yield chunk
                     seen.add(index)

@@ -14,7 +14,10 @@ Every field a client sends is honoured or refused, never silently dropped:
 
 Only the shape is checked here (pydantic: types, required fields); every value check
 (ranges, sizes, the model's name, the prompt's length) is `Generation`'s, shared with
-gRPC. Extensions beyond OpenAI's fields, as vLLM names them: `top_k`, `min_p`,
+gRPC. Tool calling (`tools`, `tool_choice`, `parallel_tool_calls`, messages' `tool_calls`,
+`tool_call_id`, `name`) becomes the public ChatMessages' fields (router/tools.py reads
+them); the deprecated `functions` and `function_call` are refused. Extensions beyond
+OpenAI's fields, as vLLM names them: `top_k`, `min_p`,
 `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `priority`,
 `guided_regex`, `guided_choice`, `guided_grammar`.
 """
@@ -34,14 +37,13 @@ from llmserve.v1 import generation_pb2
 # Accepted and unused: on OpenAI's side they only key billing, logging and retention.
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier"})
 
-_TOOLS = "tool calling is not supported yet"
+_FUNCTIONS = "deprecated by OpenAI and not supported: use tools and tool_choice"
 _STRUCTURED = ("this form of structured output is not supported (use response_format, guided_regex, "
                "guided_choice or guided_grammar)")
 # Fields of OpenAI's API (and common extensions) this server does not implement: refused
 # by name, with why. Later items of issue #33 move some into the models below.
 NOT_SUPPORTED = {
-    "tools": _TOOLS, "tool_choice": _TOOLS, "parallel_tool_calls": _TOOLS,
-    "functions": _TOOLS, "function_call": _TOOLS,
+    "functions": _FUNCTIONS, "function_call": _FUNCTIONS,
     "guided_json": "use response_format's json_schema", "structured_outputs": _STRUCTURED,
     "reasoning_effort": "reasoning options are not supported yet",
     "audio": "audio output is not supported", "modalities": "output modalities other than text are not supported",
@@ -53,16 +55,21 @@ NOT_SUPPORTED = {
     "prompt_logprobs": "prompt logprobs are not supported yet",
 }
 
+_TOOLS = "tool calling is for chat completions (/v1/chat/completions)"
+# Chat's fields that /v1/completions refuses (by name, with why).
+CHAT_ONLY = {"tools": _TOOLS, "tool_choice": _TOOLS, "parallel_tool_calls": _TOOLS}
 
-def _check_extra(model: BaseModel) -> None:
-    """Refuses, by name, a body field the model does not declare (see the module's docstring)."""
+
+def _check_extra(model: BaseModel, refused: dict[str, str]) -> None:
+    """Refuses, by name, a body field the model does not declare (see the module's
+    docstring); `refused`: the known fields it does not implement, and why."""
     for name, value in (model.model_extra or {}).items():
         if name in IGNORED:
             continue
-        if name in NOT_SUPPORTED:
+        if name in refused:
             if value is None:
                 continue
-            raise invalid(f"{name}: {NOT_SUPPORTED[name]}", param=name)
+            raise invalid(f"{name}: {refused[name]}", param=name)
         raise invalid(f"{name}: unknown field (this server implements OpenAI's request fields and the "
                       f"extensions in docs/guide/openai.md; it refuses what it would otherwise ignore)",
                       param=name)
@@ -129,7 +136,7 @@ class _Sampling(BaseModel):
 
     def check_fields(self) -> None:
         """Refuses (400, by name) every field sent that is neither honoured nor ignored."""
-        _check_extra(self)
+        _check_extra(self, NOT_SUPPORTED)
 
     def _sampling(self, max_tokens: int | None, logprobs: int | None) -> tuple[SamplingParams, int]:
         """The settings as SamplingParams, and n: read as wire.sampling_from_public_pb reads
@@ -189,14 +196,79 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # A JSON schema (an object's); None: no parameters.
+    # Accepted either way: tool_choice required or a named function always constrains the
+    # arguments to the schema; auto's parser reads what the model wrote, unchecked.
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    def to_pb(self) -> generation_pb2.Tool:
+        f = self.function
+        parameters = "" if f.parameters is None else json.dumps(f.parameters, ensure_ascii=False)
+        return generation_pb2.Tool(name=public_str(f.name), description=public_str(f.description or ""),
+                                   parameters=public_str(parameters))
+
+
+class FunctionName(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+_TOOL_CHOICE_MODES = {"none": generation_pb2.TOOL_CHOICE_MODE_NONE, "auto": generation_pb2.TOOL_CHOICE_MODE_AUTO,
+                      "required": generation_pb2.TOOL_CHOICE_MODE_REQUIRED}
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: str  # JSON text, as the reply gave it.
+
+
+class MessageToolCall(BaseModel):
+    """A call in an earlier assistant reply."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    def to_pb(self) -> generation_pb2.ToolCall:
+        return generation_pb2.ToolCall(id=public_str(self.id), name=public_str(self.function.name),
+                                       arguments=public_str(self.function.arguments))
+
+
 class ChatMessage(BaseModel):
-    # NOTE: kept, and refused by name (`check_fields`): `name`, `tool_calls`,
-    # `tool_call_id`, ... would change what the model sees if the template got them.
+    # NOTE: kept, and refused by name (`check_fields`): other fields (`audio`,
+    # `function_call`, ...) would change what the model sees if the template got them.
     model_config = ConfigDict(extra="allow")
 
     role: str
     content: str | list[TextPart] | None = None
     refusal: str | None = None  # An earlier reply's refusal text: accepted as null only.
+    tool_calls: list[MessageToolCall] | None = None  # An assistant reply's calls.
+    tool_call_id: str | None = None  # A "tool" message: the call it answers.
+    name: str | None = None  # The author's (a "tool" message: the function's) name.
 
     @property
     def text(self) -> str:
@@ -210,9 +282,15 @@ class ChatMessage(BaseModel):
             raise invalid(f"{where}refusal: an assistant refusal in the history is not supported",
                           param=f"{where}refusal")
         for name, value in (self.model_extra or {}).items():
-            if value is not None:  # `"tool_calls": null` and the like ask for nothing.
-                raise invalid(f"{where}{name}: not supported yet (only role and content reach the chat template)",
-                              param=f"{where}{name}")
+            if value is not None:  # `"audio": null` and the like ask for nothing.
+                raise invalid(f"{where}{name}: not supported (role, content, tool_calls, tool_call_id and name "
+                              f"reach the chat template)", param=f"{where}{name}")
+
+    def to_pb(self) -> generation_pb2.ChatMessage:
+        return generation_pb2.ChatMessage(role=self.role, content=self.text,
+                                          tool_calls=[call.to_pb() for call in self.tool_calls or ()],
+                                          tool_call_id=public_str(self.tool_call_id or ""),
+                                          name=public_str(self.name or ""))
 
 
 class ChatCompletionRequest(_Sampling):
@@ -222,6 +300,9 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     # Extension: variables for the chat template ({"enable_thinking": false}).
     chat_template_kwargs: dict[str, JsonValue] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto with tools.
+    parallel_tool_calls: bool | None = None  # None: true.
 
     def check_fields(self) -> None:
         super().check_fields()
@@ -231,9 +312,15 @@ class ChatCompletionRequest(_Sampling):
     def to_pb(self, request_id: str) -> generation_pb2.GenerateRequest:
         """The prompt and its scheduling (the sampling settings: `sampling`)."""
         messages = generation_pb2.ChatMessages(
-            messages=[generation_pb2.ChatMessage(role=m.role, content=m.text) for m in self.messages],
+            messages=[m.to_pb() for m in self.messages],
             chat_template_kwargs={public_str(name): public_str(json.dumps(value, ensure_ascii=False))
-                                  for name, value in (self.chat_template_kwargs or {}).items()})
+                                  for name, value in (self.chat_template_kwargs or {}).items()},
+            tools=[tool.to_pb() for tool in self.tools or ()],
+            parallel_tool_calls=self.parallel_tool_calls)
+        if isinstance(self.tool_choice, NamedToolChoice):
+            messages.tool_choice.function_name = public_str(self.tool_choice.function.name)
+        elif self.tool_choice is not None:
+            messages.tool_choice.mode = _TOOL_CHOICE_MODES[self.tool_choice]
         return generation_pb2.GenerateRequest(request_id=request_id, model=self.model, messages=messages,
                                               priority=self.priority)
 
@@ -254,7 +341,7 @@ class CompletionRequest(_Sampling):
     best_of: int | None = None  # Only equal to n (no candidates beyond the n returned).
 
     def check_fields(self) -> None:
-        super().check_fields()
+        _check_extra(self, NOT_SUPPORTED | CHAT_ONLY)
         if self.echo and self.logprobs is not None:
             raise invalid("echo: with logprobs it needs the prompt's logprobs, which are not supported yet",
                           param="echo")

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field, replace
 
 from llmserve.contract.outputs import FinishReason, TokenLogprobs
 from llmserve.router.sample_stream import SampleDelta
+from llmserve.router.tool_parsers import ToolCallDelta
 from llmserve.router.usage import Usage
 
-FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
+FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort",
+                  FinishReason.TOOL_CALLS: "tool_calls"}
 
 
 def finish_reason(delta: SampleDelta) -> str | None:
@@ -22,15 +24,38 @@ def _token(text: str, logprob: float) -> dict:
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
 
-def _message(text: str, reasoning: str, first: bool) -> dict:
-    """A chat message or delta: `reasoning_content` (--reasoning-parser) only when there
-    is some, and then `content` only when there is some too."""
+def _message(text: str, reasoning: str, first: bool, tool_calls: list[dict] | None = None) -> dict:
+    """A chat message or delta: `reasoning_content` (--reasoning-parser) and `tool_calls`
+    only when there are some, and then `content` only when there is some too."""
     message: dict = {"role": "assistant"} if first else {}
     if reasoning:
         message["reasoning_content"] = reasoning
-    if text or not reasoning:
+    if text or not (reasoning or tool_calls):
         message["content"] = text
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return message
+
+
+def _call_delta(call: ToolCallDelta) -> dict:
+    """A streamed piece of a call: the first names it (id, type, name), later ones only
+    add to its arguments."""
+    if not call.id:
+        return {"index": call.index, "function": {"arguments": call.arguments}}
+    return {"index": call.index, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _calls(pieces: list[ToolCallDelta]) -> list[dict]:
+    """A whole reply's calls from their pieces, in index order."""
+    calls: dict[int, dict] = {}
+    for piece in pieces:
+        if piece.id:
+            calls[piece.index] = {"id": piece.id, "type": "function",
+                                  "function": {"name": piece.name, "arguments": piece.arguments}}
+        else:
+            calls[piece.index]["function"]["arguments"] += piece.arguments
+    return [calls[i] for i in sorted(calls)]
 
 
 @dataclass
@@ -84,18 +109,19 @@ class Renderer:
         index = self.choice_index(prompt_index, delta)
         choice: dict = {"index": index, "finish_reason": finish_reason(delta)}
         if self.chat:
-            choice["delta"] = _message(delta.text, delta.reasoning_text, first)
+            choice["delta"] = _message(delta.text, delta.reasoning_text, first,
+                                       [_call_delta(call) for call in delta.tool_calls])
         else:
             choice["text"] = self._echo(prompt_index, first) + delta.text
         choice["logprobs"] = self.logprobs(index, delta.logprobs) if with_logprobs and delta.logprobs else None
         return self._envelope(self.object + (".chunk" if self.chat else ""), [choice])
 
     def chunks(self, prompt_index: int, delta: SampleDelta, first: bool, with_logprobs: bool) -> list[dict]:
-        """`chunk`, except that a delta with both reasoning and answer text is two chunks,
-        the reasoning first (its tokens' logprobs go with the answer's)."""
-        if not (self.chat and delta.reasoning_text and delta.text):
+        """`chunk`, except that a delta with both reasoning and an answer (text or tool
+        calls) is two chunks, the reasoning first (its tokens' logprobs go with the answer's)."""
+        if not (self.chat and delta.reasoning_text and (delta.text or delta.tool_calls)):
             return [self.chunk(prompt_index, delta, first, with_logprobs)]
-        reasoning = replace(delta, text="", logprobs=[], finish_reason=FinishReason.NONE)
+        reasoning = replace(delta, text="", tool_calls=[], logprobs=[], finish_reason=FinishReason.NONE)
         return [self.chunk(prompt_index, reasoning, first, False),
                 self.chunk(prompt_index, replace(delta, reasoning_text=""), False, with_logprobs)]
 
@@ -115,7 +141,8 @@ class Renderer:
             choice: dict = {"index": index, "finish_reason": finish_reason(parts[-1]),
                             "logprobs": self.logprobs(index, logprobs) if with_logprobs else None}
             if self.chat:
-                choice["message"] = {"content": None, **_message(text, reasoning, True)}
+                calls = _calls([call for d in parts for call in d.tool_calls])
+                choice["message"] = {"content": None, **_message(text, reasoning, True, calls)}
             else:
                 choice["text"] = self._echo(index // self.n, True) + text
             choices.append(choice)
