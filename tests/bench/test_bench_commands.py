@@ -32,8 +32,11 @@ def test_bench_throughput_smoke(tmp_path):
     assert report["workload"]["num_requests"] == 6
     assert report["machine"]["torch"] and report["machine"]["git_revision"] is not None
     isa = report["machine"]["cpu_matrix_isa"]
-    assert set(isa) <= {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile"}
-    assert ("avx512f" in isa) == (" avx512f " in open("/proc/cpuinfo").read().replace("\n", " "))
+    assert set(isa) <= {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16",
+                        "amx_int8"}
+    cpuinfo = open("/proc/cpuinfo").read().replace("\n", " ")
+    for flag in ("avx512f", "avx512_vnni"):
+        assert (flag in isa) == (f" {flag} " in cpuinfo)
     engine, grpc_run, hf = (report["results"][k] for k in ("engine", "grpc", "hf"))
     assert engine["output_tokens"] == report["workload"]["output_tokens"] == hf["output_tokens"]
     # Two interleaved rounds; each system reports its median round and every round's figure.

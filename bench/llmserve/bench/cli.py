@@ -17,6 +17,7 @@ from llmserve.bench.overload import add_overload_arguments
 from llmserve.bench.loops import add_loops_flags
 from llmserve.bench.offline import OfflineSettings, add_offline_flags
 from llmserve.bench.overhead import add_overhead_flags
+from llmserve.bench.decode_gemm import add_gemm_flags
 from llmserve.bench.decode_variants import VARIANTS
 from llmserve.bench.moe import PRESETS as MOE_PRESETS
 from llmserve.bench.random_model import PRESETS, SHARD_BYTES
@@ -77,6 +78,9 @@ def _throughput_flags(tput: argparse.ArgumentParser) -> None:
     tput.add_argument("--hf-batch-size", type=int, default=16)
     tput.add_argument("--repeat", type=int, default=1,
                       help="rounds, each running every system in turn; figures are each system's median round")
+    tput.add_argument("--compare", nargs="*", default=[], metavar="JSON",
+                      help="earlier throughput reports (another host kind, another dtype) drawn beside this run "
+                           "in the PNG, one group of bars each")
 
 
 def _serve_flags(serve: argparse.ArgumentParser) -> None:
@@ -246,6 +250,9 @@ BENCHES = (
                  "llmserve.bench.loops:bench_loops"),
     BenchCommand("decode-variants", "decode tok/s per weight format (float32, bfloat16, int8), per batch size, side "
                                     "by side", _variants_flags, "llmserve.bench.decode_variants:bench_decode_variants"),
+    BenchCommand("gemm", "the CPU's bfloat16 and int8 products at decode rows (1-64) per projection shape: weight "
+                         "bytes/s as a share of the host's measured memory bandwidth", add_gemm_flags,
+                 "llmserve.bench.decode_gemm:bench_gemm", engine=None),
     BenchCommand("moe", "decode tok/s of a mixture-of-experts model (random Mixtral) vs a dense Llama with the same "
                         "active parameters per token, side by side", _moe_flags, "llmserve.bench.moe:bench_moe",
                  engine=None),

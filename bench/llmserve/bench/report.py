@@ -12,6 +12,11 @@ from pathlib import Path
 import torch
 
 
+# The CPU flags that decide the products' speed: AVX-512 BF16 (bfloat16 dot products),
+# VNNI (int8 dot products, our W8A8 kernel), AMX (tile matrix multiplies).
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
 def machine_info() -> dict:
     try:
         revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -35,9 +40,9 @@ def machine_info() -> dict:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "cpu": cpu,
         "cores": os.cpu_count(),
-        # The matrix instruction sets decide the bf16 figures (AMX: bf16 far above float32;
-        # AVX-512 BF16 alone: measured below float32 on the same cores).
-        "cpu_matrix_isa": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile"}),
+        # The matrix instruction sets decide the bf16 and int8 figures (AMX: bf16 far above
+        # float32; AVX-512 BF16 alone: measured below float32 on the same cores).
+        "cpu_matrix_isa": [f for f in CPU_FLAGS if f in flags],
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "cuda_version": torch.version.cuda,
@@ -48,6 +53,13 @@ def machine_info() -> dict:
         "transformers": transformers.__version__,
         "git_revision": revision,
     }
+
+
+def host_line(machine: dict) -> str:
+    """The CPU a run measured, for the lines it prints: model, cores and CPU_FLAGS present."""
+    isa = machine.get("cpu_matrix_isa") or []
+    amx = "" if any(f.startswith("amx") for f in isa) else "; no AMX"
+    return f"host: {machine['cpu']} ({machine['cores']} cores): {' '.join(isa) or 'no AVX2'}{amx}"
 
 
 def write_json(report: dict, path: str | Path) -> None:
@@ -70,29 +82,46 @@ def median_round(rounds: list[dict], key) -> dict:
     return dict(ranked[(len(ranked) - 1) // 2])
 
 
-def plot_throughput(report: dict, path: str | Path) -> None:
-    """Bar chart of output tokens/s per system, labelled with the ratio to the engine."""
+# Ours in blues, HF in greys, llama.cpp (one system per GGUF precision) in oranges.
+SYSTEM_COLORS = {"engine": "#2b6cb0", "grpc": "#63b3ed", "grpc-insecure": "#90cdf4", "hf": "#a0aec0",
+                 "hf-cb": "#718096"}
+LLAMA_CPP_COLORS = ("#dd6b20", "#f6ad55", "#c05621", "#fbd38d")
+
+
+def _run_label(report: dict) -> str:
+    """A group's label: the host's CPU and flags, the dtype, the engine's roofline share."""
+    machine, engine = report["machine"], report["results"].get("engine", {})
+    isa = [f for f in machine.get("cpu_matrix_isa", []) if f.startswith(("amx_bf16", "avx512_bf16", "avx512_vnni"))]
+    share = f", {100 * engine['roofline_fraction']:.0f}% of roofline" if "roofline_fraction" in engine else ""
+    return f"{machine['cpu'][:28]}\n{' '.join(isa)}\n{report['dtype']}{share}"
+
+
+def plot_throughput(report: dict, path: str | Path, compare: tuple[dict, ...] = ()) -> None:
+    """Grouped bars of output tokens/s: one group per run (this one, then `compare`: earlier
+    reports of the same workload, e.g. from another host kind), one bar per system in
+    it (engine in process, through gRPC, the baselines), each labelled with its tok/s."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results = report["results"]
-    labels = list(results)
-    values = [results[k]["output_tokens_per_s"] for k in labels]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    bars = ax.barh(labels, values, color=["#2b6cb0" if k.startswith("engine") or k == "grpc" else "#a0aec0"
-                                          for k in labels])
-    for bar, value, key in zip(bars, values, labels):
-        ratio = results[key].get("engine_over_this_median")
-        text = f" {value:.0f}" + (f"  (engine = {ratio:.2f}x this)" if ratio else "")
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, text, va="center")
-    ax.set_xlim(0, max(values) * 1.35)
-    ax.set_xlabel("output tokens / s")
+    runs = [report, *({**r, "results": {k: v for k, v in r["results"].items() if "error" not in v}} for r in compare)]
+    systems = list(dict.fromkeys(k for r in runs for k in r["results"]))
+    width = 0.8 / len(systems)
+    llama = [k for k in systems if k not in SYSTEM_COLORS]
+    colors = {**SYSTEM_COLORS, **{k: LLAMA_CPP_COLORS[i % len(LLAMA_CPP_COLORS)] for i, k in enumerate(llama)}}
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(runs) + 1.5), 4.2))
+    for i, system in enumerate(systems):
+        xs = [g + (i - (len(systems) - 1) / 2) * width for g, r in enumerate(runs) if system in r["results"]]
+        values = [r["results"][system]["output_tokens_per_s"] for r in runs if system in r["results"]]
+        bars = ax.bar(xs, values, width, label=system, color=colors[system])
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks(range(len(runs)), [_run_label(r) for r in runs], fontsize=7)
+    ax.set_ylabel("output tokens / s")
     w = report["workload"]
     ax.set_title(f"{w['name']}: {w['num_requests']} requests, {w['prompt_tokens']} prompt / "
-                 f"{w['output_tokens']} output tokens ({report['dtype']})", fontsize=9)
-    ax.invert_yaxis()
+                 f"{w['output_tokens']} output tokens", fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

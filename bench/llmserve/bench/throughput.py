@@ -5,6 +5,7 @@ cluster over gRPC, through HF transformers and through llama.cpp's llama-server.
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from llmserve.bench import llama_cpp
 from llmserve.bench.cli import GRPC_SECURITY
 from llmserve.bench.clock import now
 from llmserve.bench.flops import ModelBytes, ModelFlops, measure_matmul_peak, measure_memory_bandwidth
-from llmserve.bench.report import machine_info, median_round, plot_throughput, write_json
+from llmserve.bench.report import host_line, machine_info, median_round, plot_throughput, write_json
 from llmserve.bench.step_records import RecordingEngine
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 from llmserve.worker.config import RunnerConfig
@@ -253,7 +254,8 @@ def bench_throughput(args) -> int:
     report = {"kind": "throughput", "workload": {"name": args.workload, **summary(requests)},
               "machine": machine_info(), "device": str(device), "dtype": run.dtype, "command": " ".join(args.argv),
               "rounds": args.repeat, "results": {}}
-    print(f"workload {args.workload}: {summary(requests)}; {run.dtype} on {device}", flush=True)
+    print(f"workload {args.workload}: {summary(requests)}; {run.dtype} on {device}; "
+          f"{host_line(report['machine'])}", flush=True)
     # NOTE: measured before the engine takes its share of the device's memory.
     run.peak = measure_matmul_peak(torch_dtype, device=device)
     run.bandwidth = measure_memory_bandwidth(device=device)
@@ -266,7 +268,9 @@ def bench_throughput(args) -> int:
         print(f"TLS cost: plaintext / TLS throughput {statistics.median(tls_cost):.3f}x (rounds: "
               f"{', '.join(f'{c:.3f}' for c in tls_cost)})", flush=True)
     _print_summary(run, report["results"], block_size)
-    _write_report(report, Path(args.output_dir), args.workload, run.dtype)
+    print(host_line(report["machine"]), flush=True)
+    compare = tuple(json.loads(Path(p).read_text()) for p in args.compare)
+    _write_report(report, Path(args.output_dir), args.workload, run.dtype, compare)
     failed = [system for system, runs in rounds.items() if any("error" in r for r in runs)]
     if failed:  # The others' figures stand (written above); a script must still see the failure.
         print(f"bench throughput: {', '.join(failed)} failed (see above)", flush=True)
@@ -342,14 +346,15 @@ def _print_summary(run: _Run, results: dict[str, dict], block_size: int) -> None
           f"{100 * engine['kv_utilisation_bound']:.1f}%", flush=True)
 
 
-def _write_report(report: dict, out: Path, workload: str, dtype: str) -> None:
-    """JSON (without the token ids) and a PNG of the systems that ran."""
+def _write_report(report: dict, out: Path, workload: str, dtype: str, compare: tuple[dict, ...] = ()) -> None:
+    """JSON (without the token ids) and a PNG of the systems that ran, beside the runs of
+    `compare` (earlier reports: other hosts, other dtypes)."""
     for r in report["results"].values():
         r.pop("outputs", None)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     write_json(report, out / f"throughput-{workload}-{dtype}-{stamp}.json")
     plot_throughput({**report, "results": {k: v for k, v in report["results"].items() if "error" not in v}},
-                    out / f"throughput-{workload}-{dtype}-{stamp}.png")
+                    out / f"throughput-{workload}-{dtype}-{stamp}.png", compare)
     print(f"wrote {out}/throughput-{workload}-{dtype}-{stamp}.{{json,png}}", flush=True)
 
 

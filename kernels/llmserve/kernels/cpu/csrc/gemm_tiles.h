@@ -5,8 +5,16 @@
 // A tile is kRowTile rows x kTileBlocks blocks (4 x 48 columns: 12 accumulators plus the
 // weight and broadcast registers, well inside AVX-512's 32). Tiles of columns run in
 // parallel; inside one, its rows run in tiles of 4 while its weights stay in L1/L2.
-// Each kernel supplies the tile's arithmetic: `tile.template run<MT, NB>(m0, b0)` writes
-// rows [m0, m0 + MT) x blocks [b0, b0 + NB).
+// Each kernel supplies the tile's arithmetic: `tile.template run<MT, NB, P>(m0, b0, ahead)`
+// writes rows [m0, m0 + MT) x blocks [b0, b0 + NB), prefetching the lines `ahead` names
+// as it goes when P (one row tile has nothing to prefetch: that case keeps the loop
+// without it); and `tile.block(b)`, `tile.block_bytes()`: where packed block b starts.
+//
+// Why the prefetch: with more than one row tile, only the first streams the tile's
+// weights from memory; the later ones read them from L2 while memory idles (at 16 rows
+// a bfloat16 product ran at ~60% of the memory bandwidth, although bandwidth and
+// arithmetic each needed about the same time). Each row tile therefore prefetches its
+// share of the next column tile's weights into L2, spread over its k loop.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -34,15 +42,58 @@ inline void store_row(c10::BFloat16* y, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
 
-template <int NB, class Tile>
-inline void run_columns(const Tile& tile, int64_t M, int64_t b0) {
-  int64_t m0 = 0;
-  for (; m0 + kRowTile <= M; m0 += kRowTile) tile.template run<kRowTile, NB>(m0, b0);
+// 64-byte lines to prefetch into L2: `lines` of them from `base`.
+struct Lines {
+  const char* base = nullptr;
+  int64_t lines = 0;
+};
+
+// `ahead`'s lines issued evenly over a loop of `iters` iterations, one `step()` each
+// (Bresenham-style: no division inside the loop).
+class PrefetchStream {
+ public:
+  PrefetchStream(Lines ahead, int64_t iters) : ahead_(ahead), iters_(std::max<int64_t>(iters, 1)) {}
+  inline void step() {
+    for (credit_ += ahead_.lines; credit_ >= iters_ && next_ < ahead_.lines; credit_ -= iters_, ++next_)
+      _mm_prefetch(ahead_.base + 64 * next_, _MM_HINT_T1);
+  }
+
+ private:
+  Lines ahead_;
+  int64_t iters_, credit_ = 0, next_ = 0;
+};
+
+// Row tiles of column tile [b0, b0 + NB); row tile r prefetches `ahead(r)` when P.
+template <int NB, bool P, class Tile, class Ahead>
+inline void run_rows(const Tile& tile, int64_t M, int64_t b0, const Ahead& ahead) {
+  int64_t m0 = 0, r = 0;
+  for (; m0 + kRowTile <= M; m0 += kRowTile, ++r) tile.template run<kRowTile, NB, P>(m0, b0, ahead(r));
   switch (M - m0) {
-    case 3: tile.template run<3, NB>(m0, b0); break;
-    case 2: tile.template run<2, NB>(m0, b0); break;
-    case 1: tile.template run<1, NB>(m0, b0); break;
+    case 3: tile.template run<3, NB, P>(m0, b0, ahead(r)); break;
+    case 2: tile.template run<2, NB, P>(m0, b0, ahead(r)); break;
+    case 1: tile.template run<1, NB, P>(m0, b0, ahead(r)); break;
     default: break;
+  }
+}
+
+// Rows [0, M) of column tile [b0, b0 + NB) of a product with `blocks` blocks in all.
+template <int NB, class Tile>
+inline void run_columns(const Tile& tile, int64_t M, int64_t b0, int64_t blocks) {
+  const int64_t row_tiles = (M + kRowTile - 1) / kRowTile;
+  // The next column tile's lines (none when one row tile streams the weights itself),
+  // split into one part per row tile.
+  const int64_t next_blocks = row_tiles > 1 ? std::clamp<int64_t>(blocks - b0 - NB, 0, NB) : 0;
+  const int64_t lines = next_blocks * tile.block_bytes() / 64;
+  const int64_t part = (lines + row_tiles - 1) / row_tiles;
+  const char* next = next_blocks ? tile.block(b0 + NB) : nullptr;
+  auto ahead = [&](int64_t r) {
+    const int64_t first = std::min(r * part, lines);
+    return Lines{next + 64 * first, std::min(part, lines - first)};
+  };
+  if (row_tiles > 1) {
+    run_rows<NB, true>(tile, M, b0, ahead);
+  } else {
+    run_rows<NB, false>(tile, M, b0, ahead);
   }
 }
 
@@ -58,9 +109,9 @@ void for_each_tile(const Tile& tile, int64_t M, int64_t N, int64_t K) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b0 = t * kTileBlocks;
       if (b0 + kTileBlocks <= blocks) {
-        run_columns<kTileBlocks>(tile, M, b0);
+        run_columns<kTileBlocks>(tile, M, b0, blocks);
       } else {
-        for (int64_t b = b0; b < blocks; ++b) run_columns<1>(tile, M, b);
+        for (int64_t b = b0; b < blocks; ++b) run_columns<1>(tile, M, b, blocks);
       }
     }
   });

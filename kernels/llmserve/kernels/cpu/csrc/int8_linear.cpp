@@ -107,9 +107,13 @@ struct W8A8Tile {
   T* y;
   int64_t N, K;
 
-  template <int MT, int NB>
-  void run(int64_t m0, int64_t b0) const {
+  const char* block(int64_t b) const { return reinterpret_cast<const char*>(w + b * K * kBlockN); }
+  int64_t block_bytes() const { return K * kBlockN; }
+
+  template <int MT, int NB, bool P>
+  void run(int64_t m0, int64_t b0, llmserve_tiles::Lines ahead) const {
     const int64_t G = K / kGroup, K4 = K / 4;
+    llmserve_tiles::PrefetchStream prefetch(ahead, K4);
     __m512 acc[MT][NB];
     for (int m = 0; m < MT; ++m)
       for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
@@ -118,6 +122,7 @@ struct W8A8Tile {
       for (int m = 0; m < MT; ++m)
         for (int b = 0; b < NB; ++b) dot[m][b] = _mm512_setzero_si512();
       for (int64_t k4 = g * (kGroup / 4); k4 < (g + 1) * (kGroup / 4); ++k4) {
+        if constexpr (P) prefetch.step();
         __m512i wv[NB];
         for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_si512(w + ((b0 + b) * K4 + k4) * 64);
         for (int m = 0; m < MT; ++m) {

@@ -37,8 +37,10 @@ class TorchPagedAttention(AttentionBackend):
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         # q: [T, H, D]; k, v: [T, KVH, D]; kv_cache: [2, num_blocks, block_size, KVH, D]
         _write_kv(k, v, kv_cache, meta.slot_mapping)
-        out = torch.empty_like(q)
         B = meta.num_decodes
+        if B and B == q.shape[0]:  # decode rows only: their output is the whole output
+            return self._decode(q, kv_cache, meta)
+        out = torch.empty_like(q)
         if B:
             out[:B] = self._decode(q[:B], kv_cache, meta)
         for p in meta.prefills:

@@ -33,6 +33,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from llmserve.kernels import cpu as cpu_kernels
+
 QUANTIZATIONS = ("none", "int8", "int8-weight-only")
 INT8_MAX = 127
 ACTIVATION_GROUP = 64  # activation columns sharing one scale under W8A8 (int8_linear.cpp's kGroup)
@@ -93,8 +95,6 @@ def w8a8_applies(w: torch.Tensor, quantization: str) -> bool:
         return False
     if w.shape[0] % W8A8_BLOCK or w.shape[1] % ACTIVATION_GROUP:
         return False
-    from llmserve.kernels import cpu as cpu_kernels
-
     return cpu_kernels.w8a8_supported()
 
 
@@ -115,8 +115,6 @@ class Int8Weight:
         self.w8a8_packed: torch.Tensor | None = None
         self.q: torch.Tensor | None = None
         if quantize_activations:
-            from llmserve.kernels import cpu as cpu_kernels
-
             if not cpu_kernels.w8a8_supported():  # (also builds and loads the kernels)
                 raise ValueError("int8 W8A8 needs the CPU kernels built with AVX-512 VNNI")
             self.w8a8_packed = cpu_kernels.w8a8_pack_weight(q)
@@ -144,8 +142,6 @@ class Int8Weight:
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # x: [rows, in] -> [rows, out]
         if self.w8a8_packed is not None and x.dtype in (torch.float32, torch.bfloat16):
-            from llmserve.kernels import cpu as cpu_kernels
-
             y = cpu_kernels.w8a8_linear(x, self.w8a8_packed, self.scale)
             return y if bias is None else y + bias
         if self.q is None:

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from llmserve.kernels import cpu as cpu_kernels
+
 log = logging.getLogger(__name__)
 
 # Row count the packing is told to expect. Neither library's packed layout depends on it
@@ -63,8 +65,6 @@ TILE_BLOCK = 16  # output channels per block of our bfloat16 layout (gemm_tiles.
 
 def tiles_available() -> bool:
     """True when our bfloat16 GEMM kernel was built for this CPU (AVX-512 BF16)."""
-    from llmserve.kernels import cpu as cpu_kernels
-
     return cpu_kernels.bf16_tiles_supported()
 
 
@@ -268,20 +268,16 @@ class PackedWeight:
     def packed_as(cls, kind: str, w: torch.Tensor) -> PackedWeight:
         """`w` [out, in] (contiguous, CPU) reordered for `kind`: "mkl", "onednn" or "tiles"."""
         if kind == "tiles":
-            from llmserve.kernels import cpu as cpu_kernels
-
             return cls(kind, cpu_kernels.bf16_pack_weight(w), w.shape[0], w.shape[1], w.dtype)
         reorder = torch.ops.mkl._mkl_reorder_linear_weight if kind == "mkl" else torch.ops.mkldnn._reorder_linear_weight
         return cls(kind, reorder(w, PACK_ROWS_HINT), w.shape[0], w.shape[1], w.dtype)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # x: [rows, in_features] -> [rows, out_features]
+        if self.kind == "tiles":  # (the kernel makes x contiguous itself)
+            y = cpu_kernels.bf16_linear(x, self.packed)
+            return y if bias is None else y + bias
         x = x.contiguous()
         if self.kind == "mkl":
             return _mkl_linear(x, self.packed, self._shape, bias)
-        if self.kind == "tiles":
-            from llmserve.kernels import cpu as cpu_kernels
-
-            y = cpu_kernels.bf16_linear(x, self.packed)
-            return y if bias is None else y + bias
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")

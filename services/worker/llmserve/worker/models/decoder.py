@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Callable
 
 import torch
@@ -231,7 +232,9 @@ class DecoderModel(nn.Module):
         else:
             hidden, residual = intermediate
         ropes = {name: emb(positions) for name, emb in self.rotary.items()}
-        for layer, kv_cache in zip(self.layers[self.start : self.end], kv_caches, strict=True):
+        # NOTE: islice, not self.layers[start:end]: a ModuleList slice builds a new
+        # ModuleList every step (~90 us for 30 layers).
+        for layer, kv_cache in zip(islice(self.layers, self.start, self.end), kv_caches, strict=True):
             hidden, residual = layer(ropes[layer.rope], hidden, residual, kv_cache, meta)
         if not self.is_last:
             return hidden, residual

@@ -1,0 +1,42 @@
+"""`llmserve bench gemm`: each product the CPU offers is timed at each row count, computes
+x @ W.T, and is credited with the weight bytes it streams."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmserve.bench.decode_gemm import measure, products
+from llmserve.kernels import cpu as cpu_kernels
+
+
+def expected_products() -> set[str]:
+    names = {"bfloat16 oneDNN"} if torch.backends.mkldnn.is_available() else set()
+    if cpu_kernels.bf16_tiles_supported():
+        names.add("bfloat16 tiles")
+    if cpu_kernels.w8a8_supported():
+        names.add("int8 W8A8")
+    return names
+
+
+def test_each_product_computes_x_times_w_transposed():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 128, generator=gen) / 128**0.5  # [out, in]
+    x = torch.randn(5, 128, generator=gen).bfloat16()  # [rows, in]
+    want = x.float() @ w.t()
+    made = products(w, copies=2)
+    assert set(made) == expected_products()
+    for name, (calls, nbytes) in made.items():
+        assert len(calls) == 2
+        assert nbytes == (64 * 128 + 4 * 64 if name == "int8 W8A8" else 2 * 64 * 128)
+        for call in calls:  # bf16 rounding of W and y; int8: W and x quantized too
+            torch.testing.assert_close(call(x).float(), want, atol=0.08, rtol=0.05)
+
+
+def test_the_table_has_every_product_at_every_row_count():
+    table = measure({"135M o": (576, 576)}, (1, 5), passes=1)
+    assert {(r["product"], r["rows"]) for r in table} == {(p, m) for p in expected_products() for m in (1, 5)}
+    for r in table:
+        nbytes = 576 * 576 + 4 * 576 if r["product"] == "int8 W8A8" else 2 * 576 * 576
+        assert r["weight_bytes_per_s"] == pytest.approx(nbytes / (r["us"] / 1e6))
+        assert r["gflop_per_s"] == pytest.approx(2 * r["rows"] * 576 * 576 / (r["us"] / 1e6) / 1e9)
