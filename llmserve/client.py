@@ -45,6 +45,7 @@ _FINISH_REASONS = {
     pb.FINISH_REASON_LENGTH: "length",
     pb.FINISH_REASON_ABORT: "abort",
     pb.FINISH_REASON_ERROR: "error",
+    pb.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 
 
@@ -94,7 +95,7 @@ class GenerationDelta:
     index: int  # Which of the n samples.
     text: str  # New text since this sample's previous delta.
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop", "length", "abort", "error"; None while running.
+    finish_reason: str | None = None  # "stop", "length", "abort", "error", "tool_calls"; None while running.
     usage: dict[str, int] | None = None  # On the request's last delta.
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     stop_reason: str = ""  # The stop string or token that ended the sample.
@@ -195,6 +196,29 @@ def chat_messages_pb(messages: Messages, chat_template_kwargs: Mapping[str, Any]
     return out
 
 
+def structured_output_pb(*, json_schema: Mapping[str, Any] | str | None = None, json_object: bool = False,
+                         regex: str | None = None, choice: Sequence[str] | None = None,
+                         grammar: str | None = None) -> pb.StructuredOutput | None:
+    """The one constraint asked for (None: none): a JSON schema (a mapping, or its JSON
+    text), any JSON object, a regular expression, one of `choice`'s strings, or an EBNF
+    grammar (rule `root`). ValueError if more than one is given."""
+    asked = [(kind, spec) for kind, spec, given in (
+        (pb.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA, json_schema, json_schema is not None),
+        (pb.STRUCTURED_OUTPUT_KIND_JSON_OBJECT, "", json_object),
+        (pb.STRUCTURED_OUTPUT_KIND_REGEX, regex, regex is not None),
+        (pb.STRUCTURED_OUTPUT_KIND_CHOICE, choice, choice is not None),
+        (pb.STRUCTURED_OUTPUT_KIND_GRAMMAR, grammar, grammar is not None),
+    ) if given]
+    if len(asked) > 1:
+        raise ValueError("pass at most one of json_schema, json_object, regex, choice or grammar")
+    if not asked:
+        return None
+    kind, spec = asked[0]
+    if not isinstance(spec, str):  # A schema mapping or the choices: JSON text on the wire.
+        spec = json.dumps(spec if isinstance(spec, Mapping) else list(spec))
+    return pb.StructuredOutput(kind=kind, spec=spec)
+
+
 def build_generate_request(
     prompt: str | None = None,
     *,
@@ -214,19 +238,37 @@ def build_generate_request(
     model: str = "",
     priority: int = 0,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    repetition_penalty: float | None = None,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    min_p: float = 0.0,
+    logit_bias: Mapping[int, float] | None = None,
+    min_tokens: int = 0,
+    json_schema: Mapping[str, Any] | str | None = None,
+    json_object: bool = False,
+    regex: str | None = None,
+    choice: Sequence[str] | None = None,
+    grammar: str | None = None,
 ) -> pb.GenerateRequest:
-    """The GenerateRequest for these arguments; exactly one input must be given."""
+    """The GenerateRequest for these arguments; exactly one input must be given. The
+    sampling fields are SamplingParams' (protos/llmserve/v1/generation.proto); the last
+    five are its structured_output, at most one (structured_output_pb)."""
     given = [x is not None for x in (prompt, messages, token_ids)]
     if sum(given) != 1:
         raise ValueError("pass exactly one of prompt, messages or token_ids")
     if isinstance(stop, str):
         stop = (stop,)
     params = pb.SamplingParams(
-        top_k=top_k, stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos
+        top_k=top_k, stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
+        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, min_p=min_p,
+        logit_bias=dict(logit_bias or {}), min_tokens=min_tokens,
+        structured_output=structured_output_pb(json_schema=json_schema, json_object=json_object, regex=regex,
+                                               choice=choice, grammar=grammar),
     )
     # Optional fields: leave unset (server default) unless given.
     for name, value in (("max_tokens", max_tokens), ("temperature", temperature),
-                        ("top_p", top_p), ("seed", seed), ("n", n), ("logprobs", logprobs)):
+                        ("top_p", top_p), ("seed", seed), ("n", n), ("logprobs", logprobs),
+                        ("repetition_penalty", repetition_penalty)):
         if value is not None:
             setattr(params, name, value)
     request = pb.GenerateRequest(request_id=request_id, model=model, params=params, priority=priority)
@@ -303,15 +345,31 @@ class LLMServeClient:
         model: str = "",
         priority: int = 0,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        repetition_penalty: float | None = None,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        min_p: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
+        min_tokens: int = 0,
+        json_schema: Mapping[str, Any] | str | None = None,
+        json_object: bool = False,
+        regex: str | None = None,
+        choice: Sequence[str] | None = None,
+        grammar: str | None = None,
         metadata: Sequence[tuple[str, str]] | None = None,
     ) -> AsyncIterator[GenerationDelta]:
-        """Stream the deltas of all samples; ``None`` arguments take the server default.
-        ``metadata``: gRPC call metadata, e.g. ``(("traceparent", "00-..."),)``."""
+        """Stream the deltas of all samples (a chat's reasoning, where the router splits
+        it, in ``reasoning_text``); ``None`` arguments take the server default; the
+        arguments are ``build_generate_request``'s. ``metadata``: gRPC call metadata, e.g.
+        ``(("traceparent", "00-..."),)``."""
         request = build_generate_request(
             prompt, messages=messages, token_ids=token_ids, max_tokens=max_tokens,
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
             stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, n=n, logprobs=logprobs,
             request_id=request_id, model=model, priority=priority, chat_template_kwargs=chat_template_kwargs,
+            repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty, min_p=min_p, logit_bias=logit_bias, min_tokens=min_tokens,
+            json_schema=json_schema, json_object=json_object, regex=regex, choice=choice, grammar=grammar,
         )
         call = self._stub.Generate(request, metadata=metadata)
         deltas = 0

@@ -156,19 +156,29 @@ def test_a_resent_sample_resumes_its_grammar(grammars, tokenizer):
     resumed = batch.states[7].grammar
     assert not resumed.ended
     inputs = batch.build_inputs(rows)
-    assert inputs.sampling.token_bitmask.tolist() == grammars.fill_bitmask([running]).tolist()
-    allowed = _allowed(inputs.sampling.token_bitmask[0])
+    mask = inputs.sampling.token_bitmask
+    assert mask.rows.tolist() == [0] and mask.bits.tolist() == grammars.fill_bitmask([running]).bits.tolist()
+    allowed = _allowed(mask.bits[0])
     assert tokenizer.encode("}")[0] in allowed and tokenizer.encode('"')[0] not in allowed
 
 
 def test_a_complete_grammar_allows_only_eos_then_forces_it(grammars, tokenizer):
     (eos,) = grammars.eos_token_ids
     row = grammars.matcher_for(StructuredOutput("choice", '["yes"]'), tokenizer.encode("yes"))
-    assert _allowed(grammars.fill_bitmask([row])[0]) == [eos]  # Complete: only eos may follow.
+    assert _allowed(grammars.fill_bitmask([row]).bits[0]) == [eos]  # Complete: only eos may follow.
     row.advance(eos)
-    assert row.ended and _allowed(grammars.fill_bitmask([row])[0]) == [eos]  # ignore_eos or not: eos.
-    unconstrained = grammars.fill_bitmask([row, None])[1]
-    assert len(_allowed(unconstrained)) == grammars.vocab_size
+    assert row.ended and _allowed(grammars.fill_bitmask([row]).bits[0]) == [eos]  # ignore_eos or not: eos.
+
+
+def test_the_bitmask_holds_the_constrained_rows_only(grammars, tokenizer):
+    """Unconstrained rows are left out of the mask: [C, W] bits and the C rows' indices."""
+    choice = grammars.matcher_for(StructuredOutput("choice", '["yes"]'), [])
+    ended = grammars.matcher_for(StructuredOutput("choice", '["yes"]'), tokenizer.encode("yes"))
+    ended.advance(grammars.eos_token_ids[0])
+    mask = grammars.fill_bitmask([None, choice, None, None, ended])
+    assert mask.rows.tolist() == [1, 4] and mask.bits.shape == (2, (grammars.vocab_size + 31) // 32)
+    assert tokenizer.encode("yes")[0] in _allowed(mask.bits[0])
+    assert _allowed(mask.bits[1]) == list(grammars.eos_token_ids[:1])
 
 
 def _allowed(bitmask_row) -> list[int]:

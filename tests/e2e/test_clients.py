@@ -120,3 +120,31 @@ print(pb.FinishReason.Name(pieces[-1].finish_reason), pieces[-1].usage.completio
                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["FINISH_REASON_LENGTH", "5"]
+
+
+async def test_python_client_sends_structured_output_bias_and_min_tokens(cluster, model_dir):
+    """The Python client's sampling fields reach the worker: each one visibly changes the
+    greedy output of the real model."""
+    from .reference import hf_tokenizer
+
+    tok = hf_tokenizer(str(model_dir))
+    async with cluster.client() as client:
+        async def greedy(**kwargs) -> tuple[str, list[int], str | None]:
+            deltas = [d async for d in client.generate(messages=[("user", PROMPT)], temperature=0, **kwargs)]
+            return "".join(d.text for d in deltas), [i for d in deltas for i in d.token_ids], deltas[-1].finish_reason
+
+        plain, plain_ids, plain_end = await greedy(max_tokens=12)
+        choice, _, choice_end = await greedy(max_tokens=8, choice=["Lyon", "Marseille"])
+        number, _, _ = await greedy(max_tokens=8, regex="[0-9]{3}")
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                  "required": ["city"], "additionalProperties": False}
+        document, _, document_end = await greedy(max_tokens=40, json_schema=schema)
+        forced = tok.encode(" banana", add_special_tokens=False)[0]
+        _, biased_ids, _ = await greedy(max_tokens=3, logit_bias={forced: 100.0})
+        _, long_ids, _ = await greedy(max_tokens=len(plain_ids) + 5, min_tokens=len(plain_ids) + 5)
+    assert "Paris" in plain and plain_end == "stop"  # It ends by itself (eos) within 12 tokens.
+    assert choice in ("Lyon", "Marseille") and choice_end == "stop"
+    assert len(number) == 3 and number.isdigit()
+    assert document_end == "stop" and set(json.loads(document)) == {"city"}
+    assert biased_ids == [forced] * 3
+    assert len(long_ids) == len(plain_ids) + 5  # Its eos (12 tokens in) could not end it.

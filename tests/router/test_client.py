@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import grpc
 import pytest
@@ -83,6 +84,41 @@ def test_build_request_leaves_unset_params_unset():
         build_generate_request()
 
 
+def test_build_request_carries_penalties_bias_min_p_and_min_tokens():
+    default = build_generate_request("Hi").params
+    assert not default.HasField("repetition_penalty") and not default.HasField("structured_output")
+    assert (default.frequency_penalty, default.presence_penalty, default.min_p, default.min_tokens) == (0, 0, 0, 0)
+    params = build_generate_request("Hi", repetition_penalty=1.25, frequency_penalty=0.5, presence_penalty=-1.5,
+                                    min_p=0.25, logit_bias={17: -100.0, 3: 2.5}, min_tokens=4).params
+    assert params.HasField("repetition_penalty") and params.repetition_penalty == 1.25
+    assert (params.frequency_penalty, params.presence_penalty, params.min_p, params.min_tokens) == (0.5, -1.5, 0.25, 4)
+    assert dict(params.logit_bias) == {17: -100.0, 3: 2.5}
+
+
+@pytest.mark.parametrize(("kwargs", "kind", "spec"), [
+    ({"json_schema": {"type": "object", "required": ["a"]}}, pb.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA,
+     {"type": "object", "required": ["a"]}),
+    ({"json_schema": '{"type": "integer"}'}, pb.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA, {"type": "integer"}),
+    ({"json_object": True}, pb.STRUCTURED_OUTPUT_KIND_JSON_OBJECT, None),
+    ({"regex": "[0-9]+"}, pb.STRUCTURED_OUTPUT_KIND_REGEX, "[0-9]+"),
+    ({"choice": ("yes", "no")}, pb.STRUCTURED_OUTPUT_KIND_CHOICE, ["yes", "no"]),
+    ({"grammar": 'root ::= "a"'}, pb.STRUCTURED_OUTPUT_KIND_GRAMMAR, 'root ::= "a"'),
+])
+def test_build_request_carries_one_structured_output(kwargs, kind, spec):
+    so = build_generate_request(messages=[("user", "Hi")], **kwargs).params.structured_output
+    assert so.kind == kind
+    # JSON kinds carry JSON text; the server parses it (router/validation.py).
+    if kind in (pb.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA, pb.STRUCTURED_OUTPUT_KIND_CHOICE):
+        assert json.loads(so.spec) == spec
+    else:
+        assert so.spec == (spec or "")
+
+
+def test_build_request_refuses_two_structured_outputs():
+    with pytest.raises(ValueError, match="at most one of json_schema, json_object, regex, choice or grammar"):
+        build_generate_request("Hi", regex="a", choice=["a"])
+
+
 class FakeGeneration(pb_grpc.GenerationServicer):
     """Streams canned responses; request_id picks the behaviour."""
 
@@ -105,6 +141,11 @@ class FakeGeneration(pb_grpc.GenerationServicer):
             except asyncio.CancelledError:
                 self.cancelled.set()
                 raise
+        if rid == "thinking":  # A chat whose reasoning the router split from its answer.
+            yield pb.GenerateResponse(request_id=rid, reasoning_text="Let me see.")
+            yield pb.GenerateResponse(request_id=rid, text="yes")
+            yield pb.GenerateResponse(request_id=rid, finish_reason=pb.FINISH_REASON_STOP)
+            return
         if rid == "broken":
             yield pb.GenerateResponse(request_id=rid, text="par")
             yield pb.GenerateResponse(request_id=rid, finish_reason=pb.FINISH_REASON_ERROR, error="worker died")
@@ -171,6 +212,22 @@ async def test_generate_streams_and_complete_collects_sample_0(fake_server):
         assert await client.complete("Hi", request_id="r") == "Hello!"
     assert servicer.requests[0].params.n == 2 and servicer.requests[0].params.max_tokens == 4
     assert servicer.requests[0].text == "Hi"
+
+
+async def test_generate_sends_the_sampling_fields_and_returns_reasoning(fake_server):
+    servicer, connect = fake_server
+    async with connect() as client:
+        deltas = [d async for d in client.generate(
+            messages=[("user", "Hi")], request_id="thinking", chat_template_kwargs={"enable_thinking": True},
+            repetition_penalty=1.1, frequency_penalty=0.25, presence_penalty=0.5, min_p=0.05,
+            logit_bias={42: 5.0}, min_tokens=2, choice=["yes", "no"])]
+    params = servicer.requests[0].params
+    assert (params.repetition_penalty, params.frequency_penalty, params.presence_penalty, params.min_tokens) == \
+        pytest.approx((1.1, 0.25, 0.5, 2))
+    assert params.min_p == pytest.approx(0.05) and dict(params.logit_bias) == {42: 5.0}
+    assert params.structured_output == pb.StructuredOutput(kind=pb.STRUCTURED_OUTPUT_KIND_CHOICE, spec='["yes", "no"]')
+    assert dict(servicer.requests[0].messages.chat_template_kwargs) == {"enable_thinking": "true"}
+    assert [(d.reasoning_text, d.text) for d in deltas] == [("Let me see.", ""), ("", "yes"), ("", "")]
 
 
 async def test_in_band_error_raises_from_complete(fake_server):

@@ -7,11 +7,15 @@ refused with a 400 naming it. Fields the SDK does not know (extensions, typos) a
 honoured extensions or refused as unknown. The gRPC API refuses fields of a newer API
 version (unknown field numbers) with INVALID_ARGUMENT. In process over ASGI: refusals
 come before the readiness check, so a draining router (503) shows a field was accepted.
+docs/guide/openai.md's table has a row for every one of these fields, saying what the
+server does with it.
 """
 
 from __future__ import annotations
 
+import re
 import typing
+from pathlib import Path
 
 import grpc
 import httpx2
@@ -21,7 +25,13 @@ from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 
 from llmserve.contract.sampling import StructuredOutput
-from llmserve.router.openai.protocol import IGNORED, NOT_SUPPORTED, ChatCompletionRequest, CompletionRequest
+from llmserve.router.openai.protocol import (
+    CHAT_ONLY,
+    IGNORED,
+    NOT_SUPPORTED,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 from llmserve.router.validation import RequestError, check_known_fields
 from llmserve.v1 import generation_pb2 as pb
 
@@ -74,6 +84,14 @@ CHAT_HONOURED = {
     # An extension (not in the SDK's types): each value as JSON text (test_reasoning.py renders them).
     "chat_template_kwargs": ({"enable_thinking": False}, lambda b: dict(
         b.to_pb("r").messages.chat_template_kwargs) == {"enable_thinking": "false"}),
+    # Tool calling (test_tool_calls.py: what the router makes of them).
+    "tools": ([{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}],
+              lambda b: [(t.name, t.description, t.parameters) for t in b.to_pb("r").messages.tools]
+              == [("f", "d", '{"type": "object"}')]),
+    "tool_choice": ({"type": "function", "function": {"name": "f"}},
+                    lambda b: b.to_pb("r").messages.tool_choice.function_name == "f"),
+    "parallel_tool_calls": (False, lambda b: b.to_pb("r").messages.HasField("parallel_tool_calls")
+                            and not b.to_pb("r").messages.parallel_tool_calls),
 }
 COMPLETION_HONOURED = {
     **{name: CHAT_HONOURED[name] for name in ("frequency_penalty", "presence_penalty", "logit_bias", "max_tokens",
@@ -96,7 +114,7 @@ COMPLETION_REFUSED_VALUES = {"echo": {"echo": True, "logprobs": 1}, "suffix": {"
 ], ids=["chat", "completions"])
 def test_every_sdk_parameter_is_classified(module, honoured, refused_values):
     params = _sdk_params(module)
-    classified = set(honoured) | IGNORED | set(NOT_SUPPORTED) | set(refused_values)
+    classified = set(honoured) | IGNORED | set(NOT_SUPPORTED) | set(CHAT_ONLY) | set(refused_values)
     assert params - classified == set(), "a parameter of the openai SDK that this test does not classify"
     assert not set(honoured) & (IGNORED | set(NOT_SUPPORTED))
 
@@ -132,7 +150,7 @@ async def test_honoured_and_ignored_parameters_pass_the_front_door(path, base, h
 
 @pytest.mark.parametrize("path,base,refused", [
     ("/v1/chat/completions", CHAT, {name: {name: {"some": "value"}} for name in NOT_SUPPORTED}),
-    ("/v1/completions", COMPLETION, {**{name: {name: {"some": "value"}} for name in NOT_SUPPORTED},
+    ("/v1/completions", COMPLETION, {**{name: {name: {"some": "value"}} for name in NOT_SUPPORTED | CHAT_ONLY},
                                      **COMPLETION_REFUSED_VALUES}),
 ], ids=["chat", "completions"])
 async def test_refused_parameters_are_400_naming_them(path, base, refused):
@@ -144,17 +162,19 @@ async def test_refused_parameters_are_400_naming_them(path, base, refused):
             assert error["param"] == name and error["message"].startswith(f"{name}:"), error
             assert error["type"] == "invalid_request_error"
         # null asks for nothing: accepted.
-        assert (await client.post(path, json={**base, "tools": None})).status_code == 503
+        assert (await client.post(path, json={**base, "tools": None, "functions": None})).status_code == 503
 
 
 @pytest.mark.parametrize("body,param", [
     ({**CHAT, "frobnicate": 1}, "frobnicate"),
     ({**CHAT, "guided_json": {"type": "object"}}, "guided_json"),
     ({**CHAT, "bad_words": ["x"]}, "bad_words"),
-    ({"model": "m", "messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]},
-     "messages.0.tool_calls"),
-    ({"model": "m", "messages": [{"role": "tool", "content": "42", "tool_call_id": "1"}]}, "messages.0.tool_call_id"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x", "name": "ann"}]}, "messages.0.name"),
+    ({"model": "m", "messages": [{"role": "assistant", "content": "x", "function_call": {"name": "f"}}]},
+     "messages.0.function_call"),
+    ({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": "1", "function": {"name": "f"}}]}]},
+     "messages.0.tool_calls.0.function.arguments"),
+    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f", "strict": True, "examples": []}}]},
+     "tools.0.function.examples"),
     ({**CHAT, "stream": True, "stream_options": {"include_usage": True, "include_obfuscation": True}},
      "stream_options.include_obfuscation"),
 ])
@@ -169,10 +189,11 @@ async def test_the_sdk_sees_a_bad_request_naming_the_field():
     transport = httpx2.ASGITransport(app=http(draining())._transport.app)
     client = openai.AsyncOpenAI(base_url="http://router/v1", api_key=KEY, max_retries=0,
                                 http_client=httpx2.AsyncClient(transport=transport))
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    functions = [{"name": "f", "parameters": {"type": "object"}}]
     with pytest.raises(openai.BadRequestError) as refused:
-        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tools=tools)
-    assert refused.value.param == "tools" and "tool calling is not supported yet" in refused.value.message
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                             functions=functions)
+    assert refused.value.param == "functions" and "use tools and tool_choice" in refused.value.message
     with pytest.raises(openai.BadRequestError) as unknown:
         await client.completions.create(model="m", prompt="x", extra_body={"typo_penalty": 1})
     assert unknown.value.param == "typo_penalty"
@@ -187,8 +208,8 @@ def test_grpc_refuses_fields_of_a_newer_api_naming_them():
         check_known_fields(request)
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "params has field number(s) [100] of llmserve.v1.SamplingParams" in refused.value.message
-    chat = pb.ChatMessage.FromString(pb.ChatMessage(role="user").SerializeToString() + bytes([0x18, 0x01]))
-    with pytest.raises(RequestError, match=r"messages.messages\[0\] has field number\(s\) \[3\]"):
+    chat = pb.ChatMessage.FromString(pb.ChatMessage(role="user").SerializeToString() + bytes([0xA0, 0x06, 0x01]))
+    with pytest.raises(RequestError, match=r"messages.messages\[0\] has field number\(s\) \[100\]"):
         check_known_fields(pb.GenerateRequest(messages=pb.ChatMessages(messages=[chat])))
     check_known_fields(pb.GenerateRequest(text="x", params=pb.SamplingParams(logit_bias={5: 1.0})))  # Known: fine.
 
@@ -205,3 +226,42 @@ def test_echo_puts_the_prompt_before_each_choice():
     assert renderer.chunk(1, delta, first=False, with_logprobs=False)["choices"][0]["text"] == " there"
     whole = renderer.completion({0: [delta], 3: [delta]}, [], with_logprobs=False)
     assert [c["text"] for c in whole["choices"]] == ["Hello there", "Bye there"]
+
+
+# --- docs/guide/openai.md's table of every request field ------------------------------
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "openai.md"
+# The other engineer's section says what these do; their rows point to it.
+TOOL_CALLING = {"tools", "tool_choice", "parallel_tool_calls"}
+
+
+def _field_table(heading: str) -> dict[str, tuple[str, str]]:
+    """The rows `| `field` | status | what it does |` under `### {heading}` of the guide's
+    "Every request field" section: field -> (status, what)."""
+    section = GUIDE.read_text().split("## Every request field and what it does", 1)[1].split("\n## ", 1)[0]
+    table = section.split(f"### {heading}", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| ([\w ]+) \| (.+) \|$", table, flags=re.MULTILINE)
+    names = [name for name, _, _ in rows]
+    assert len(names) == len(set(names)), f"{heading}: a field with two rows"
+    return {name: (status, what) for name, status, what in rows}
+
+
+@pytest.mark.parametrize("heading,module,model", [
+    ("Chat completions", chat_params, ChatCompletionRequest), ("Completions", completion_params, CompletionRequest),
+], ids=["chat", "completions"])
+def test_the_guide_has_a_row_for_every_field_saying_what_the_server_does(heading, module, model):
+    table = _field_table(heading)
+    declared = set(model.model_fields)
+    known = _sdk_params(module) | declared | {"guided_json", "structured_outputs", "prompt_logprobs"}
+    if model is ChatCompletionRequest:
+        known |= IGNORED | set(NOT_SUPPORTED)
+    assert known - set(table) == set(), "fields without a row in docs/guide/openai.md"
+    for name, (status, what) in table.items():
+        if name in TOOL_CALLING:
+            assert status == "tool calling" and "see the Tool calling section" in what, name
+            continue
+        # What the server does with it, as protocol.py decides it.
+        does = "honoured" if name in declared else "ignored" if name in IGNORED else \
+            "refused" if name in NOT_SUPPORTED else "unknown to the server"
+        assert status == does, f"{name}: the guide says {status}, the server: {does}"
+        assert what.strip(), name

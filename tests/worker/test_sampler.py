@@ -202,3 +202,32 @@ def test_draft_positions_see_the_drafts_before_them_as_output():
     rows = batch.build_inputs(batch.apply_plan(plan)).sampling
     assert [list(h) for h in rows.token_ids] == [[1, 2, 3, 4], [1, 2, 3, 4, 7], [1, 2, 3, 4, 7, 8]]
     assert rows.output_index == [1, 2, 3] and rows.num_prompt_tokens == [3, 3, 3]
+
+
+def _bits(allowed: list[list[int]], vocab: int) -> torch.Tensor:
+    """[C, ceil(V / 32)] int32 with row j's `allowed` ids set: a plain-torch bit packing."""
+    words = torch.zeros(len(allowed), (vocab + 31) // 32, dtype=torch.int64)
+    for j, ids in enumerate(allowed):
+        for t in ids:
+            words[j, t // 32] |= 1 << (t % 32)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def test_the_token_bitmask_masks_the_constrained_rows_only():
+    from llmserve.worker.sampler import TokenBitmask, _apply_token_bitmask
+
+    vocab, allowed = 70, [[3, 40, 69], [0, 33]]  # rows 1 and 3 of 4 are constrained
+    lg = _logits(rows=4, vocab=vocab, seed=5)
+    masked = lg.clone()
+    _apply_token_bitmask(masked, TokenBitmask(torch.tensor([1, 3]), _bits(allowed, vocab)))
+    for row, ids in zip((1, 3), allowed):
+        ref = torch.full((vocab,), float("-inf"))
+        ref[ids] = lg[row, ids]
+        assert torch.equal(masked[row], ref)
+    assert torch.equal(masked[[0, 2]], lg[[0, 2]])  # The plain rows are untouched.
+    rows = SamplingRows.from_params([P(temperature=0.0)] * 4, [0] * 4,
+                                    token_bitmask=TokenBitmask(torch.tensor([1, 3]), _bits(allowed, vocab)))
+    tokens = Sampler(seed=0)(lg.clone(), rows).token_ids.tolist()
+    assert tokens == [int(lg[0].argmax()), allowed[0][int(lg[1, allowed[0]].argmax())],
+                      int(lg[2].argmax()), allowed[1][int(lg[3, allowed[1]].argmax())]]
+    assert rows.select([3, 0]).token_bitmask is None  # Applied before rows are selected.

@@ -187,6 +187,16 @@ def _speculative_flags(spec: argparse.ArgumentParser) -> None:
     spec.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
 
+def _structured_flags(structured: argparse.ArgumentParser) -> None:
+    add_flags(structured, BenchSettings)
+    structured.add_argument("--batch", type=int, default=64, help="requests per batch (mixed: one of them constrained)")
+    structured.add_argument("--context", type=int, default=128, help="prompt tokens of each plain request")
+    structured.add_argument("--output-len", type=int, default=64, help="tokens each request generates")
+    structured.add_argument("--rounds", type=int, default=3, help="rounds, each running both batches in turn")
+    structured.add_argument("--seed", type=int, default=0, help="the random prompts' seed")
+    structured.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+
+
 def _quality_flags(quality: argparse.ArgumentParser) -> None:
     quality.add_argument("--model", default="default", help="local HF model directory, or 'default'")
     quality.add_argument("--dtypes", nargs="*", default=["bfloat16"], choices=DTYPES[1:],
@@ -240,6 +250,9 @@ BENCHES = (
                  "llmserve.bench.overload:bench_overload"),
     BenchCommand("profile", "where the time of one decode step goes", _profile_flags,
                  "llmserve.bench.profile_step:bench_profile", engine=None),
+    BenchCommand("gemm", "the CPU's bfloat16 and int8 products at decode rows (1-64) per projection shape: weight "
+                         "bytes/s as a share of the host's measured memory bandwidth", add_gemm_flags,
+                 "llmserve.bench.decode_gemm:bench_gemm", engine=None),
     BenchCommand("decode", "decode tok/s with CUDA graphs vs eager (--enforce-eager), per batch size, side by side",
                  _decode_flags, "llmserve.bench.decode_graphs:bench_decode"),
     BenchCommand("decode-floor", "decode steps per batch size (graphs as served) against the measured bandwidth "
@@ -250,15 +263,15 @@ BENCHES = (
                  "llmserve.bench.loops:bench_loops"),
     BenchCommand("decode-variants", "decode tok/s per weight format (float32, bfloat16, int8), per batch size, side "
                                     "by side", _variants_flags, "llmserve.bench.decode_variants:bench_decode_variants"),
-    BenchCommand("gemm", "the CPU's bfloat16 and int8 products at decode rows (1-64) per projection shape: weight "
-                         "bytes/s as a share of the host's measured memory bandwidth", add_gemm_flags,
-                 "llmserve.bench.decode_gemm:bench_gemm", engine=None),
     BenchCommand("moe", "decode tok/s of a mixture-of-experts model (random Mixtral) vs a dense Llama with the same "
                         "active parameters per token, side by side", _moe_flags, "llmserve.bench.moe:bench_moe",
                  engine=None),
     BenchCommand("speculative", "speculative decoding (n-gram drafts, --speculative-tokens K, default 4) vs plain "
                                 "decoding: TPOT at batch 1 on a copying and a random workload, throughput at 64 at "
                                 "once, side by side", _speculative_flags, "llmserve.bench.speculative:bench_speculative"),
+    BenchCommand("structured", "what one json_schema request costs the plain requests batched with it: their TPOT "
+                               "in 64 plain vs 63 plain + 1 constrained, side by side", _structured_flags,
+                 "llmserve.bench.structured:bench_structured"),
     BenchCommand("quality", "perplexity and next-token agreement with float32, teacher-forced over a fixed text, per "
                             "dtype / quantization", _quality_flags, "llmserve.bench.quality:bench_quality",
                  engine=None),

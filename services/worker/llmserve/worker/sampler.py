@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from llmserve.contract.outputs import TokenLogprobs
@@ -46,6 +47,15 @@ _GREEDY_EPS = 1e-5
 
 def seeded_generator_seed(seed: int, output_index: int) -> int:
     return (seed * 1_000_003 + output_index) % (2**63)
+
+
+@dataclass(frozen=True)
+class TokenBitmask:
+    """Structured output: the allowed ids of a step's constrained rows only (a plain row
+    batched with them pays nothing for the mask). Built by Grammars.fill_bitmask."""
+
+    rows: torch.Tensor  # [C] long: the constrained rows' indices among the step's S sampled rows
+    bits: torch.Tensor  # [C, ceil(V / 32)] int32: a bit per token id rows[i] may sample
 
 
 @dataclass(frozen=True)
@@ -77,15 +87,15 @@ class SamplingRows:
     # for the rows with a penalty only (references to the worker's lists, not copies).
     token_ids: list[Sequence[int]]
     num_prompt_tokens: list[int]
-    # [S, ceil(V / 32)] int32, a bit per token id the row may sample (structured output:
-    # its grammar matcher's, worker/structured_output.py); None: no row is constrained.
-    token_bitmask: torch.Tensor | None = None
+    # The constrained rows' allowed ids (structured output: their grammar matchers',
+    # worker/structured_output.py); None: no row is constrained.
+    token_bitmask: TokenBitmask | None = None
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams], output_index: Sequence[int],
                     token_ids: Sequence[Sequence[int]] | None = None,
                     num_prompt_tokens: Sequence[int] | None = None,
-                    token_bitmask: torch.Tensor | None = None) -> SamplingRows:
+                    token_bitmask: TokenBitmask | None = None) -> SamplingRows:
         def floats(name: str) -> torch.Tensor:
             return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32)
 
@@ -116,10 +126,9 @@ class SamplingRows:
         index = torch.tensor(rows, dtype=torch.long)
         picked = {}
         for f in fields(self):
-            column = getattr(self, f.name)
-            if column is None:  # token_bitmask (applied before rows are selected)
-                picked[f.name] = None
+            if f.name == "token_bitmask":  # Applied before rows are selected.
                 continue
+            column = getattr(self, f.name)
             picked[f.name] = column[index] if isinstance(column, torch.Tensor) else [column[i] for i in rows]
         return SamplingRows(**picked)
 
@@ -212,12 +221,17 @@ def _filtered_probs(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     return logits.softmax(dim=-1)
 
 
-def _apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """logits ([S, V] float32) -inf where bitmask ([S, ceil(V / 32)] int32) has a 0 bit,
-    in place: xgrammar's kernel (CUDA on the GPU, its CPU one here)."""
+def _apply_token_bitmask(logits: torch.Tensor, bitmask: TokenBitmask) -> None:
+    """logits ([S, V] float32) -inf where a constrained row's bits have a 0, in place:
+    xgrammar's kernel (CUDA on the GPU, its CPU one here) on the C constrained rows only,
+    gathered and written back; the other S - C rows are not read."""
     import xgrammar as xgr
 
-    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True))
+    dev = logits.device
+    rows = bitmask.rows.to(dev, non_blocking=True)  # [C]
+    constrained = logits.index_select(0, rows)  # [C, V]
+    xgr.apply_token_bitmask_inplace(constrained, bitmask.bits.to(dev, non_blocking=True))
+    logits.index_copy_(0, rows, constrained)
 
 
 def adjusted_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
@@ -283,7 +297,9 @@ def _apply_penalties(flat_logits: torch.Tensor, V: int, rows: SamplingRows, pena
     dev = flat_logits.device
     history = [rows.token_ids[i] for i in penalized]
     lengths = torch.tensor([len(h) for h in history])
-    ids = torch.tensor(list(itertools.chain.from_iterable(history)), dtype=torch.long)  # [N]
+    # [N]: numpy reads the lists ~20x faster than torch.tensor(list) (64 rows x 2,048 ids: ~1 ms, not ~25).
+    ids = torch.from_numpy(np.fromiter(itertools.chain.from_iterable(history), dtype=np.int64,
+                                       count=int(lengths.sum())))
     local_row = torch.repeat_interleave(lengths)  # [N]: the entry's row in [P]
     row = torch.tensor(penalized)[local_row]  # [N]: its row in [S]
     # An entry is an output token where its position in the row is past the prompt.

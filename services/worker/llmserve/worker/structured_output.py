@@ -1,11 +1,12 @@
 """Constrained decoding on the worker, with xgrammar: one GrammarMatcher per constrained
 sample (RequestState.matcher), advanced by each token it samples; each step the
-constrained rows' allowed tokens become a token bitmask ([S, ceil(V / 32)] int32, one
-bit per token id) that the sampler applies to the logits before anything else.
+constrained rows' allowed tokens become a token bitmask ([C, ceil(V / 32)] int32, one
+bit per token id, for the C constrained rows of the step's S) that the sampler applies
+to those rows' logits before anything else.
 
     NewRequest (prompt + outputs so far) --matcher_for--> matcher, outputs replayed
     build_inputs --fill_bitmask--> SamplingRows.token_bitmask (None: no constrained row)
-    Sampler: logits of disallowed ids = -inf
+    Sampler: the constrained rows' logits of disallowed ids = -inf
     ModelRunner._run --RowGrammar.advance--> matcher.accept_token(sampled id)
 
 A matcher whose grammar is complete allows only the model's eos ids (xgrammar's stop
@@ -32,6 +33,7 @@ import xgrammar as xgr
 
 from llmserve.contract.sampling import StructuredOutput
 from llmserve.contract.structured_output import build_grammar
+from llmserve.worker.sampler import TokenBitmask
 
 logger = logging.getLogger(__name__)
 
@@ -81,17 +83,18 @@ class Grammars:
             row.advance(token_id)
         return row
 
-    def fill_bitmask(self, grammars: Sequence[RowGrammar | None]) -> torch.Tensor:
-        """[S, ceil(V / 32)] int32: row i's allowed ids (all, where grammars[i] is None)."""
-        bitmask = xgr.allocate_token_bitmask(len(grammars), self.vocab_size)  # all allowed
-        for i, row in enumerate(grammars):
-            if row is None:
-                continue
+    def fill_bitmask(self, grammars: Sequence[RowGrammar | None]) -> TokenBitmask:
+        """The allowed ids of the rows i whose grammars[i] is not None (None: unconstrained,
+        left out of the mask)."""
+        rows = [i for i, row in enumerate(grammars) if row is not None]
+        bits = xgr.allocate_token_bitmask(len(rows), self.vocab_size)  # [C, ceil(V / 32)]
+        for j, i in enumerate(rows):
+            row = grammars[i]
             if row.ended:
-                self._only_eos(bitmask[i])
+                self._only_eos(bits[j])
             else:
-                row.matcher.fill_next_token_bitmask(bitmask, i)
-        return bitmask
+                row.matcher.fill_next_token_bitmask(bits, j)
+        return TokenBitmask(torch.tensor(rows, dtype=torch.long), bits)
 
     def _only_eos(self, row: torch.Tensor) -> None:
         """row ([W] int32) allowing the first eos id only."""
