@@ -70,3 +70,37 @@ def test_runner_groups_match_tp1(runner_model):
         # The smallest budget (rank 0's 1 MiB) over the largest per-block size decides.
         per_block = {r: 2 * 4 * 1 * 16 * len(o[4]) * 4 for r, o in got.items()}  # K+V, 4 slots, 1 head of 16
         assert got[0][2] == min((2**20 * (r + 1)) // b for r, b in per_block.items())
+
+
+def _drive_ahead(rank: int, tp: int, pp: int, port: int, model_dir: str, queue) -> None:
+    """The mixed workload of tests/worker/test_pipelined_runner.py, each plan launched
+    before the one before is finished (TP=1: executed one by one, the reference)."""
+    try:
+        torch.set_num_threads(1)
+        from llmserve.worker.distributed import DistInit
+        from llmserve.worker.model_runner import ModelRunner
+        from llmserve.worker.config import RunnerConfig
+        from tests.worker.test_pipelined_runner import mixed_workload, run_pipelined, tokens
+
+        dist = DistInit(tp, pp, rank, f"tcp://127.0.0.1:{port}") if tp * pp > 1 else None
+        runner = ModelRunner(model_dir, RunnerConfig(block_size=4, num_kv_blocks=96, max_model_len=128,
+                                                     max_num_batched_tokens=64, swap_space=0),
+                             sampler_seed=3, dist=dist)
+        plans = mixed_workload().plans
+        if dist is None:
+            results, ahead = [runner.execute(plan) for plan in plans], []
+        else:
+            results, ahead = run_pipelined(runner, plans)
+        states = {sid: st.token_ids for sid, st in runner.batch.states.items()}
+        queue.put((rank, pickle.dumps(([tokens(r) for r in results], ahead, states)), None))
+    except BaseException:  # noqa: BLE001
+        queue.put((rank, None, traceback.format_exc()))
+
+
+def test_a_group_launching_ahead_keeps_the_serial_tokens(runner_model):
+    """Every rank fills its placeholders from its own copy of the driver's broadcast ids."""
+    ref_tokens, _, ref_states = spawn_ranks(_drive_ahead, 1, 1, runner_model)[0]
+    got = spawn_ranks(_drive_ahead, 2, 2, runner_model)
+    for rank, (step_tokens, ahead, states) in got.items():
+        assert step_tokens == ref_tokens, f"rank {rank}"
+        assert all(ahead) and states == ref_states, f"rank {rank}"

@@ -74,3 +74,18 @@ def test_a_steps_gathered_tables_equal_the_lists_across_random_plans():
         for st, n in rows:
             st.num_computed_tokens += n
     assert len(batch.states) > 3 and next_id > 20
+
+
+def test_staged_gathers_alternate_two_buffers_and_match():
+    """The CUDA worker's staging: each gather in the other of two persistent buffers, so the
+    last step's (maybe still copying to the device) is not overwritten by this one's."""
+    plain, staged = BlockTables(16, BS, capacity=2), BlockTables(16, BS, capacity=2, staged=True)
+    for tables in (plain, staged):
+        tables.add([7, 2, 5]), tables.add([3]), tables.add([4, 4])
+    first, second, third = staged.padded([1, 0], 3), staged.padded([2, 1, 0], 2), staged.padded([0], 3)
+    assert first.untyped_storage().data_ptr() != second.untyped_storage().data_ptr()
+    assert third.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+    assert second.tolist() == plain.padded([2, 1, 0], 2).tolist() == [[4, 4], [3, 0], [7, 2]]
+    assert third.tolist() == plain.padded([0], 3).tolist()
+    big = staged.padded([0, 1, 2] * 700, 3)  # past the buffers' size: they grow
+    assert big.tolist() == plain.padded([0, 1, 2] * 700, 3).tolist()

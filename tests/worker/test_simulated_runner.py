@@ -98,3 +98,31 @@ def test_the_worker_setting_selects_it(model_dir):
     assert isinstance(runner, SimulatedRunner) and runner.step_s == pytest.approx(0.0015)
     with pytest.raises(ValueError, match="positive"):
         SimulatedRunner(model_dir, RunnerConfig(), 0.0)
+
+
+def test_launched_steps_keep_the_device_busy_and_the_tokens(model_dir):
+    """launch(N+1) before finish(N): the device finds each next step queued when it ends
+    one (its own accounting, not a wall-clock threshold), and the tokens are the serial ones."""
+    prompts = {seq: [seq + 3, 9, 4, seq] for seq in range(4)}
+
+    def plans():
+        # Six blocks each (24 positions) from the start: the decodes add none.
+        yield StepPlan(0, new_requests=[new(seq, p, list(range(6 * seq, 6 * seq + 6))) for seq, p in prompts.items()])
+        for step in range(1, 20):
+            yield StepPlan(step, cached_requests=[CachedRequestData(seq, [], 4 + step - 1, 1) for seq in prompts])
+
+    serial = runner_for(model_dir, step_ms=5.0)
+    serial_out = [[(t.seq_id, t.token_id) for t in serial.execute(plan).sampled] for plan in plans()]
+    pipelined = runner_for(model_dir, step_ms=5.0)
+    out, previous = [], None
+    for plan in plans():
+        launched = pipelined.launch(plan)
+        if previous is not None:
+            out.append([(t.seq_id, t.token_id) for t in pipelined.finish(previous).sampled])
+        previous = launched
+    out.append([(t.seq_id, t.token_id) for t in pipelined.finish(previous).sampled])
+    assert out == serial_out
+    assert [[tok for sid, tok in step if sid == 2] for step in out] == [[t] for t in chain(prompts[2], 20)]
+    assert serial.device.steps == pipelined.device.steps == 20
+    assert serial.device.idle_starts == 20  # Serial: each step waits for the host to read the last back.
+    assert pipelined.device.idle_starts <= 3  # The first, and slack for a loaded machine.

@@ -1,13 +1,27 @@
-"""The worker service runs all of its torch work on one thread."""
+"""The worker service runs all of its torch work on one thread, and overlaps a step's
+launch with the step before's finish."""
 
 import asyncio
+import json
 import threading
 
 from llmserve.contract import wire
+from llmserve.contract.peers import PeerCheck
 from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan
 from llmserve.contract.sampling import SamplingParams
 from llmserve.worker import service
 from llmserve.worker.config import RunnerConfig
+from llmserve.worker.simulated_runner import SimulatedRunner, simulated_token
+
+
+async def run_stream(servicer, plans: list[StepPlan]) -> list:
+    """Every plan queued at once (a pipelined scheduler's), then the stream's end: the
+    results the Execute loop yields, in order."""
+    queue: asyncio.Queue = asyncio.Queue()
+    for plan in plans:
+        queue.put_nowait(wire.step_plan_to_pb(plan))
+    queue.put_nowait(None)
+    return [result async for result in servicer._overlapped(queue)]
 
 
 def test_steps_run_on_the_thread_that_loaded_the_model(tiny_llama_dir, monkeypatch):
@@ -27,20 +41,74 @@ def test_steps_run_on_the_thread_that_loaded_the_model(tiny_llama_dir, monkeypat
         config = service.WorkerConfig(model=str(tiny_llama_dir), served_model_name="tiny", runner=RunnerConfig(num_kv_blocks=16,
                                       max_num_batched_tokens=64, swap_space=0))
         servicer = await service.load_servicer(config)
-        real_execute = servicer.runner.execute
+        runner = servicer.runner
+        for name in ("launch", "finish"):
+            def recording(arg, real=getattr(runner, name)):
+                threads["step"].add(threading.get_ident())
+                return real(arg)
 
-        def recording_execute(plan):
-            threads["step"].add(threading.get_ident())
-            return real_execute(plan)
-
-        servicer.runner.execute = recording_execute
+            setattr(runner, name, recording)
         greedy = SamplingParams(temperature=0.0)
         prefill = StepPlan(0, new_requests=[NewRequestData(1, [5, 9, 2, 7, 3], 5, greedy, [3], 0, 5)])
         decode = StepPlan(1, cached_requests=[CachedRequestData(1, [], 5, 1)])
-        return [await servicer._execute(wire.step_plan_to_pb(p)) for p in (prefill, decode)]
+        return await run_stream(servicer, [prefill, decode])
 
     results = asyncio.run(run())
     assert [r.error for r in results] == ["", ""]
     assert [len(r.sampled) for r in results] == [1, 1]
     assert len(threads["load"]) == 1 and threads["step"] == threads["load"]
     assert threading.get_ident() not in threads["step"]  # not the event loop's thread
+
+
+PROMPT = [5, 9, 4]
+
+
+def simulated_servicer(tmp_path) -> service.WorkerServicer:
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 100, "eos_token_id": 2,
+                                                      "max_position_embeddings": 256}))
+    runner = SimulatedRunner(tmp_path, RunnerConfig(num_kv_blocks=32, block_size=4), 4.0)
+    return service.WorkerServicer(runner, PeerCheck(enforce=False))
+
+
+def decode_plans(count: int) -> list[StepPlan]:
+    greedy = SamplingParams(temperature=0.0)
+    return [StepPlan(0, new_requests=[NewRequestData(1, PROMPT, 3, greedy, list(range(6)), 0, 3)])] + [
+        StepPlan(step, cached_requests=[CachedRequestData(1, [], 2 + step, 1)]) for step in range(1, count)]
+
+
+def test_queued_plans_are_launched_before_the_step_before_is_finished(tmp_path):
+    servicer = simulated_servicer(tmp_path)
+    runner, calls = servicer.runner, []
+    for name in ("launch", "finish"):
+        def recording(arg, name=name, real=getattr(runner, name)):
+            calls.append((name, arg.step_id if name == "launch" else arg.plan.step_id))
+            return real(arg)
+
+        setattr(runner, name, recording)
+    results = asyncio.run(run_stream(servicer, decode_plans(12)))
+    assert [r.step_id for r in results] == list(range(12)) and all(not r.error for r in results)
+    expected, prev = [], PROMPT[-1]
+    for pos in range(3, 15):
+        prev = simulated_token(pos, prev, 100, frozenset({2}))
+        expected.append(prev)
+    assert [r.sampled[0].token_id for r in results] == expected
+    assert calls[:4] == [("launch", 0), ("launch", 1), ("finish", 0), ("launch", 2)]
+    assert runner.device.idle_starts <= 3  # The device found each next step queued (slack for load).
+
+
+def test_a_step_launched_behind_a_failed_one_fails_too(tmp_path):
+    servicer = simulated_servicer(tmp_path)
+    runner = servicer.runner
+    real_finish = runner.finish
+
+    def failing_finish(launched):
+        result = real_finish(launched)
+        if launched.plan.step_id == 1:
+            raise RuntimeError("device fault")
+        return result
+
+    runner.finish = failing_finish
+    results = asyncio.run(run_stream(servicer, decode_plans(4)))
+    assert [r.step_id for r in results] == [0, 1, 2, 3]
+    assert [bool(r.error) for r in results] == [False, True, True, False]
+    assert "device fault" in results[1].error and "step 1 before it failed" in results[2].error

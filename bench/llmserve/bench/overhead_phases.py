@@ -16,8 +16,9 @@ What each phase covers (every figure is host time summed over the run ÷ device 
     prepare    worker: InputBatch.apply_plan (validate, add / extend / drop rows) and
                build_inputs (token ids, positions, slot mapping, block tables,
                attention metadata, sampling rows)
-    sync       worker: the step's time past the simulated device time: waking from the
-               blocking wait (the sleep's overshoot) and the sampled-token loop
+    sync       worker: the host's wait for the simulated device's sampled ids at a step's
+               finish (the device runs launched steps on a thread of its own), and
+               filling their placeholders
     update     scheduler: Scheduler.update_from_output (tokens appended, stops,
                finished requests, freed blocks)
     dispatch   scheduler: RouterHub.dispatch (outputs onto their routers' streams)

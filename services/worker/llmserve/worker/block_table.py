@@ -7,8 +7,11 @@ one row gather, not a Python list of lists turned into a tensor.
       row 1: [ 3  9  0  0  0 ...]                 kernels mask keys past each row's length)
     step with rows [1, 0], widest 3 blocks  ->  [[3 9 0], [7 2 5]]   (table[:, :3].index_select)
 
-A step's gather is pageable host memory: on CUDA its copy to the device is synchronous
-(a pinned, double-buffered staging tensor would make it asynchronous: not done yet).
+With `staged` (the CUDA worker's) a step's gather lands in one of two persistent
+host buffers, pinned on CUDA, used in turn: its non-blocking copy to the device may still
+be running while the next step's gather writes the other buffer, and a buffer is written
+again only two steps later, when its step has been read back (at most two steps are in
+flight, the older read back before a third is launched: ModelRunner.launch).
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ from llmserve.contract.arith import cdiv
 
 
 class BlockTables:
-    def __init__(self, max_model_len: int, block_size: int, capacity: int = 64):
+    def __init__(self, max_model_len: int, block_size: int, capacity: int = 64, staged: bool = False):
         # NOTE: widened if a multi-step run's lookahead or a step's drafts reach past max_model_len's blocks.
         self.max_blocks = cdiv(max_model_len, block_size) + 1
+        self.staged = staged
+        self._staging: list[torch.Tensor] = []  # two flat int32 buffers (staged only), grown on demand
+        self._turn = 0
         self.table = self._zeros(capacity)  # [capacity, max_blocks] int32
         self.lengths: list[int] = [0] * capacity  # blocks written per row
         self._free = list(range(capacity - 1, -1, -1))  # rows not in use (popped from the end: lowest first)
@@ -62,8 +68,22 @@ class BlockTables:
         self._free = list(range(capacity - 1, -1, -1))
 
     def padded(self, rows: list[int], width: int) -> torch.Tensor:
-        """[len(rows), width] int32: the rows' tables in this order, cut or zero-padded to width."""
-        return self.table[:, :width].index_select(0, torch.tensor(rows, dtype=torch.long))
+        """[len(rows), width] int32: the rows' tables in this order, cut or zero-padded to
+        width (staged: a view of the next staging buffer, valid until padded's next call but one)."""
+        index = torch.tensor(rows, dtype=torch.long)
+        if not self.staged:
+            return self.table[:, :width].index_select(0, index)
+        return torch.index_select(self.table[:, :width], 0, index, out=self._next_staging(len(rows) * width)
+                                  .view(len(rows), width))
+
+    def _next_staging(self, numel: int) -> torch.Tensor:
+        """[numel] int32 of the buffer whose turn it is."""
+        if not self._staging or numel > self._staging[0].numel():
+            size = max(numel, 2 * self._staging[0].numel() if self._staging else 4096)
+            self._staging = [torch.empty(size, dtype=torch.int32, pin_memory=torch.cuda.is_available())
+                             for _ in range(2)]
+        self._turn ^= 1
+        return self._staging[self._turn][:numel]
 
     def _widen(self, max_blocks: int) -> None:
         table = torch.zeros(self.table.shape[0], max_blocks, dtype=torch.int32)

@@ -12,8 +12,22 @@ from llmserve.contract.plan import StepPlan
 from llmserve.contract.sampling import SamplingParams
 from llmserve.worker.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from llmserve.worker.block_table import BlockTables
-from llmserve.worker.sampler import SamplingRows
+from llmserve.worker.sampler import SamplingRows, TokenBitmask
 from llmserve.worker.structured_output import Grammars, RowGrammar
+
+# A token sampled by a step launched and not read back yet: its id is still on the
+# device (ModelRunner.launch appends it; finish writes the id over it).
+PLACEHOLDER = -1
+
+
+@dataclass(eq=False)
+class Placeholder:
+    """Where a launched step's sampled id goes: `position` of `state.token_ids`, holding
+    PLACEHOLDER until the step is read back, and `index` in the step's sampled ids [S]."""
+
+    state: RequestState
+    position: int
+    index: int
 
 
 @dataclass
@@ -30,6 +44,9 @@ class RequestState:
     row: int = -1  # Its row of InputBatch.block_tables (block_ids, kept there as a tensor too).
     # Structured output: the sample's grammar matcher (None: unconstrained).
     grammar: RowGrammar | None = None
+    # Its placeholder sampled by the last step launched, while that step is not read back
+    # (a row the next step schedules takes the id from that step's device tensor).
+    placeholder: Placeholder | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_output_tokens(self) -> int:
@@ -62,7 +79,8 @@ class InputBatch:
         self.device = torch.device(device)  # where the step's tensors go (the model's device)
         self.states: dict[int, RequestState] = {}
         self.grammars = grammars  # Compiles constrained samples' grammars (None: none may come).
-        self.block_tables = BlockTables(max_model_len, block_size)  # every state's block_ids, by row
+        # Every state's block_ids, by row; a step's gather staged in pinned memory on CUDA.
+        self.block_tables = BlockTables(max_model_len, block_size, staged=self.device.type == "cuda")
 
     def clear(self) -> None:
         """Forget every request (a new scheduler stream resends them in full)."""
@@ -167,10 +185,15 @@ class InputBatch:
             raise ValueError(f"request {rid!r}: length {end} exceeds max_model_len {self.max_model_len}")
 
     # ---- state -> tensors ----------------------------------------------------------
-    def build_inputs(self, rows: list[tuple[RequestState, int]]) -> StepInputs:
+    def build_inputs(self, rows: list[tuple[RequestState, int]],
+                     prev_sampled: torch.Tensor | None = None) -> StepInputs:
         """The step's tensors. A row verifying drafts becomes 1 + drafts decode rows over
         one block table, row j seeing the keys up to its own position (causal): the
-        backends' batched decode path computes it, every position sampled."""
+        backends' batched decode path computes it, every position sampled.
+
+        `prev_sampled`: [S'] long on the device, the sampled ids of the last step launched
+        and not read back; an input token still a placeholder of that step is taken from
+        it on the device (no host round trip)."""
         # NOTE: decode rows (1 token, or drafts being verified) first: the attention backend batches them.
         rows = sorted(rows, key=lambda r: r[1] != 1 and not r[0].draft_token_ids)
         bs = self.block_size
@@ -179,9 +202,13 @@ class InputBatch:
         slots: list[int] = []
         query_lens, seq_lens, tables, table_rows = [], [], [], []
         sample_idx, sample_states, sample_offsets = [], [], []
+        fill_dst, fill_src = [], []  # input_ids[fill_dst] = prev_sampled[fill_src]
         for st, n in rows:
             c = st.num_computed_tokens
             table = st.block_ids
+            if st.placeholder is not None and c <= st.placeholder.position < c + n:
+                fill_dst.append(len(ids) + st.placeholder.position - c)
+                fill_src.append(st.placeholder.index)
             if st.draft_token_ids:
                 ids.extend(st.token_ids[c:] + st.draft_token_ids)
                 for j, p in enumerate(range(c, c + n)):
@@ -206,10 +233,15 @@ class InputBatch:
                 sample_idx.append(len(ids) - 1)
                 sample_states.append(st)
                 sample_offsets.append(0)
-        # NOTE: the four index lists go to the device as one host tensor, one copy.
-        T, S = len(ids), len(sample_idx)
-        packed = torch.tensor(ids + pos + slots + sample_idx, dtype=torch.long).to(self.device, non_blocking=True)
-        input_ids, positions, slot_mapping, sample_indices = packed.split([T, T, T, S])
+        # NOTE: the six index lists go to the device as one host tensor, one copy.
+        T, S, F = len(ids), len(sample_idx), len(fill_dst)
+        packed = torch.tensor(ids + pos + slots + sample_idx + fill_dst + fill_src,
+                              dtype=torch.long).to(self.device, non_blocking=True)
+        input_ids, positions, slot_mapping, sample_indices, dst, src = packed.split([T, T, T, S, F, F])
+        if F:
+            if prev_sampled is None:
+                raise RuntimeError(f"{F} input tokens are placeholders of a step that is not in flight")
+            input_ids.index_copy_(0, dst, prev_sampled.index_select(0, src))  # on the device, no sync
         # [rows, widest table this step] int32: one gather from the kept tables, one copy
         padded = self.block_tables.padded(table_rows, max(cdiv(n, bs) for n in seq_lens) if seq_lens else 0)
         meta = self.attention_backend.build_metadata(query_lens, seq_lens, tables, slot_mapping, bs,
@@ -227,8 +259,9 @@ class InputBatch:
         return StepInputs(input_ids=input_ids, positions=positions, meta=meta, sample_indices=sample_indices,
                           sample_states=sample_states, sample_offsets=sample_offsets, sampling=sampling)
 
-    def _token_bitmask(self, states: list[RequestState]) -> torch.Tensor | None:
-        """The sampled rows' allowed tokens ([S, ceil(V / 32)] int32), or None when none is
+    def _token_bitmask(self, states: list[RequestState]) -> TokenBitmask | None:
+        """The constrained rows' allowed tokens (TokenBitmask: their indices among the S
+        sampled rows, and a bit per token id each), or None when none is
         constrained: unconstrained batches pay nothing."""
         if self.grammars is None or all(st.grammar is None for st in states):
             return None

@@ -3,6 +3,7 @@ one StepPlan at a time."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -23,7 +24,8 @@ from llmserve.worker.attention import backend_class, install_backend
 from llmserve.worker.config import RunnerConfig
 from llmserve.worker.cuda_graphs import DecodeGraphs, capture_sizes
 from llmserve.worker.device import dtype_choice, dtype_name, resolve_device
-from llmserve.worker.input_batch import InputBatch
+from llmserve.worker.input_batch import PLACEHOLDER, InputBatch, Placeholder, RequestState
+from llmserve.worker.launched_step import DeviceStep, HostIds, LaunchedStep, must_finish_first
 from llmserve.worker.layers.int8_weight import describe_quantization
 from llmserve.worker.distributed import DistInit, init_parallel
 from llmserve.worker.models.decoder import head_dim_of, local_kv_heads, release_window
@@ -119,6 +121,9 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.capture()
         self._interrupted_step_id = -1  # Set by interrupt() from the service's thread.
+        # Launched, not read back yet (oldest first; at most two): see launch.
+        self._unfinished: collections.deque[LaunchedStep] = collections.deque()
+        self.host_ids = HostIds(self.device, settings.max_num_batched_tokens)
         self._info = self._worker_info(model_name or self.model_dir.name)
         self._log_ready()
 
@@ -292,7 +297,11 @@ class ModelRunner:
         return self._info
 
     def reset_requests(self) -> None:
-        """Forget every request (a new scheduler stream resends them in full)."""
+        """Forget every request (a new scheduler stream resends them in full), once the
+        steps still in flight are done with the device."""
+        for launched in self._unfinished:
+            launched.wait()
+        self._unfinished.clear()
         self.batch.clear()
 
     def interrupt(self, step_id: int) -> None:
@@ -301,20 +310,70 @@ class ModelRunner:
         self._interrupted_step_id = step_id
 
     def execute(self, plan: StepPlan) -> StepResult:
-        """Run one step, or a multi-step plan's decode steps back to back (each step's
-        sampled tokens are the next one's inputs) until done or interrupted. Raises
-        ValueError on an inconsistent plan (states unchanged)."""
-        steps_run = 0
-        # NOTE: Triton launches on the current device's stream: make this rank's current.
-        on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
-        with torch.inference_mode(), on_device:  # a multi-step plan's steps each replay their graph
+        """Run one plan to the end: finish(launch(plan)). Raises ValueError on an
+        inconsistent plan (states unchanged)."""
+        return self.finish(self.launch(plan))
+
+    def launch(self, plan: StepPlan) -> LaunchedStep:
+        """Apply the plan, move its blocks, then run its forward and sampling without
+        reading the sampled ids back: each sampled row gets a placeholder, which the next
+        plan's inputs take from the device (launched_step.py). A multi-step plan runs its
+        decode steps back to back (each step's ids read back, the next one's inputs) until
+        done or interrupted; its last step stays in flight.
+
+        At most one step stays in flight while another is launched: an older one is read
+        back first, and so is the one in flight when the plan cannot go ahead of it
+        (must_finish_first). Raises ValueError on an inconsistent plan (states unchanged)."""
+        self._finish_before(plan)
+        prev = self._unfinished[-1].pending if self._unfinished else None
+        with torch.inference_mode(), self._on_device():  # a multi-step plan's steps each replay their graph
             rows = self.batch.apply_plan(plan)
             self._move_blocks(plan)
-            sampled: list[SampledToken] = []
+            launched = LaunchedStep(plan, rows)
+            steps_run = 0
             while rows and steps_run < plan.num_steps and (steps_run == 0 or self._run_on(plan.step_id)):
-                sampled += self._run(rows)
+                if launched.pending is not None:  # A multi-step run: its next step reads these ids.
+                    launched.sampled += self._read_back(launched.pending)
+                launched.pending = self._launch_step(rows, prev.ids if prev is not None else None)
                 steps_run += 1
-        return StepResult(step_id=plan.step_id, sampled=sampled, num_steps=max(steps_run, 1))
+            launched.num_steps = max(steps_run, 1)
+        self._unfinished.append(launched)
+        return launched
+
+    def finish(self, launched: LaunchedStep) -> StepResult:
+        """The launched plan's StepResult: waits for its sampled ids on the host, writes
+        them over its placeholders, advances grammars and accepts drafts. A state that a
+        later plan dropped meanwhile still reports its token. Called again (a later
+        launch may have finished it first), returns the same result or raises the same
+        error."""
+        if launched.error is not None:
+            raise launched.error
+        if launched.result is None:
+            try:
+                if launched.pending is not None:
+                    launched.sampled += self._read_back(launched.pending)
+                    launched.pending = None
+                launched.result = StepResult(step_id=launched.plan.step_id, sampled=launched.sampled,
+                                             num_steps=launched.num_steps)
+            except BaseException as exc:
+                launched.error = exc
+                raise
+            finally:
+                if launched in self._unfinished:
+                    self._unfinished.remove(launched)
+        return launched.result
+
+    def _finish_before(self, plan: StepPlan) -> None:
+        """Reads back what must be before `plan` is launched: all but the last step in
+        flight, and that one too where `plan` cannot go ahead of it."""
+        while len(self._unfinished) > 1:
+            self.finish(self._unfinished[0])
+        if self._unfinished and must_finish_first(self._unfinished[-1], plan, self.batch.states):
+            self.finish(self._unfinished[-1])
+
+    def _on_device(self):
+        # NOTE: Triton launches on the current device's stream: make this rank's current.
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _run_on(self, step_id: int) -> bool:
         """Whether a multi-step run goes on to its next step. In a TP x PP group every rank
@@ -342,28 +401,54 @@ class ModelRunner:
         hidden = self.graphs.replay(size, inp.input_ids, inp.positions, inp.meta)  # [B, hidden]
         return self.model.compute_logits(hidden[inp.sample_indices]) if inp.sample_indices.numel() else None
 
-    def _run(self, rows) -> list[SampledToken]:
-        inp = self.batch.build_inputs(rows)
+    def _launch_step(self, rows, prev_sampled: torch.Tensor | None) -> DeviceStep | None:
+        """One forward and its sampling, the ids left on the device (and on their way to
+        the host); None when the step samples nothing (prefill chunks only).
+        prev_sampled: [S'] the ids of the step in flight, where this step's inputs'
+        placeholders are."""
+        inp = self.batch.build_inputs(rows, prev_sampled)
         logits = self._forward(inp)  # [S, vocab] on the last PP stage; None elsewhere
         for st, n in rows:
             st.num_computed_tokens += n - len(st.draft_token_ids)  # Drafts count once accepted.
         if not inp.sample_states:
-            return []
-        states, offsets = inp.sample_states, inp.sample_offsets
+            return None
+        states = inp.sample_states
         logprobs: list = [None] * len(states)
         if self.parallel.is_driver:  # sampling happens on the last stage's TP rank 0 only
             out = self.sampler(logits, inp.sampling)
             tokens, logprobs = out.token_ids, out.logprobs
         else:
             tokens = torch.empty(len(states), dtype=torch.long, device=self.device)
-        # Every rank appends the same ids: broadcast on the device, then the step's one read back.
-        token_ids = self.parallel.broadcast_tensor_from_driver(tokens).tolist()
+        # Every rank keeps the same ids: a broadcast on the device (a collective: in the
+        # launch, on every rank alike); the read back is finish's.
+        tokens = self.parallel.broadcast_tensor_from_driver(tokens)  # [S]
+        host_ids, copied = self.host_ids.copy(tokens)
+        # A row verifying drafts appends its kept tokens at read back (the next plan waits for it).
+        placeholders = [None if st.draft_token_ids else self._placeholder(st, k) for k, st in enumerate(states)]
+        return DeviceStep(states, inp.sample_offsets, logprobs, tokens, host_ids, copied, placeholders)
+
+    @staticmethod
+    def _placeholder(st: RequestState, index: int) -> Placeholder:
+        st.token_ids.append(PLACEHOLDER)
+        st.placeholder = Placeholder(st, len(st.token_ids) - 1, index)
+        return st.placeholder
+
+    def _read_back(self, step: DeviceStep) -> list[SampledToken]:
+        """The step's ids on the host (its one wait for the device), written over its
+        placeholders; grammars advanced; drafts accepted or rejected."""
+        if step.copied is not None:
+            step.copied.synchronize()
+        token_ids = step.host_ids.tolist()
         out = []
         rejected: set[int] = set()  # Rows verifying drafts whose kept tokens are complete.
-        for st, j, tok, lp in zip(states, offsets, token_ids, logprobs):
+        for st, j, tok, lp, ph in zip(step.states, step.offsets, token_ids, step.logprobs, step.placeholders):
             if st.seq_id in rejected:
                 continue
-            if st.draft_token_ids:
+            if ph is not None:
+                st.token_ids[ph.position] = tok
+                if st.placeholder is ph:
+                    st.placeholder = None
+            else:
                 # Keep the sample at position j; it accepts draft j when they agree, and
                 # then position j + 1's sample is next (each sampled from the target
                 # distribution, so the kept tokens are distributed as plain decoding's).
@@ -371,10 +456,11 @@ class ModelRunner:
                     st.num_computed_tokens += 1
                 else:
                     rejected.add(st.seq_id)
-            st.token_ids.append(tok)
+                st.token_ids.append(tok)
             if st.grammar is not None:
                 st.grammar.advance(tok)
             out.append(SampledToken(st.seq_id, tok, lp))
-        for st, _ in rows:
-            st.draft_token_ids = []
+        for st, ph in zip(step.states, step.placeholders):
+            if ph is None:
+                st.draft_token_ids = []
         return out

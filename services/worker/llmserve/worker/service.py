@@ -1,6 +1,6 @@
 """The worker service: holds the model and its KV cache, executes step plans.
 
-    scheduler ──StepPlan──▶ Execute stream ──▶ ModelRunner.execute ──▶ StepResult ──▶ scheduler
+    scheduler ──StepPlan──▶ Execute stream ──▶ ModelRunner.launch, finish ──▶ StepResult ──▶ scheduler
 
 At start-up it loads the model, sizes its KV cache from the memory budget, starts
 serving, then registers with the scheduler (address + block count). It never
@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import logging
 import time
+from dataclasses import dataclass
 
 import grpc
 
@@ -24,7 +26,7 @@ from llmserve.worker.config import WorkerConfig
 from llmserve.contract.grpc_server import SERVING, ServiceServer, channel
 from llmserve.contract.peers import SCHEDULER, PeerCheck
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
-from llmserve.contract.plan import StepResult
+from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.startup_errors import StartupError, rpc_cause
 from llmserve.telemetry import WorkerMetrics, setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
 from llmserve.telemetry import step_phases, tracing
@@ -50,9 +52,33 @@ def new_compute_thread() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
 
 
+def _wait_quietly(launched) -> None:
+    """launched.wait(); its failure is finish's to report."""
+    try:
+        launched.wait()
+    except Exception:  # noqa: BLE001 (raised again by the runner's finish)
+        pass
+
+
+@dataclass
+class _Step:
+    """A plan in the worker's hands, from its launch to its reply."""
+
+    step_id: int
+    start: float  # perf_counter() at its launch
+    plan: StepPlan | None = None
+    span: object = tracing.trace.INVALID_SPAN
+    launched: object = None  # The runner's LaunchedStep (None: the launch failed)
+    device_done: asyncio.Future | None = None  # Done when launched's device work is (LaunchedStep.wait)
+    result: StepResult | None = None  # Set by a failed launch, a failed step before it, or the finish
+    # Its own launch or finish failed (not only the step before it): the step behind it fails too.
+    failed: bool = False
+
+
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     """The Worker gRPC service in front of one ModelRunner: `Execute` takes one scheduler's
-    stream of step plans (and interrupts), runs each plan on the compute thread and
+    stream of step plans (and interrupts), launches and finishes each plan on the compute
+    thread (the next plan launched before the last is finished where it can be) and
     streams back one StepResult per plan, in order; `Describe` says what it serves. A
     failed plan fails its step, not the worker, unless it broke a parallel group."""
 
@@ -68,6 +94,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._stream_lock = asyncio.Lock()
         # Every step runs on the thread that loaded the model (see `new_compute_thread`).
         self._compute_thread = compute_thread or new_compute_thread()
+        # Waits for a launched step's device work (no torch compute, so no OpenMP team).
+        self._device_waiter = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-wait")
         # Arrival times of the queued plans, while step phases are recorded (bench overhead).
         self._arrivals: collections.deque[float] = collections.deque()
 
@@ -83,26 +111,55 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         async with self._stream_lock:
             # A new stream means a new (or restarted) scheduler: it will resend every
             # request in full, so stale per-request state must go.
-            self.runner.reset_requests()
+            await self._on_compute(self.runner.reset_requests)
             plans: asyncio.Queue = asyncio.Queue()
             # NOTE: commands are read while a step runs, so an interrupt reaches a
             # multi-step plan between two of its steps.
             reader = asyncio.create_task(self._read_commands(request_iterator, plans))
             try:
-                while True:
-                    ready = time.perf_counter()
-                    if (plan_pb := await plans.get()) is None:
-                        break
-                    if self._arrivals:
-                        # How long the plan sat behind an earlier one (two in flight): not transport.
-                        step_phases.add("queued", max(0.0, ready - self._arrivals.popleft()))
-                    result = await self._execute(plan_pb)
-                    start = time.perf_counter()
-                    reply = wire.step_result_to_pb(result)
-                    step_phases.add("encode", time.perf_counter() - start)
-                    yield reply
+                async with contextlib.aclosing(self._overlapped(plans)) as results:
+                    async for result in results:
+                        start = time.perf_counter()
+                        reply = wire.step_result_to_pb(result)
+                        step_phases.add("encode", time.perf_counter() - start)
+                        yield reply
             finally:
                 reader.cancel()
+
+    async def _overlapped(self, plans: asyncio.Queue):
+        """Each plan's result, in plan order, with the device kept busy: once step N is
+        launched, plan N+1 is launched before N is finished if it is queued, or arrives,
+        before N's device work is done; otherwise N is finished when its device work is.
+
+            plan N+1 queued:   launch N | launch N+1 | finish N, reply N | ...
+            none yet:          launch N | (wait: N's device work or a plan) | finish N, reply N
+        """
+        in_flight: _Step | None = None
+        next_plan: asyncio.Task | None = None
+        try:
+            while True:
+                next_plan = next_plan or asyncio.ensure_future(plans.get())
+                if in_flight is not None and not next_plan.done():
+                    if in_flight.device_done is not None:  # (None: its launch failed, no device work)
+                        # NOTE: the wait is on a thread of its own, never the compute thread.
+                        await asyncio.wait({next_plan, in_flight.device_done}, return_when=asyncio.FIRST_COMPLETED)
+                    if not next_plan.done():  # N's device work is done first: reply N.
+                        yield await self._finish(in_flight)
+                        in_flight = None
+                        continue
+                plan_pb = await next_plan
+                next_plan = None
+                if plan_pb is None:
+                    break
+                step = await self._launch(plan_pb)
+                if in_flight is not None:
+                    yield await self._finish(in_flight, behind=step)
+                in_flight = step
+            if in_flight is not None:
+                yield await self._finish(in_flight)
+        finally:
+            if next_plan is not None:
+                next_plan.cancel()
 
     async def _read_commands(self, request_iterator, plans: asyncio.Queue) -> None:
         """Queues plans in order; passes interrupts to the runner at once. None ends the queue."""
@@ -117,38 +174,60 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         finally:
             plans.put_nowait(None)
 
-    async def _execute(self, plan_pb) -> StepResult:
-        start = time.perf_counter()
-        span = tracing.trace.INVALID_SPAN
-        try:
-            plan = wire.step_plan_from_pb(plan_pb)
-            decoded = time.perf_counter()
-            step_phases.add("encode", decoded - start)
-            span = self._step_span(plan)
-            # In a thread: torch releases the GIL, so health checks stay responsive.
-            result = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_timed, plan)
-        except Exception as exc:  # A bad plan or a failed forward fails the step, not the worker.
-            logger.exception("step %d failed", plan_pb.step_id)
-            result = StepResult(step_id=plan_pb.step_id, error=f"{type(exc).__name__}: {exc}")
-            # NOTE: a plan is rejected (ValueError) identically on every rank, before any
-            # collective; anything else may have left the ranks out of step.
-            if not isinstance(exc, ValueError) and self._in_group() and self.on_fatal is not None:
-                logger.error("rank %d: the parallel group is broken; stopping", self.runner.parallel.rank)
-                self.on_fatal()
-        if self.metrics is not None:
-            self.metrics.step_time.record(time.perf_counter() - start)
-        if span.is_recording():
-            self._end_spans(span, plan, result)
-        return result
+    async def _on_compute(self, fn, *args):
+        """fn(*args) on the compute thread. In a thread: torch releases the GIL, so health
+        checks stay responsive."""
+        return await asyncio.get_running_loop().run_in_executor(self._compute_thread, fn, *args)
 
-    def _run_timed(self, plan):
-        """runner.execute, its time on the compute thread recorded (bench overhead's
-        transport is the scheduler's round trip less this and the protobuf work)."""
+    async def _launch(self, plan_pb) -> _Step:
+        """Decodes and launches the plan; a launch that fails fails the step (its result is
+        the error)."""
         start = time.perf_counter()
+        if self._arrivals:
+            # How long the plan sat behind an earlier one before its launch: not transport.
+            step_phases.add("queued", max(0.0, start - self._arrivals.popleft()))
+        step = _Step(plan_pb.step_id, start)
         try:
-            return self.runner.execute(plan)
-        finally:
-            step_phases.add("execute", time.perf_counter() - start)
+            step.plan = wire.step_plan_from_pb(plan_pb)
+            step_phases.add("encode", time.perf_counter() - start)
+            step.span = self._step_span(step.plan)
+            step.launched = await self._on_compute(self.runner.launch, step.plan)
+            step.device_done = asyncio.get_running_loop().run_in_executor(self._device_waiter, _wait_quietly,
+                                                                          step.launched)
+        except Exception as exc:  # A bad plan or a failed forward fails the step, not the worker.
+            step.result, step.failed = self._failed(step.step_id, exc), True
+        return step
+
+    async def _finish(self, step: _Step, behind: _Step | None = None) -> StepResult:
+        """The step's result, once its sampled ids are read back. `behind`: the step
+        launched after it, on its placeholders: it fails too if this one fails."""
+        if step.launched is not None:  # (read back even when a failed step before it decided the result)
+            try:
+                result = await self._on_compute(self.runner.finish, step.launched)
+            except Exception as exc:
+                result, step.failed = self._failed(step.step_id, exc), True
+            step.result = step.result or result
+        if step.failed and behind is not None and behind.result is None:
+            # NOTE: as the scheduler, which fails N+1 when the worker fails N (N+1 was built
+            # on N's placeholders), but not N+2 when N+1 failed only for that.
+            behind.result = StepResult(step_id=behind.step_id, error=f"step {step.step_id} before it failed: "
+                                                                      f"{step.result.error}")
+        end = time.perf_counter()
+        step_phases.add("execute", end - step.start)
+        if self.metrics is not None:
+            self.metrics.step_time.record(end - step.start)
+        if step.span.is_recording():
+            self._end_spans(step.span, step.plan, step.result)
+        return step.result
+
+    def _failed(self, step_id: int, exc: Exception) -> StepResult:
+        logger.exception("step %d failed", step_id, exc_info=exc)
+        # NOTE: a plan is rejected (ValueError) identically on every rank, before any
+        # collective; anything else may have left the ranks out of step.
+        if not isinstance(exc, ValueError) and self._in_group() and self.on_fatal is not None:
+            logger.error("rank %d: the parallel group is broken; stopping", self.runner.parallel.rank)
+            self.on_fatal()
+        return StepResult(step_id=step_id, error=f"{type(exc).__name__}: {exc}")
 
     @staticmethod
     def _step_span(plan):

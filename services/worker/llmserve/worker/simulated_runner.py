@@ -2,23 +2,33 @@
 path of a step measured without a GPU (`llmserve bench overhead`).
 
 It loads no weights: only config.json's facts the scheduler and router use (vocab size,
-eos ids, max_model_len). Each step does the real runner's host work as it is (InputBatch:
-validate the plan, add / extend / drop rows, slot mapping, block tables, the step's
-tensors and attention metadata, the sampling rows), then sleeps X ms on the compute
-thread, standing for the device, then returns `simulated_token` for every sampled row:
-a fixed function of the position and the token before it, never an eos id, so anyone
-holding the prompt can check every output token.
+eos ids, max_model_len). It has the real runner's launch / finish: a launch does the
+real runner's host work as it is (InputBatch: validate the plan, add / extend / drop
+rows, slot mapping, block tables, the step's tensors and attention metadata, the
+sampling rows, placeholders) and queues the step on an asynchronous simulated device:
+one thread that runs the launched steps in order, each taking X ms, then computing
+`simulated_token` for every sampled row (a fixed function of the position and the
+token before it, never an eos id, so anyone holding the prompt can check every output
+token). A token before it still a placeholder is resolved there, from the previous
+step's device result, as the GPU would. So the host prepares step N+1 while the device
+runs N; finish waits for the device (step phase "sync") and fills the placeholders.
 
-Multi-step plans run their steps (one sleep each); plans carrying speculative drafts,
-swaps or block copies are refused (ValueError fails the step, not the worker).
+Multi-step plans run their steps (each read back before the next); plans carrying
+speculative drafts, swaps or block copies are refused (ValueError fails the step, not
+the worker).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 from llmserve.contract.plan import SampledToken, StepPlan, StepResult
 from llmserve.contract.worker_info import WorkerInfo
@@ -26,7 +36,8 @@ from llmserve.telemetry import step_phases
 from llmserve.worker.attention import TorchPagedAttention
 from llmserve.worker.config import RunnerConfig
 from llmserve.worker.distributed import ParallelState
-from llmserve.worker.input_batch import InputBatch
+from llmserve.worker.input_batch import PLACEHOLDER, InputBatch, Placeholder, RequestState
+from llmserve.worker.launched_step import must_finish_first
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +68,78 @@ def _eos_ids(model_dir: Path, config: dict) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
+@dataclass(eq=False)
+class SimulatedStep:
+    """One forward launched on the simulated device: what its kernels read (each sampled
+    row's position and the token before it, or the index of that token in the previous
+    step's result), and, once `done` is set, its sampled ids."""
+
+    positions: list[int]  # [S]
+    previous: list[int]  # [S]: the token before, or PLACEHOLDER: then previous_index's in `after`'s ids
+    previous_index: list[int]  # [S]
+    after: SimulatedStep | None  # the step launched before it, whose ids its placeholders read
+    placeholders: list[Placeholder]  # [S]
+    ids_stand_in: torch.Tensor  # [S] zeros: what the real runner's next inputs gather from
+    ids: list[int] = field(default_factory=list)  # [S], written by the device thread
+    enqueued: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class SimulatedDevice:
+    """One thread standing for the device: runs the launched steps in launch order, each
+    taking `step_s` and then computing its tokens. `idle_starts` counts the steps it
+    started idle: launched only after the step before had ended (the host was late)."""
+
+    def __init__(self, step_s: float, vocab_size: int, eos_ids: frozenset[int]):
+        self.step_s, self.vocab_size, self.eos_ids = step_s, vocab_size, eos_ids
+        self.steps = 0
+        self.idle_starts = 0
+        self._last_end = 0.0
+        self._queue: queue.SimpleQueue[SimulatedStep] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="simulated-device", daemon=True).start()
+
+    def submit(self, step: SimulatedStep) -> None:
+        step.enqueued = time.perf_counter()
+        self._queue.put(step)
+
+    def _run(self) -> None:
+        while True:
+            step = self._queue.get()
+            if step.enqueued >= self._last_end:
+                self.idle_starts += 1
+            time.sleep(self.step_s)  # The kernels.
+            previous = [prev if prev != PLACEHOLDER else step.after.ids[i]
+                        for prev, i in zip(step.previous, step.previous_index)]
+            step.ids = [simulated_token(pos, prev, self.vocab_size, self.eos_ids)
+                        for pos, prev in zip(step.positions, previous)]
+            step.after = None  # (no chain of steps kept alive)
+            self.steps += 1
+            self._last_end = time.perf_counter()
+            step.done.set()
+
+
+@dataclass(eq=False)
+class SimulatedLaunch:
+    """A plan launched on the simulated device (model_runner's LaunchedStep, simulated)."""
+
+    plan: StepPlan
+    rows: list[tuple[RequestState, int]]
+    sampled: list[SampledToken] = field(default_factory=list)
+    num_steps: int = 1
+    pending: SimulatedStep | None = None
+    result: StepResult | None = None
+    verifies_drafts: bool = False  # (refused here)
+
+    def wait(self) -> None:
+        pending = self.pending  # (finish may clear it meanwhile, on the compute thread)
+        if pending is not None:
+            pending.done.wait()
+
+
 class SimulatedRunner:
-    """ModelRunner's interface as the worker service uses it (execute, interrupt,
-    reset_requests, info, parallel) over a simulated device; see the module docstring."""
+    """ModelRunner's interface as the worker service uses it (launch, finish, execute,
+    interrupt, reset_requests, info, parallel) over a simulated device; see the module
+    docstring."""
 
     def __init__(self, model_dir: Path, settings: RunnerConfig, step_ms: float, *, model_name: str | None = None):
         if step_ms <= 0:
@@ -75,6 +155,8 @@ class SimulatedRunner:
         self.parallel = ParallelState()  # One process: no group to join.
         self.num_kv_blocks = settings.num_kv_blocks or DEFAULT_NUM_BLOCKS
         self.batch = InputBatch(settings.block_size, self.num_kv_blocks, max_model_len, TorchPagedAttention, "cpu")
+        self.device = SimulatedDevice(self.step_s, self.vocab_size, self.eos_ids)
+        self._unfinished: list[SimulatedLaunch] = []  # Launched, not read back (oldest first; at most two)
         self._interrupted_step_id = -1
         bos = config.get("bos_token_id")
         self.info = WorkerInfo(
@@ -87,47 +169,85 @@ class SimulatedRunner:
                     self.num_kv_blocks)
 
     def reset_requests(self) -> None:
+        for launched in self._unfinished:
+            launched.wait()
+        self._unfinished.clear()
         self.batch.clear()
 
     def interrupt(self, step_id: int) -> None:
         self._interrupted_step_id = step_id
 
     def execute(self, plan: StepPlan) -> StepResult:
+        return self.finish(self.launch(plan))
+
+    def launch(self, plan: StepPlan) -> SimulatedLaunch:
+        """As ModelRunner.launch: the plan's host work, its step queued on the device."""
         if plan.swap_in or plan.swap_out or plan.copies:
             raise ValueError("a simulated worker holds no KV cache: it cannot swap or copy blocks")
         if any(r.draft_token_ids for r in plan.new_requests) or any(c.draft_token_ids for c in plan.cached_requests):
             raise ValueError("a simulated worker does not verify speculative drafts")
+        while len(self._unfinished) > 1:
+            self.finish(self._unfinished[0])
+        if self._unfinished and must_finish_first(self._unfinished[-1], plan, self.batch.states):
+            self.finish(self._unfinished[-1])
+        prev = self._unfinished[-1].pending if self._unfinished else None
         start = time.perf_counter()
         rows = self.batch.apply_plan(plan)
         step_phases.add("prepare", time.perf_counter() - start)
-        sampled: list[SampledToken] = []
+        launched = SimulatedLaunch(plan, rows)
         steps_run = 0
         while rows and steps_run < plan.num_steps and (steps_run == 0 or self._interrupted_step_id != plan.step_id):
-            sampled += self._step(rows)
+            if launched.pending is not None:  # A multi-step run: its next step reads these ids.
+                launched.sampled += self._read_back(launched.pending)
+            launched.pending = self._launch_step(rows, prev)
             steps_run += 1
+        launched.num_steps = max(steps_run, 1)
         step_phases.add("plans", 1)
-        return StepResult(step_id=plan.step_id, sampled=sampled, num_steps=max(steps_run, 1))
+        self._unfinished.append(launched)
+        return launched
 
-    def _step(self, rows) -> list[SampledToken]:
-        """One step: inputs as the real runner builds them, the device's time, the tokens."""
+    def finish(self, launched: SimulatedLaunch) -> StepResult:
+        """As ModelRunner.finish: waits for the device, fills the placeholders."""
+        if launched.result is None:
+            if launched.pending is not None:
+                launched.sampled += self._read_back(launched.pending)
+                launched.pending = None
+            launched.result = StepResult(step_id=launched.plan.step_id, sampled=launched.sampled,
+                                         num_steps=launched.num_steps)
+            self._unfinished.remove(launched)
+        return launched.result
+
+    def _launch_step(self, rows, prev: SimulatedStep | None) -> SimulatedStep:
+        """One step's inputs as the real runner builds them, queued on the device."""
         start = time.perf_counter()
-        inp = self.batch.build_inputs(rows)
-        launched = time.perf_counter()
-        time.sleep(self.step_s)  # The device computing; the GIL is free meanwhile, as under a CUDA sync.
+        inp = self.batch.build_inputs(rows, prev.ids_stand_in if prev is not None else None)
         for st, n in rows:
             st.num_computed_tokens += n
-        out = []
-        for st in inp.sample_states:
-            tok = simulated_token(len(st.token_ids), st.token_ids[-1], self.vocab_size, self.eos_ids)
-            st.token_ids.append(tok)
-            out.append(SampledToken(st.seq_id, tok, None))
-        end = time.perf_counter()
-        step_phases.add("prepare", launched - start)
+        states = inp.sample_states
+        step = SimulatedStep([len(st.token_ids) for st in states], [st.token_ids[-1] for st in states],
+                             [st.placeholder.index if st.placeholder is not None else -1 for st in states],
+                             prev, [], torch.zeros(len(states), dtype=torch.long))
+        for k, st in enumerate(states):
+            st.token_ids.append(PLACEHOLDER)
+            st.placeholder = Placeholder(st, len(st.token_ids) - 1, k)
+            step.placeholders.append(st.placeholder)
+        self.device.submit(step)
+        step_phases.add("prepare", time.perf_counter() - start)
         step_phases.add("device", self.step_s)
-        # What a real step spends past the device's work: waking from the blocking wait
-        # (the sleep's overshoot) and turning the sampled ids into the step's results.
-        step_phases.add("sync", end - launched - self.step_s)
         step_phases.add("steps", 1)
         if any(n > 1 for _, n in rows) and any(n == 1 for _, n in rows):
             step_phases.add("mixed_steps", 1)
+        return step
+
+    def _read_back(self, step: SimulatedStep) -> list[SampledToken]:
+        """The step's ids once the device is done (the wait is phase "sync"), over its placeholders."""
+        start = time.perf_counter()
+        step.done.wait()
+        out = []
+        for ph, tok in zip(step.placeholders, step.ids):
+            ph.state.token_ids[ph.position] = tok
+            if ph.state.placeholder is ph:
+                ph.state.placeholder = None
+            out.append(SampledToken(ph.state.seq_id, tok, None))
+        step_phases.add("sync", time.perf_counter() - start)
         return out

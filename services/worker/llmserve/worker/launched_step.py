@@ -1,0 +1,128 @@
+"""The worker's half of the pipelined loop: a step launched on the device and read back
+later (ModelRunner.launch / finish), and when a plan may not be launched ahead.
+
+    compute stream:  forward N ─ sample N ─┬─ forward N+1 (placeholders <- ids N) ─ sample N+1
+    copy stream:                           └─ ids N -> pinned host ─ event N
+    host:            launch N | launch N+1 | finish N (wait event N, fill placeholders) | ...
+
+Step N's sampled ids stay a device tensor [S]; each sampled row gets a PLACEHOLDER in its
+token ids, which step N+1's inputs take from that tensor on the device
+(InputBatch.build_inputs), and which finish(N) overwrites with the id read back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from llmserve.contract.outputs import TokenLogprobs
+from llmserve.contract.plan import SampledToken, StepPlan, StepResult
+from llmserve.worker.input_batch import Placeholder, RequestState
+
+
+class HostIds:
+    """Where sampled ids are read back. On CUDA: two pinned host buffers used in turn
+    (at most two steps are in flight, and the older is read back before a third is
+    launched), filled by a non-blocking copy on a side stream that waits for the
+    compute stream, each copy's completion marked by an event. On the CPU the ids are
+    already on the host: no copy."""
+
+    def __init__(self, device: torch.device, capacity: int):
+        self.device = device
+        self.on_cuda = device.type == "cuda"
+        self._buffers = [torch.empty(capacity, dtype=torch.long, pin_memory=True) for _ in range(2)] \
+            if self.on_cuda else []
+        self._stream = torch.cuda.Stream(device) if self.on_cuda else None
+        self._turn = 0
+
+    def copy(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """ids: [S] long on the device -> ([S] on the host once the event has fired, the event)."""
+        if not self.on_cuda:
+            return ids, None
+        if ids.shape[0] > self._buffers[0].shape[0]:
+            self._buffers = [torch.empty(ids.shape[0], dtype=torch.long, pin_memory=True) for _ in range(2)]
+        host = self._buffers[self._turn][: ids.shape[0]]
+        self._turn ^= 1
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        event = torch.cuda.Event()
+        with torch.cuda.stream(self._stream):
+            host.copy_(ids, non_blocking=True)
+            event.record()
+        ids.record_stream(self._stream)  # NOTE: allocated on the compute stream, read on this one.
+        return host, event
+
+
+@dataclass
+class DeviceStep:
+    """One forward's samples, launched: the ids on the device and (once `copied` has
+    fired) on the host, and what each sample is."""
+
+    states: list[RequestState]  # [S]
+    offsets: list[int]  # [S]: 0, or the draft position of a row verifying drafts
+    logprobs: list[TokenLogprobs | None]  # [S], read back at launch by the sampler
+    ids: torch.Tensor  # [S] long on the device: the next step's placeholders read it
+    host_ids: torch.Tensor  # [S] long on the host (pinned on CUDA), valid once `copied` has fired
+    copied: torch.cuda.Event | None  # None: host_ids is already valid (CPU)
+    placeholders: list[Placeholder | None]  # [S]; None: a row verifying drafts appends its tokens at read back
+
+
+@dataclass
+class LaunchedStep:
+    """A plan launched by ModelRunner.launch: the tokens its steps read back already (a
+    multi-step plan's), and its last forward's samples, still on the device."""
+
+    plan: StepPlan
+    rows: list[tuple[RequestState, int]]
+    sampled: list[SampledToken] = field(default_factory=list)
+    num_steps: int = 1
+    pending: DeviceStep | None = None  # None: nothing sampled, or already read back
+    result: StepResult | None = None  # Set by finish (which may run inside a later launch)
+    error: BaseException | None = None  # finish's failure, raised again by every finish
+
+    @property
+    def verifies_drafts(self) -> bool:
+        return any(st.draft_token_ids for st, _ in self.rows)
+
+    def wait(self) -> None:
+        """Blocks until the device has copied the sampled ids to the host. Any thread may
+        call it (the worker service waits on a thread of its own)."""
+        pending = self.pending  # (finish may clear it meanwhile, on the compute thread)
+        if pending is not None and pending.copied is not None:
+            # NOTE: this rank's device made current on the calling thread (else a new thread's
+            # first CUDA call opens a context on GPU 0).
+            with torch.cuda.device(pending.ids.device):
+                pending.copied.synchronize()
+
+
+def must_finish_first(in_flight: LaunchedStep, plan: StepPlan, states: dict[int, RequestState]) -> bool:
+    """Whether `plan` must wait for `in_flight`'s tokens on the host before its launch
+    (correctness over overlap). Every rank of a TP x PP group decides alike: the plan and
+    the states are the same on all. Why each reason is one:
+
+      in_flight verified drafts    how many it accepts moves its rows' num_computed_tokens,
+                                   which the next plan's inputs start from
+      plan runs several steps      its steps read each step's ids back before the next
+                                   (ModelRunner._launch_steps)
+      a row carries drafts         a draft row's input is built from token_ids on the host
+                                   and its acceptance compares host ids
+      a penalized row              penalties read the row's history (token ids) on the host
+      a constrained row            its grammar's bitmask needs the matcher advanced by the
+                                   token in flight
+
+    Logprobs are no reason: they are of this step's own logits and ids (the sampler reads
+    them back inside the launch, which costs that step's overlap, not exactness); nor are
+    seeds and min_tokens, which read counts of tokens (placeholders count) only.
+    """
+    if in_flight.result is not None:
+        return False  # Read back already.
+    if in_flight.verifies_drafts or plan.num_steps > 1:
+        return True
+    for r in plan.new_requests:
+        if r.draft_token_ids or r.sampling.penalized or r.sampling.structured_output is not None:
+            return True
+    for c in plan.cached_requests:
+        st = states.get(c.seq_id)
+        if c.draft_token_ids or (st is not None and (st.sampling.penalized or st.grammar is not None)):
+            return True
+    return False
