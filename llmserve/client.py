@@ -87,6 +87,11 @@ class StreamFailed(grpc.aio.AioRpcError):
         return f"the stream failed after {self.deltas} deltas ({how}): {self.code().name}: {self.details()}"
 
 
+def _logprobs(msgs) -> list[TokenLogprobs]:
+    return [TokenLogprobs(token_id=lp.token_id, logprob=lp.logprob, top_token_ids=tuple(lp.top_token_ids),
+                          top_logprobs=tuple(lp.top_logprobs), rank=lp.rank) for lp in msgs]
+
+
 @dataclass
 class GenerationDelta:
     """One streamed step of one sample."""
@@ -101,6 +106,8 @@ class GenerationDelta:
     stop_reason: str = ""  # The stop string or token that ended the sample.
     error: str = ""
     reasoning_text: str = ""  # A chat's new reasoning, split from `text` (the router's --reasoning-parser).
+    # With prompt_logprobs, on the sample's first delta: the prompt's tokens 1.. .
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     @classmethod
     def from_pb(cls, msg: pb.GenerateResponse) -> "GenerationDelta":
@@ -118,15 +125,8 @@ class GenerationDelta:
             token_ids=list(msg.token_ids),
             finish_reason=_FINISH_REASONS.get(msg.finish_reason, "error"),
             usage=usage,
-            logprobs=[
-                TokenLogprobs(
-                    token_id=lp.token_id,
-                    logprob=lp.logprob,
-                    top_token_ids=tuple(lp.top_token_ids),
-                    top_logprobs=tuple(lp.top_logprobs),
-                )
-                for lp in msg.logprobs
-            ],
+            logprobs=_logprobs(msg.logprobs),
+            prompt_logprobs=_logprobs(msg.prompt_logprobs),
             stop_reason=msg.stop_reason,
             error=msg.error,
             reasoning_text=msg.reasoning_text,
@@ -249,10 +249,12 @@ def build_generate_request(
     regex: str | None = None,
     choice: Sequence[str] | None = None,
     grammar: str | None = None,
+    bad_words: Sequence[str] = (),
+    prompt_logprobs: int | None = None,
 ) -> pb.GenerateRequest:
     """The GenerateRequest for these arguments; exactly one input must be given. The
-    sampling fields are SamplingParams' (protos/llmserve/v1/generation.proto); the last
-    five are its structured_output, at most one (structured_output_pb)."""
+    sampling fields are SamplingParams' (protos/llmserve/v1/generation.proto); json_schema
+    to grammar are its structured_output, at most one (structured_output_pb)."""
     given = [x is not None for x in (prompt, messages, token_ids)]
     if sum(given) != 1:
         raise ValueError("pass exactly one of prompt, messages or token_ids")
@@ -261,14 +263,14 @@ def build_generate_request(
     params = pb.SamplingParams(
         top_k=top_k, stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, min_p=min_p,
-        logit_bias=dict(logit_bias or {}), min_tokens=min_tokens,
+        logit_bias=dict(logit_bias or {}), min_tokens=min_tokens, bad_words=list(bad_words),
         structured_output=structured_output_pb(json_schema=json_schema, json_object=json_object, regex=regex,
                                                choice=choice, grammar=grammar),
     )
     # Optional fields: leave unset (server default) unless given.
     for name, value in (("max_tokens", max_tokens), ("temperature", temperature),
                         ("top_p", top_p), ("seed", seed), ("n", n), ("logprobs", logprobs),
-                        ("repetition_penalty", repetition_penalty)):
+                        ("repetition_penalty", repetition_penalty), ("prompt_logprobs", prompt_logprobs)):
         if value is not None:
             setattr(params, name, value)
     request = pb.GenerateRequest(request_id=request_id, model=model, params=params, priority=priority)
@@ -356,6 +358,8 @@ class LLMServeClient:
         regex: str | None = None,
         choice: Sequence[str] | None = None,
         grammar: str | None = None,
+        bad_words: Sequence[str] = (),
+        prompt_logprobs: int | None = None,
         metadata: Sequence[tuple[str, str]] | None = None,
     ) -> AsyncIterator[GenerationDelta]:
         """Stream the deltas of all samples (a chat's reasoning, where the router splits
@@ -370,6 +374,7 @@ class LLMServeClient:
             repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty, min_p=min_p, logit_bias=logit_bias, min_tokens=min_tokens,
             json_schema=json_schema, json_object=json_object, regex=regex, choice=choice, grammar=grammar,
+            bad_words=bad_words, prompt_logprobs=prompt_logprobs,
         )
         call = self._stub.Generate(request, metadata=metadata)
         deltas = 0

@@ -17,7 +17,7 @@ import pytest
 
 from llmserve.contract import wire
 from llmserve.contract.plan import NewRequestData, StepPlan
-from llmserve.contract.sampling import ROUTER_ONLY_FIELDS, SamplingParams, StructuredOutput
+from llmserve.contract.sampling import ROUTER_ONLY_FIELDS, ROUTER_RESOLVED_FIELDS, SamplingParams, StructuredOutput
 from llmserve.internal.v1 import scheduler_pb2, worker_pb2
 from llmserve.router.openai.protocol import ChatCompletionRequest, CompletionRequest
 from llmserve.router.validation import ServedModel, check_sampling, resolve_sampling
@@ -28,19 +28,23 @@ from llmserve.worker.sampler import SamplingRows
 # A valid value, unlike the default, for every field (floats exact in float32, as the
 # wire carries them).
 SET = dict(max_tokens=7, temperature=0.5, top_p=0.25, top_k=3, seed=-(2**40), ignore_eos=True, logprobs=2,
+           prompt_logprobs=3,
            stop_token_ids=(5, 9), stop=("END", "\n\n"), repetition_penalty=1.25, frequency_penalty=0.5,
            presence_penalty=-0.75, min_p=0.125, logit_bias=((3, 1.5), (7, -2.0)), min_tokens=2,
-           structured_output=StructuredOutput("regex", "[a-z]+"))
+           structured_output=StructuredOutput("regex", "[a-z]+"), bad_words=("foo", "bar baz"),
+           bad_words_token_ids=((4,), (6, 8)))
 FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
 SERVED = ServedModel(name="m", max_model_len=64, vocab_size=100, max_prompt_bytes=1 << 20)
 PROMPT_LEN = 3
 
 
 def _public_pb(**extra) -> generation_pb2.SamplingParams:
-    """SET as a gRPC client sends it (a map field takes a dict, a message its fields)."""
+    """SET as a gRPC client sends it (a map field takes a dict, a message its fields;
+    the router-resolved fields are not on the public API)."""
     structured = generation_pb2.StructuredOutput(kind=generation_pb2.STRUCTURED_OUTPUT_KIND_REGEX,
                                                  spec=SET["structured_output"].spec)
-    return generation_pb2.SamplingParams(**{**SET, "logit_bias": dict(SET["logit_bias"]),
+    public = {name: value for name, value in SET.items() if name not in ROUTER_RESOLVED_FIELDS}
+    return generation_pb2.SamplingParams(**{**public, "logit_bias": dict(SET["logit_bias"]),
                                             "structured_output": structured}, **extra)
 
 
@@ -61,12 +65,14 @@ def test_grpc_params_convert_field_for_field():
     pb = generation_pb2.SamplingParams.FromString(pb.SerializeToString())
     sampling, n = wire.sampling_from_public_pb(pb)
     assert n == 2
-    assert _changed(sampling) == set(FIELDS)
+    assert _changed(sampling) == set(FIELDS) - ROUTER_RESOLVED_FIELDS
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_openai_body_converts_field_for_field(endpoint):
-    body = {**SET, "stop": list(SET["stop"]), "stop_token_ids": list(SET["stop_token_ids"]), "n": 2,
+    public = {name: value for name, value in SET.items() if name not in ROUTER_RESOLVED_FIELDS}
+    body = {**public, "stop": list(SET["stop"]), "stop_token_ids": list(SET["stop_token_ids"]), "n": 2,
+            "bad_words": list(SET["bad_words"]),
             "logit_bias": {str(t): b for t, b in SET["logit_bias"]},  # JSON's keys are strings.
             "structured_output": None, "guided_regex": SET["structured_output"].spec}
     if endpoint == "chat":  # Chat asks for logprobs as a flag and a count.
@@ -75,13 +81,15 @@ def test_openai_body_converts_field_for_field(endpoint):
     else:
         sampling, n = CompletionRequest(model="m", prompt="hi", **body).sampling()
     assert n == 2
-    assert _changed(sampling) == set(FIELDS)
+    assert _changed(sampling) == set(FIELDS) - ROUTER_RESOLVED_FIELDS
 
 
 def test_the_router_keeps_every_field_through_validation_and_defaults():
     sampling, n = wire.sampling_from_public_pb(_public_pb())
     check_sampling(sampling, n)
-    assert resolve_sampling(sampling, PROMPT_LEN, SERVED) == SamplingParams(**SET)
+    # (bad_words_token_ids: the router's tokenizer, router/generation.py; tests/router/test_router_tokenizer.py)
+    assert resolve_sampling(sampling, PROMPT_LEN, SERVED) == dataclasses.replace(SamplingParams(**SET),
+                                                                                bad_words_token_ids=())
 
 
 def _through_the_scheduler(sampling: SamplingParams) -> SamplingParams:
@@ -114,7 +122,7 @@ class _NoGrammars:
 
 
 def test_the_worker_receives_the_same_type_and_samples_with_every_column():
-    sent = dataclasses.replace(SamplingParams(**SET), stop=())
+    sent = dataclasses.replace(SamplingParams(**SET), stop=(), bad_words=())
     plan = StepPlan(step_id=0, new_requests=[NewRequestData(1, [1, 2, 3], PROMPT_LEN, sent, [0], 0, PROMPT_LEN)])
     plan = wire.step_plan_from_pb(worker_pb2.StepPlan.FromString(wire.step_plan_to_pb(plan).SerializeToString()))
     batch = InputBatch(block_size=4, num_blocks=8, max_model_len=64, grammars=_NoGrammars())

@@ -36,6 +36,7 @@ class TokenLogprobs:
     logprob: float
     top_token_ids: tuple[int, ...] = ()
     top_logprobs: tuple[float, ...] = ()
+    rank: int = 0  # Among the whole vocabulary (1: the most likely); 0: not given.
 
 
 @dataclass
@@ -50,6 +51,9 @@ class RequestOutput:
     stop_token_id: int = -1  # The eos / stop token that ended the request, or -1.
     error_code: ErrorCode = ErrorCode.OK  # With ERROR: the status the client gets.
     retry_after_ms: int = 0  # With RESOURCE_EXHAUSTED: when a retry may succeed (0: no hint).
+    # With prompt_logprobs, on a sample's first output: the prompt's tokens 1.. (given the
+    # tokens before each).
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:

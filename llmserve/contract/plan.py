@@ -84,9 +84,20 @@ class SampledToken:
 
 
 @dataclass
+class PromptLogprobs:
+    """One step's prompt logprobs for one request: logprobs[i] is of prompt token start + i
+    (>= 1), given the tokens before it."""
+
+    seq_id: int
+    start: int
+    logprobs: list[TokenLogprobs]
+
+
+@dataclass
 class StepResult:
     step_id: int
     # One per sampling request per step run, step by step (a request's tokens in order).
     sampled: list[SampledToken] = field(default_factory=list)
     error: str = ""
     num_steps: int = 1  # Steps run: the plan's num_steps, fewer when interrupted.
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # Rows that asked, mid-prefill.

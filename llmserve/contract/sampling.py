@@ -22,8 +22,11 @@ from dataclasses import dataclass, field
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # Fields that never leave the router (not on the internal wire): the engine stops on
-# token ids only; the router matches stop strings on the detokenized text.
-ROUTER_ONLY_FIELDS = frozenset({"stop"})
+# token ids only; the router matches stop strings on the detokenized text, and turns bad
+# words into bad_words_token_ids.
+ROUTER_ONLY_FIELDS = frozenset({"stop", "bad_words"})
+# Fields no client sets (not on the public API): the router fills them in from others.
+ROUTER_RESOLVED_FIELDS = frozenset({"bad_words_token_ids"})
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -64,6 +67,9 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; 0: sampled token only; k: top k too.
+    # The same for the prompt's tokens 1.. (each given the tokens before it); the prompt is
+    # then computed in full (no prefix-cache hit).
+    prompt_logprobs: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     # Stop strings never leave the router (ROUTER_ONLY_FIELDS).
     stop: tuple[str, ...] = field(default=())
@@ -82,8 +88,19 @@ class SamplingParams:
     # Constrained decoding: only tokens the grammar allows are sampled, and a sample ends
     # (eos) once it is complete. None: unconstrained.
     structured_output: StructuredOutput | None = None
+    # Words never generated (vLLM's bad_words). The router tokenizes each (as is and after
+    # a space) into bad_words_token_ids: a sequence's last token is banned where the
+    # output's last len - 1 tokens are the rest of it (a one-token sequence: always).
+    bad_words: tuple[str, ...] = ()
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     @property
     def penalized(self) -> bool:
-        """Whether the sampler needs the row's token history (any penalty on)."""
+        """Whether any penalty is on (the sampler reads the row's token history)."""
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the sampler reads the row's token history: a penalty, or a bad word of
+        more than one token (its prefix is matched against the output's last tokens)."""
+        return self.penalized or any(len(seq) > 1 for seq in self.bad_words_token_ids)

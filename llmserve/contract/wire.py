@@ -13,6 +13,7 @@ from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput, To
 from llmserve.contract.plan import (
     CachedRequestData,
     NewRequestData,
+    PromptLogprobs,
     SampledToken,
     StepPlan,
     StepResult,
@@ -40,6 +41,7 @@ def logprobs_to_pb(lp: TokenLogprobs) -> generation_pb2.TokenLogprobs:
         logprob=lp.logprob,
         top_token_ids=lp.top_token_ids,
         top_logprobs=lp.top_logprobs,
+        rank=lp.rank,
     )
 
 
@@ -49,6 +51,7 @@ def logprobs_from_pb(msg: generation_pb2.TokenLogprobs) -> TokenLogprobs:
         logprob=msg.logprob,
         top_token_ids=tuple(msg.top_token_ids),
         top_logprobs=tuple(msg.top_logprobs),
+        rank=msg.rank,
     )
 
 
@@ -72,6 +75,7 @@ def sampling_from_public_pb(msg: generation_pb2.SamplingParams) -> tuple[Samplin
         seed=_optional(msg, "seed"),
         ignore_eos=msg.ignore_eos,
         logprobs=_optional(msg, "logprobs"),
+        prompt_logprobs=_optional(msg, "prompt_logprobs"),
         stop_token_ids=tuple(msg.stop_token_ids),
         stop=tuple(msg.stop),
         repetition_penalty=_optional(msg, "repetition_penalty", 1.0),
@@ -82,6 +86,8 @@ def sampling_from_public_pb(msg: generation_pb2.SamplingParams) -> tuple[Samplin
         min_tokens=msg.min_tokens,
         structured_output=(structured_from_public_pb(msg.structured_output)
                            if msg.HasField("structured_output") else None),
+        bad_words=tuple(msg.bad_words),
+        bad_words_token_ids=(),  # (router-resolved: the router tokenizes bad_words)
     )
     return sampling, _optional(msg, "n", 1)
 
@@ -96,6 +102,7 @@ def sampling_to_pb(p: SamplingParams) -> sampling_pb2.SamplingParams:
         seed=p.seed,
         ignore_eos=p.ignore_eos,
         logprobs=p.logprobs,
+        prompt_logprobs=p.prompt_logprobs,
         stop_token_ids=p.stop_token_ids,
         repetition_penalty=p.repetition_penalty,
         frequency_penalty=p.frequency_penalty,
@@ -104,6 +111,7 @@ def sampling_to_pb(p: SamplingParams) -> sampling_pb2.SamplingParams:
         logit_bias=dict(p.logit_bias),
         min_tokens=p.min_tokens,
         structured_output=structured_to_pb(p.structured_output),
+        bad_words_token_ids=[sampling_pb2.TokenSequence(token_ids=seq) for seq in p.bad_words_token_ids],
     )
 
 
@@ -116,6 +124,7 @@ def sampling_from_pb(msg: sampling_pb2.SamplingParams) -> SamplingParams:
         seed=_optional(msg, "seed"),
         ignore_eos=msg.ignore_eos,
         logprobs=_optional(msg, "logprobs"),
+        prompt_logprobs=_optional(msg, "prompt_logprobs"),
         stop_token_ids=tuple(msg.stop_token_ids),
         repetition_penalty=msg.repetition_penalty or 1.0,  # 0 (unset by an older sender): off.
         frequency_penalty=msg.frequency_penalty,
@@ -125,6 +134,7 @@ def sampling_from_pb(msg: sampling_pb2.SamplingParams) -> SamplingParams:
         min_tokens=msg.min_tokens,
         structured_output=StructuredOutput(msg.structured_output.kind, msg.structured_output.spec)
         if msg.HasField("structured_output") else None,
+        bad_words_token_ids=tuple(tuple(seq.token_ids) for seq in msg.bad_words_token_ids),
     )
 
 
@@ -187,6 +197,7 @@ def request_output_to_pb(out: RequestOutput) -> scheduler_pb2.RequestOutput:
         stop_token_id=out.stop_token_id,
         error_code=int(out.error_code),
         retry_after_ms=out.retry_after_ms,
+        prompt_logprobs=[logprobs_to_pb(lp) for lp in out.prompt_logprobs],
     )
 
 
@@ -202,6 +213,7 @@ def request_output_from_pb(msg: scheduler_pb2.RequestOutput) -> RequestOutput:
         stop_token_id=msg.stop_token_id,
         error_code=_error_code(msg.error_code),
         retry_after_ms=msg.retry_after_ms,
+        prompt_logprobs=[logprobs_from_pb(lp) for lp in msg.prompt_logprobs],
     )
 
 
@@ -441,7 +453,8 @@ def step_result_to_pb(result: StepResult) -> worker_pb2.StepResult:
             tokens.logprobs_entry.append(i)
             tokens.logprobs.append(logprobs_to_pb(s.logprobs))
     return worker_pb2.StepResult(step_id=result.step_id, sampled_tokens=tokens, error=result.error,
-                                 num_steps=result.num_steps)
+                                 num_steps=result.num_steps,
+                                 prompt_logprobs=[_prompt_logprobs_to_pb(p) for p in result.prompt_logprobs])
 
 
 def step_result_from_pb(msg: worker_pb2.StepResult) -> StepResult:
@@ -454,4 +467,28 @@ def step_result_from_pb(msg: worker_pb2.StepResult) -> StepResult:
         if not 0 <= i < len(sampled):
             raise ValueError(f"step {msg.step_id}'s result: logprobs for entry {i} of {len(sampled)}")
         sampled[i].logprobs = logprobs_from_pb(lp)
-    return StepResult(step_id=msg.step_id, sampled=sampled, error=msg.error, num_steps=max(1, msg.num_steps))
+    return StepResult(step_id=msg.step_id, sampled=sampled, error=msg.error, num_steps=max(1, msg.num_steps),
+                      prompt_logprobs=[_prompt_logprobs_from_pb(p) for p in msg.prompt_logprobs])
+
+
+def _prompt_logprobs_to_pb(p: PromptLogprobs) -> worker_pb2.PromptLogprobs:
+    """Packed: one array per field, the top entries row-major [N * k]."""
+    k = len(p.logprobs[0].top_token_ids) if p.logprobs else 0
+    return worker_pb2.PromptLogprobs(
+        seq_id=p.seq_id, start=p.start, num_top=k,
+        token_ids=[lp.token_id for lp in p.logprobs], logprobs=[lp.logprob for lp in p.logprobs],
+        ranks=[lp.rank for lp in p.logprobs],
+        top_token_ids=[t for lp in p.logprobs for t in lp.top_token_ids],
+        top_logprobs=[v for lp in p.logprobs for v in lp.top_logprobs])
+
+
+def _prompt_logprobs_from_pb(msg: worker_pb2.PromptLogprobs) -> PromptLogprobs:
+    n, k = len(msg.token_ids), msg.num_top
+    if len(msg.logprobs) != n or len(msg.ranks) != n or len(msg.top_token_ids) != n * k \
+            or len(msg.top_logprobs) != n * k or msg.start < 1:
+        raise ValueError(f"prompt logprobs of {msg.seq_id}: {n} tokens, {len(msg.logprobs)} logprobs, "
+                         f"{len(msg.ranks)} ranks, {len(msg.top_token_ids)} top ids for k = {k}, start {msg.start}")
+    ids, values = list(msg.top_token_ids), list(msg.top_logprobs)
+    return PromptLogprobs(msg.seq_id, msg.start, [
+        TokenLogprobs(t, v, tuple(ids[i * k:(i + 1) * k]), tuple(values[i * k:(i + 1) * k]), r)
+        for i, (t, v, r) in enumerate(zip(msg.token_ids, msg.logprobs, msg.ranks))])

@@ -95,6 +95,17 @@ def test_build_request_carries_penalties_bias_min_p_and_min_tokens():
     assert dict(params.logit_bias) == {17: -100.0, 3: 2.5}
 
 
+
+def test_build_request_carries_bad_words_and_prompt_logprobs_and_reads_them_back():
+    assert not build_generate_request("Hi").params.HasField("prompt_logprobs")
+    params = build_generate_request("Hi", bad_words=["never", "ever"], prompt_logprobs=0).params
+    assert list(params.bad_words) == ["never", "ever"] and params.HasField("prompt_logprobs")
+    reply = pb.GenerateResponse(prompt_logprobs=[pb.TokenLogprobs(token_id=5, logprob=-0.5, top_token_ids=[7],
+                                                                  top_logprobs=[-0.25], rank=2)])
+    (got,) = GenerationDelta.from_pb(reply).prompt_logprobs
+    assert (got.token_id, got.logprob, got.top_token_ids, got.top_logprobs, got.rank) == (5, -0.5, (7,), (-0.25,), 2)
+
+
 @pytest.mark.parametrize(("kwargs", "kind", "spec"), [
     ({"json_schema": {"type": "object", "required": ["a"]}}, pb.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA,
      {"type": "object", "required": ["a"]}),

@@ -81,6 +81,8 @@ CHAT_HONOURED = {
     "guided_choice": (["x", "y"], lambda b: _sampling(b).structured_output == StructuredOutput("choice", '["x", "y"]')),
     "guided_grammar": ('root ::= "a"',
                        lambda b: _sampling(b).structured_output == StructuredOutput("grammar", 'root ::= "a"')),
+    "bad_words": (["never", "ever"], lambda b: _sampling(b).bad_words == ("never", "ever")),
+    "prompt_logprobs": (2, lambda b: _sampling(b).prompt_logprobs == 2),
     # An extension (not in the SDK's types): each value as JSON text (test_reasoning.py renders them).
     "chat_template_kwargs": ({"enable_thinking": False}, lambda b: dict(
         b.to_pb("r").messages.chat_template_kwargs) == {"enable_thinking": "false"}),
@@ -97,14 +99,24 @@ COMPLETION_HONOURED = {
     **{name: CHAT_HONOURED[name] for name in ("frequency_penalty", "presence_penalty", "logit_bias", "max_tokens",
                                                "n", "seed", "stop", "stream", "stream_options", "temperature",
                                                "top_p", "response_format", "guided_regex", "guided_choice",
-                                               "guided_grammar")},
+                                               "guided_grammar", "bad_words", "prompt_logprobs")},
     "model": ("other", lambda b: b.to_pb(["r"])[0].model == "other"),
     "prompt": ([1, 2, 3], lambda b: list(b.to_pb(["r"])[0].token_ids.ids) == [1, 2, 3]),
     "logprobs": (2, lambda b: _sampling(b).logprobs == 2),
     "echo": (True, lambda b: b.echo),  # What it renders: test_echo_puts_the_prompt_before_each_choice.
 }
+# echo with logprobs asks for the prompt's logprobs (the larger k of the two).
+ECHO_LOGPROBS = [({"echo": True, "logprobs": 2}, 2), ({"echo": True, "logprobs": 1, "prompt_logprobs": 3}, 3),
+                 ({"echo": False, "logprobs": 2}, None), ({"echo": True}, None)]
+
+
+@pytest.mark.parametrize("fields,prompt_logprobs", ECHO_LOGPROBS)
+def test_echo_with_logprobs_asks_for_the_prompt_logprobs(fields, prompt_logprobs):
+    body = CompletionRequest(**COMPLETION, **fields)
+    body.check_fields()
+    assert _sampling(body).prompt_logprobs == prompt_logprobs
 # Honoured with some values only: these bodies are refused, naming the key.
-COMPLETION_REFUSED_VALUES = {"echo": {"echo": True, "logprobs": 1}, "suffix": {"suffix": "and then"},
+COMPLETION_REFUSED_VALUES = {"suffix": {"suffix": "and then"},
                              "best_of": {"best_of": 3}}
 
 
@@ -168,7 +180,7 @@ async def test_refused_parameters_are_400_naming_them(path, base, refused):
 @pytest.mark.parametrize("body,param", [
     ({**CHAT, "frobnicate": 1}, "frobnicate"),
     ({**CHAT, "guided_json": {"type": "object"}}, "guided_json"),
-    ({**CHAT, "bad_words": ["x"]}, "bad_words"),
+    ({**CHAT, "bad_word": ["x"]}, "bad_word"),
     ({"model": "m", "messages": [{"role": "assistant", "content": "x", "function_call": {"name": "f"}}]},
      "messages.0.function_call"),
     ({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": "1", "function": {"name": "f"}}]}]},
@@ -226,6 +238,37 @@ def test_echo_puts_the_prompt_before_each_choice():
     assert renderer.chunk(1, delta, first=False, with_logprobs=False)["choices"][0]["text"] == " there"
     whole = renderer.completion({0: [delta], 3: [delta]}, [], with_logprobs=False)
     assert [c["text"] for c in whole["choices"]] == ["Hello there", "Bye there"]
+
+
+def test_echo_with_logprobs_and_prompt_logprobs_render_the_prompt_first():
+    from llmserve.contract.outputs import FinishReason, TokenLogprobs
+    from llmserve.router.openai.render import Renderer
+    from llmserve.router.sample_stream import SampleDelta
+
+    texts = {1: "A", 2: "bc", 3: " d", 9: "!"}
+    prompt = [TokenLogprobs(2, -1.5, (3, 2), (-0.5, -1.5), 2), TokenLogprobs(3, -0.25, (3, 7), (-0.25, -2.0), 1)]
+    first = SampleDelta(index=0, text="!", token_ids=[9], logprobs=[TokenLogprobs(9, -0.75, (9,), (-0.75,), 1)],
+                        finish_reason=FinishReason.NONE, prompt_token_ids=[1, 2, 3], prompt_logprobs=prompt)
+    later = SampleDelta(index=0, text="!", token_ids=[9], logprobs=[TokenLogprobs(9, -0.5, (9,), (-0.5,), 1)],
+                        finish_reason=FinishReason.LENGTH)
+
+    def renderer():
+        return Renderer(chat=False, model="m", response_id="c", n=1, token_text=texts.__getitem__,
+                        prompt_text=lambda i: "Abc d", prompt_logprobs=1, echo_logprobs=1)
+
+    whole = renderer().completion({0: [first, later]}, [], with_logprobs=True)["choices"][0]
+    assert whole["text"] == "Abc d!!"
+    assert whole["logprobs"] == {"tokens": ["A", "bc", " d", "!", "!"],
+                                 "token_logprobs": [None, -1.5, -0.25, -0.75, -0.5],
+                                 "top_logprobs": [None, {" d": -0.5}, {" d": -0.25}, {"!": -0.75}, {"!": -0.5}],
+                                 "text_offset": [0, 1, 3, 5, 6]}
+    assert whole["prompt_logprobs"] == [None, {"2": {"logprob": -1.5, "rank": 2, "decoded_token": "bc"},
+                                               "3": {"logprob": -0.5, "rank": 1, "decoded_token": " d"}},
+                                        {"3": {"logprob": -0.25, "rank": 1, "decoded_token": " d"}}]
+    streamed = renderer()  # The same, chunk by chunk: the prompt's part in the first chunk only.
+    chunks = [streamed.chunk(0, first, True, True)["choices"][0], streamed.chunk(0, later, False, True)["choices"][0]]
+    assert chunks[0]["logprobs"]["tokens"] == ["A", "bc", " d", "!"] and chunks[1]["logprobs"]["text_offset"] == [6]
+    assert chunks[0]["prompt_logprobs"] == whole["prompt_logprobs"] and "prompt_logprobs" not in chunks[1]
 
 
 # --- docs/guide/openai.md's table of every request field ------------------------------

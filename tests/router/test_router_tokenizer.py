@@ -98,3 +98,12 @@ def test_longest_token_bytes_bounds_bytes_per_token(smollm2):
     assert longest == 82
     for text in ("\n" + " " * 80, "=" * 10_000, " " * 10_000, "def f():\n" + " " * 200 + "return 1"):
         assert len(text.encode()) <= longest * len(smollm2.encode_text(text, add_special_tokens=False))
+
+
+def test_bad_words_are_tokenized_as_is_and_after_a_space(smollm2):
+    hf = smollm2.tokenizer  # The reference: the HF tokenizer itself, without special tokens.
+    got = smollm2.bad_words_token_ids(["Paris", "  New York"])
+    want = [tuple(hf.encode(text, add_special_tokens=False)) for text in ("Paris", " Paris", "New York", " New York")]
+    assert got == tuple(want)
+    assert len(set(got)) == 4 and any(len(seq) > 1 for seq in got)  # Spelled apart; a multi-token word.
+    assert smollm2.bad_words_token_ids(["Paris", "Paris"]) == tuple(want[:2])  # Each sequence once.

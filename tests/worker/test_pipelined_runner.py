@@ -165,6 +165,21 @@ def test_a_penalized_row_reads_the_step_in_flight_back_first(runners):
     assert pipelined.finish(second).sampled == []
 
 
+def test_a_row_with_a_multi_token_bad_word_reads_the_step_in_flight_back_first(runners):
+    serial, pipelined = runners()
+    p = AheadPlanner()
+    p.add("a", PROMPTS["a"])
+    p.add("w", PROMPTS["b"], SamplingParams(temperature=0.0, bad_words_token_ids=((5, 6), (11,))))
+    p.plan({"a": None, "w": None})
+    for _ in range(5):
+        p.plan({"a": 1, "w": 1})
+    expected = [tokens(serial.execute(plan)) for plan in p.plans]
+    results, ahead = run_pipelined(pipelined, p.plans)
+    assert [tokens(r) for r in results] == expected
+    assert ahead == [False] * (len(p.plans) - 1)
+    assert 11 not in [tok for r in results for sid, tok in tokens(r) if sid == 2]
+
+
 def test_must_finish_first_names_each_reason():
     plain = RequestState(1, [1, 2, 3], 3, GREEDY, [0], 3)
     penalized = RequestState(2, [1, 2, 3], 3, SamplingParams(presence_penalty=1.0), [1], 3)
@@ -183,6 +198,12 @@ def test_must_finish_first_names_each_reason():
     logprobs = SamplingParams(logprobs=2)
     assert not must_finish_first(in_flight, StepPlan(1, new_requests=[NewRequestData(5, [1], 1, logprobs, [2], 0, 1)]),
                                  states)
+    one_token_words = SamplingParams(bad_words_token_ids=((7,), (9,)))  # Banned always: no history read.
+    assert not must_finish_first(in_flight, StepPlan(1, new_requests=[
+        NewRequestData(5, [1], 1, one_token_words, [2], 0, 1)]), states)
+    two_token_word = SamplingParams(bad_words_token_ids=((7,), (8, 9)))  # Matches the output's last token.
+    assert must_finish_first(in_flight, StepPlan(1, new_requests=[
+        NewRequestData(5, [1], 1, two_token_word, [2], 0, 1)]), states)
     plain.draft_token_ids = [4]  # The step in flight verifies drafts: its accepted count moves the next inputs.
     assert must_finish_first(in_flight, decode, states)
     in_flight.result = object()  # Read back already: nothing to wait for.

@@ -231,3 +231,64 @@ def test_the_token_bitmask_masks_the_constrained_rows_only():
     assert tokens == [int(lg[0].argmax()), allowed[0][int(lg[1, allowed[0]].argmax())],
                       int(lg[2].argmax()), allowed[1][int(lg[3, allowed[1]].argmax())]]
     assert rows.select([3, 0]).token_bitmask is None  # Applied before rows are selected.
+
+
+def _reference_bad_words(logits, params, histories, prompt_lens):
+    """vLLM's definition, row by row: a bad word's last id is -inf where the row's
+    generated tokens end with the word's other ids (none: always)."""
+    out = logits.clone()
+    for r, p in enumerate(params):
+        generated = list(histories[r][prompt_lens[r]:])
+        for word in p.bad_words_token_ids:
+            *prefix, last = word
+            if not prefix or (len(generated) >= len(prefix) and generated[len(generated) - len(prefix):] == prefix):
+                out[r, last] = float("-inf")
+    return out
+
+
+BAD_WORDS = [
+    P(temperature=0.0),
+    P(temperature=0.0, bad_words_token_ids=((7,), (3,))),  # One-token words: always.
+    P(temperature=0.0, bad_words_token_ids=((4, 9), (5, 12))),  # Output ends with 4: 9 banned, 12 not.
+    P(temperature=0.0, bad_words_token_ids=((1, 2, 20),)),  # 1, 2 are the prompt's: not banned.
+    P(temperature=0.0, bad_words_token_ids=((6, 6, 21), (8, 22)), min_tokens=3, stop_token_ids=(0,)),
+    P(temperature=0.0, bad_words_token_ids=((30, 31, 32, 33),)),  # Longer than the output: not banned.
+]
+BAD_HISTORIES = [[1, 2], [1, 2, 3], [1, 5, 4], [0, 1, 2], [9, 6, 6], [30, 31, 32]]
+BAD_PROMPT_LENS = [2, 2, 1, 3, 1, 2]
+
+
+def test_bad_words_match_the_definition_exactly():
+    from llmserve.worker.sampler import adjusted_logits
+
+    lg = _logits(rows=len(BAD_WORDS), vocab=40, seed=7)
+    output_index = [len(h) - n for h, n in zip(BAD_HISTORIES, BAD_PROMPT_LENS)]
+    got = adjusted_logits(lg.clone(), _rows(BAD_WORDS, output_index, BAD_HISTORIES, BAD_PROMPT_LENS))
+    ref = _reference_bad_words(_reference_adjusted(lg, BAD_WORDS, BAD_HISTORIES, BAD_PROMPT_LENS, output_index),
+                               BAD_WORDS, BAD_HISTORIES, BAD_PROMPT_LENS)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    banned = [(r, t) for r in range(len(BAD_WORDS)) for t in range(40) if got[r, t] == float("-inf")]
+    assert banned == [(1, 3), (1, 7), (2, 9), (4, 0), (4, 21)]  # The cases above bite where they say.
+    assert torch.equal(got[0], lg[0])  # A row without bad words is untouched.
+
+
+def test_greedy_avoids_a_banned_top_token_and_other_rows_keep_theirs():
+    lg = _logits(rows=3, vocab=40, seed=8)
+    top = lg.argmax(-1).tolist()
+    params = [P(temperature=0.0), P(temperature=0.0, bad_words_token_ids=((top[1],),)),
+              P(temperature=0.0, bad_words_token_ids=((5, top[2]),))]
+    out = Sampler(seed=0)(lg.clone(), _rows(params, [1, 1, 1], [[1, 2], [1, 2], [1, 5]], [1, 1, 1]))
+    assert out.token_ids.tolist() == [top[0], lg[1].topk(2).indices[1], lg[2].topk(2).indices[1]]
+
+
+def test_prompt_logprobs_in_slices_equal_one_log_softmax(monkeypatch):
+    from llmserve.worker import sampler
+
+    logits, targets = _logits(rows=7, vocab=30, seed=9), torch.tensor([3, 0, 29, 5, 5, 17, 8])
+    monkeypatch.setattr(sampler, "PROMPT_LOGPROBS_SLICE", 3)  # 7 positions: slices of 3, 3 and 1.
+    got = sampler.prompt_logprobs(logits, targets, 2)
+    ref = torch.log_softmax(logits, dim=-1)
+    assert [lp.token_id for lp in got] == targets.tolist()
+    assert [lp.logprob for lp in got] == ref.gather(1, targets[:, None])[:, 0].tolist()
+    assert [lp.rank for lp in got] == [int((row > row[t]).sum()) + 1 for row, t in zip(ref, targets)]
+    assert [list(lp.top_token_ids) for lp in got] == ref.topk(2, dim=-1).indices.tolist()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#llmserve/internal/v1/sampling.proto\x12\x14llmserve.internal.v1\"\xf5\x03\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x15\n\x08logprobs\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x12\x1a\n\x12repetition_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x18\n\x10presence_penalty\x18\x0b \x01(\x02\x12\r\n\x05min_p\x18\x0c \x01(\x02\x12G\n\nlogit_bias\x18\r \x03(\x0b\x32\x33.llmserve.internal.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0e \x01(\x05\x12\x41\n\x11structured_output\x18\x0f \x01(\x0b\x32&.llmserve.internal.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobs\".\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#llmserve/internal/v1/sampling.proto\x12\x14llmserve.internal.v1\"\xe9\x04\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x15\n\x08logprobs\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x12\x1a\n\x12repetition_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x18\n\x10presence_penalty\x18\x0b \x01(\x02\x12\r\n\x05min_p\x18\x0c \x01(\x02\x12G\n\nlogit_bias\x18\r \x03(\x0b\x32\x33.llmserve.internal.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0e \x01(\x05\x12\x41\n\x11structured_output\x18\x0f \x01(\x0b\x32&.llmserve.internal.v1.StructuredOutput\x12@\n\x13\x62\x61\x64_words_token_ids\x18\x10 \x03(\x0b\x32#.llmserve.internal.v1.TokenSequence\x12\x1c\n\x0fprompt_logprobs\x18\x11 \x01(\x05H\x02\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\"\n\rTokenSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\".\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,9 +34,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGPARAMS']._serialized_start=62
-  _globals['_SAMPLINGPARAMS']._serialized_end=563
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=493
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=541
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=565
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=611
+  _globals['_SAMPLINGPARAMS']._serialized_end=679
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=589
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=637
+  _globals['_TOKENSEQUENCE']._serialized_start=681
+  _globals['_TOKENSEQUENCE']._serialized_end=715
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=717
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=763
 # @@protoc_insertion_point(module_scope)

@@ -56,6 +56,11 @@ export interface GenerateResponse {
    * `name`, later pieces extend its `arguments`.
    */
   'tool_calls'?: (_llmserve_v1_ToolCallDelta)[];
+  /**
+   * With SamplingParams.prompt_logprobs, on the sample's first response: the prompt's
+   * tokens 1.. (the first token has none), each given the tokens before it.
+   */
+  'prompt_logprobs'?: (_llmserve_v1_TokenLogprobs)[];
 }
 
 /**
@@ -109,4 +114,9 @@ export interface GenerateResponse__Output {
    * `name`, later pieces extend its `arguments`.
    */
   'tool_calls': (_llmserve_v1_ToolCallDelta__Output)[];
+  /**
+   * With SamplingParams.prompt_logprobs, on the sample's first response: the prompt's
+   * tokens 1.. (the first token has none), each given the tokens before it.
+   */
+  'prompt_logprobs': (_llmserve_v1_TokenLogprobs__Output)[];
 }

@@ -84,6 +84,19 @@ export interface SamplingParams {
    * compiled is refused with INVALID_ARGUMENT before anything is queued.
    */
   'structured_output'?: (_llmserve_v1_StructuredOutput | null);
+  /**
+   * Words never generated (vLLM's bad_words): each is tokenized as is and after a space,
+   * and a sequence's last token is banned wherever the output so far ends with the rest
+   * of it (a one-token word: everywhere). At most 128 words of 256 bytes each.
+   */
+  'bad_words'?: (string)[];
+  /**
+   * Logprobs of the prompt's tokens, each given the tokens before it (the first token has
+   * none), with this many most likely tokens each; in [0, 20]. Returned on each sample's
+   * first response (GenerateResponse.prompt_logprobs). Unset: none. The prompt is then
+   * computed in full: no prefix-cache hit.
+   */
+  'prompt_logprobs'?: (number);
   '_max_tokens'?: "max_tokens";
   '_temperature'?: "temperature";
   '_top_p'?: "top_p";
@@ -91,6 +104,7 @@ export interface SamplingParams {
   '_n'?: "n";
   '_logprobs'?: "logprobs";
   '_repetition_penalty'?: "repetition_penalty";
+  '_prompt_logprobs'?: "prompt_logprobs";
 }
 
 /**
@@ -174,6 +188,19 @@ export interface SamplingParams__Output {
    * compiled is refused with INVALID_ARGUMENT before anything is queued.
    */
   'structured_output': (_llmserve_v1_StructuredOutput__Output | null);
+  /**
+   * Words never generated (vLLM's bad_words): each is tokenized as is and after a space,
+   * and a sequence's last token is banned wherever the output so far ends with the rest
+   * of it (a one-token word: everywhere). At most 128 words of 256 bytes each.
+   */
+  'bad_words': (string)[];
+  /**
+   * Logprobs of the prompt's tokens, each given the tokens before it (the first token has
+   * none), with this many most likely tokens each; in [0, 20]. Returned on each sample's
+   * first response (GenerateResponse.prompt_logprobs). Unset: none. The prompt is then
+   * computed in full: no prefix-cache hit.
+   */
+  'prompt_logprobs'?: (number);
   '_max_tokens'?: "max_tokens";
   '_temperature'?: "temperature";
   '_top_p'?: "top_p";
@@ -181,4 +208,5 @@ export interface SamplingParams__Output {
   '_n'?: "n";
   '_logprobs'?: "logprobs";
   '_repetition_penalty'?: "repetition_penalty";
+  '_prompt_logprobs'?: "prompt_logprobs";
 }

@@ -21,6 +21,10 @@ export interface TokenLogprobs {
    * Their log-probabilities, parallel to top_token_ids.
    */
   'top_logprobs'?: (number | string)[];
+  /**
+   * The token's rank among the whole vocabulary's log-probabilities (1: the most likely).
+   */
+  'rank'?: (number);
 }
 
 /**
@@ -43,4 +47,8 @@ export interface TokenLogprobs__Output {
    * Their log-probabilities, parallel to top_token_ids.
    */
   'top_logprobs': (number)[];
+  /**
+   * The token's rank among the whole vocabulary's log-probabilities (1: the most likely).
+   */
+  'rank': (number);
 }

@@ -28,12 +28,13 @@ NO_REPLICA = "no worker is ready: the scheduler or worker is down"
 
 
 class GenerationError(Exception):
-    """Why a request ended without finishing: a gRPC status, its message, and for a
-    refusal by admission control the scheduler's retry hint."""
+    """Why a request ended without finishing: a gRPC status, its message, for a
+    refusal by admission control the scheduler's retry hint, and for a refused field its
+    name (OpenAI's error `param`)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, retry_after_ms: int = 0):
+    def __init__(self, code: grpc.StatusCode, message: str, retry_after_ms: int = 0, param: str | None = None):
         super().__init__(message)
-        self.code, self.message, self.retry_after_ms = code, message, retry_after_ms
+        self.code, self.message, self.retry_after_ms, self.param = code, message, retry_after_ms, param
 
 
 @dataclass(frozen=True)

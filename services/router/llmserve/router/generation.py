@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -118,7 +118,9 @@ class Generation:
                                     stop_matcher=StopStringMatcher(job.sampling.stop),
                                     min_tokens=job.sampling.min_tokens,
                                     reasoning=self._splitter(request, job.prompt_ids),
-                                    tool_calls=tools.parser())
+                                    tool_calls=tools.parser(),
+                                    prompt_token_ids=list(job.prompt_ids)
+                                    if job.sampling.prompt_logprobs is not None else [])
                        for i in range(job.n)]
             unfinished = set(range(job.n))  # Samples the client has not seen end.
             attempts = Attempts(self.replicas, record, job, lambda: self.draining)
@@ -188,7 +190,7 @@ class Generation:
                 return await self._prepare(request, telemetry, deadline_ms, sampling)
         except RequestError as err:
             telemetry.finish("rejected", err.message)
-            raise GenerationError(err.code, err.message) from None
+            raise GenerationError(err.code, err.message, param=err.param) from None
 
     async def _prepare(self, request, telemetry: RouterRequest, deadline_ms: int,
                        given: tuple[SamplingParams, int] | None) -> tuple[Placement, Job, ToolPlan]:
@@ -208,6 +210,9 @@ class Generation:
             check_prompt_size(request, self.served)  # Before tokenizing: bounded work from here on.
             prompt_ids = await self._prompt_ids(request)
             sampling = resolve_sampling(sampling, len(prompt_ids), self.served)
+            if sampling.bad_words:
+                sampling = replace(sampling, bad_words_token_ids=await asyncio.to_thread(
+                    self.tokenizer.bad_words_token_ids, sampling.bad_words))
         except BaseException:  # A refusal, an error, or the client gone while tokenizing.
             self.placements.release(record)
             raise

@@ -26,6 +26,9 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 # The engine tests every sampled token against this list.
 MAX_STOP_TOKEN_IDS = 256
+# Bad words: each is tokenized twice by the router and matched every step by the sampler.
+MAX_BAD_WORDS = 128
+MAX_BAD_WORD_BYTES = 256
 
 
 def prompt_byte_limit(configured: int | None, max_model_len: int, longest_token_bytes: int) -> int:
@@ -57,7 +60,7 @@ def check_prompt_size(request, served: ServedModel) -> None:
 
 
 def check_stop_sizes(params) -> None:
-    """Stop strings and stop token ids: bounded work per generated token."""
+    """Stop strings, stop token ids and bad words: bounded work per generated token."""
     if len(params.stop) > MAX_STOP_STRINGS:
         raise invalid(f"{len(params.stop)} stop strings; the limit is {MAX_STOP_STRINGS}")
     longest = max((len(s) for s in params.stop), default=0)
@@ -65,6 +68,13 @@ def check_stop_sizes(params) -> None:
         raise invalid(f"a stop string is {longest} characters; the limit is {MAX_STOP_STRING_CHARS}")
     if len(params.stop_token_ids) > MAX_STOP_TOKEN_IDS:
         raise invalid(f"{len(params.stop_token_ids)} stop_token_ids; the limit is {MAX_STOP_TOKEN_IDS}")
+    if len(params.bad_words) > MAX_BAD_WORDS:
+        raise invalid(f"{len(params.bad_words)} bad_words; the limit is {MAX_BAD_WORDS}")
+    if any(not word.strip() for word in params.bad_words):
+        raise invalid("bad_words must not be empty or only spaces")
+    longest = max((len(w.encode()) for w in params.bad_words), default=0)
+    if longest > MAX_BAD_WORD_BYTES:
+        raise invalid(f"a bad word is {longest} bytes; the limit is {MAX_BAD_WORD_BYTES}")
 
 
 def _check_bytes(what: str, size: int, served: ServedModel) -> None:

@@ -27,6 +27,10 @@ class SampleDelta:
     error: str = ""
     reasoning_text: str = ""  # With --reasoning-parser: the reasoning part (`text`: the answer).
     tool_calls: list[ToolCallDelta] = field(default_factory=list)  # Pieces of the answer's tool calls.
+    # With prompt_logprobs, in the sample's first delta only: the prompt's ids, and the
+    # logprobs of its tokens 1.. (each given the tokens before it).
+    prompt_token_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
 @dataclass
@@ -44,6 +48,8 @@ class SampleStream:
     token_text: dict = field(default_factory=dict)
     reasoning: ReasoningSplitter | None = None  # Splits the text (stop strings apply to all of it).
     tool_calls: ToolCallParser | None = None  # Finds calls in the answer (after the reasoning's split).
+    # With prompt_logprobs: the prompt's ids, which the first delta carries (then cleared).
+    prompt_token_ids: list[int] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -82,8 +88,11 @@ class SampleStream:
             emit, calls = self.tool_calls.feed(emit, final=finish != FinishReason.NONE)
             if finish == FinishReason.STOP and self.tool_calls.called:
                 finish = self.finish_reason = FinishReason.TOOL_CALLS
+        prompt_ids, self.prompt_token_ids = self.prompt_token_ids, []
         return SampleDelta(
             index=self.index,
+            prompt_token_ids=prompt_ids,
+            prompt_logprobs=list(out.prompt_logprobs),
             text=emit,
             reasoning_text=reasoning,
             tool_calls=calls,

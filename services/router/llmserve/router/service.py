@@ -87,6 +87,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             text=delta.text,
             token_ids=delta.token_ids,
             logprobs=[wire.logprobs_to_pb(lp) for lp in delta.logprobs],
+            prompt_logprobs=[wire.logprobs_to_pb(lp) for lp in delta.prompt_logprobs],
             finish_reason=int(delta.finish_reason),
             stop_reason=delta.stop_reason,
             error=delta.error,

@@ -134,6 +134,14 @@ class PromptTokenizer:
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return self._check_ids(list(ids))
 
+    def bad_words_token_ids(self, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        """Each word's token ids as it reads at the start of a text and after a space (as
+        vLLM tokenizes bad words: most tokenizers spell a word differently after a space),
+        without special tokens; each distinct sequence once, in order."""
+        sequences = (tuple(self.encode_text(prefix + word.lstrip(), add_special_tokens=False))
+                     for word in words for prefix in ("", " "))
+        return tuple(dict.fromkeys(seq for seq in sequences if seq))
+
     def render_chat(self, messages: Messages, template_kwargs: Mapping[str, Any] | None = None,
                     tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt text of a chat, with the assistant's generation prompt appended;

@@ -108,6 +108,8 @@ def check_sampling(sampling: SamplingParams, n: int) -> None:
         raise invalid(f"n must be between 1 and {MAX_N}, got {n}")
     if sampling.logprobs is not None and not 0 <= sampling.logprobs <= MAX_LOGPROBS:
         raise invalid(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {sampling.logprobs}")
+    if sampling.prompt_logprobs is not None and not 0 <= sampling.prompt_logprobs <= MAX_LOGPROBS:
+        raise invalid(f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {sampling.prompt_logprobs}")
     if any(s == "" for s in sampling.stop):
         raise invalid("stop strings must not be empty")
     if sampling.max_tokens is not None and sampling.max_tokens < 1:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from llmserve.contract.outputs import ErrorCode, RequestOutput
-from llmserve.contract.plan import SampledToken, StepPlan, StepResult
+from llmserve.contract.plan import PromptLogprobs, SampledToken, StepPlan, StepResult
 from llmserve.scheduler.block_audit import holders_by_block
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
 from llmserve.scheduler.ngram_drafter import NgramDrafter
@@ -49,6 +49,7 @@ class OutputProcessor:
         in_plan = self.in_plan(plan)
         if result.error:
             return self.fail_step(plan, in_plan, result.error)
+        self._add_prompt_logprobs(result.prompt_logprobs)
         outputs = self._apply_tokens(plan, result, sampling)
         for sample in in_plan:
             if sample.is_root and sample.status is RequestStatus.RUNNING and not sample.num_uncomputed_tokens:
@@ -96,6 +97,18 @@ class OutputProcessor:
             outputs.append(self._append_tokens(sample, sampled))
         return outputs
 
+    def _add_prompt_logprobs(self, chunks: list[PromptLogprobs]) -> None:
+        """Extend each request's prompt logprobs by the step's chunks. A chunk computed
+        again (a preempted sample's recompute, a sibling's) adds only what is new."""
+        for chunk in chunks:
+            sample = self.live.sample(chunk.seq_id)
+            if sample is None:
+                continue
+            have = sample.request.prompt_logprobs
+            offset = len(have) - (chunk.start - 1)  # Entries of the chunk already held.
+            if 0 <= offset < len(chunk.logprobs):
+                have += chunk.logprobs[offset:]
+
     def _count_drafts(self, sample: Sample, num_drafts: int, num_accepted: int) -> None:
         """Speculative decoding's acceptance: counters, and the drafter's pause."""
         counters = self.counters
@@ -109,7 +122,9 @@ class OutputProcessor:
     # ---- tokens and stops ----
 
     def _append_tokens(self, sample: Sample, sampled: list[SampledToken]) -> RequestOutput:
-        """Append the sample's tokens; finish it if one of them stops it."""
+        """Append the sample's tokens; finish it if one of them stops it. The sample's
+        first output carries the prompt logprobs where asked."""
+        first = not sample.output_token_ids
         new_token_ids, logprobs, status = self._take_tokens(sample, sampled)
         if len(sampled) > 1 or status is None:
             # Blocks the run filled (before a finish frees them), or the block a pipelined
@@ -129,6 +144,7 @@ class OutputProcessor:
             stop_token_id=sample.stop_token_id,
             error=sample.error,
             error_code=sample.error_code,
+            prompt_logprobs=list(sample.request.prompt_logprobs) if first else [],
         )
 
     def _take_tokens(self, sample: Sample, sampled: list[SampledToken]) -> tuple[list, list, RequestStatus | None]:

@@ -28,9 +28,10 @@ class PrefixCache:
         """The longest run of cached blocks that starts the sample's tokens.
 
         At most all but its last token to compute are covered, so at least one token is
-        computed (the one whose logits are sampled). Nothing is taken yet.
+        computed (the one whose logits are sampled). Nothing is taken yet. None for a
+        sample that still needs its prompt logprobs: those need the whole prompt's logits.
         """
-        if not self.enabled:
+        if not self.enabled or (sample.sampling.prompt_logprobs is not None and not sample.output_token_ids):
             return []
         max_blocks = (sample.num_target_tokens - 1) // self.block_size
         hits = []

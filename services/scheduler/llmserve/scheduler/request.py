@@ -97,6 +97,9 @@ class Request:
     deadline: float | None = None  # time.monotonic() after which it ends with DEADLINE_EXCEEDED.
     samples: list[Sample] = field(default_factory=list)  # Live ones (the root, or the samples).
     num_cached_tokens: int = 0  # Prompt tokens found in the prefix cache at admission.
+    # With sampling.prompt_logprobs: prompt tokens 1.. so far (the workers compute them
+    # chunk by chunk); each sample's first output carries them.
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     admitted: bool = False
     stream: StreamState = field(default_factory=StreamState)
 

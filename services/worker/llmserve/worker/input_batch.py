@@ -64,6 +64,24 @@ class StepInputs:
     # verifies drafts (its state then appears 1 + drafts times in a row in sample_states).
     sample_offsets: list[int]
     sampling: SamplingRows  # [S] rows: the sampled rows' settings, what the sampler reads
+    # [S + P] long: the token indices whose logits are computed, the S sampled ones first
+    # (sample_indices is its head), then the P positions of prompt logprobs.
+    logit_indices: torch.Tensor
+    prompt_rows: list[PromptRows] = field(default_factory=list)  # Their rows, in order.
+
+
+@dataclass
+class PromptRows:
+    """A row asking for prompt logprobs: this step's logits at its positions start - 1 ..
+    start + count - 2 give the logprobs of its prompt tokens start .. start + count - 1."""
+
+    state: RequestState
+    start: int  # >= 1
+    count: int
+
+    @property
+    def targets(self) -> list[int]:
+        return self.state.token_ids[self.start : self.start + self.count]
 
 
 class InputBatch:
@@ -202,6 +220,7 @@ class InputBatch:
         slots: list[int] = []
         query_lens, seq_lens, tables, table_rows = [], [], [], []
         sample_idx, sample_states, sample_offsets = [], [], []
+        prompt_idx, prompt_rows = [], []  # Positions whose next token is prompt, for prompt logprobs.
         fill_dst, fill_src = [], []  # input_ids[fill_dst] = prev_sampled[fill_src]
         for st, n in rows:
             c = st.num_computed_tokens
@@ -222,6 +241,10 @@ class InputBatch:
                     sample_states.append(st)
                     sample_offsets.append(j)
                 continue
+            count = min(c + n, st.num_prompt_tokens - 1) - c
+            if st.sampling.prompt_logprobs is not None and count > 0:
+                prompt_idx.extend(range(len(ids), len(ids) + count))
+                prompt_rows.append(PromptRows(st, c + 1, count))
             ids.extend(st.token_ids[c : c + n])
             pos.extend(range(c, c + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + n))
@@ -233,11 +256,12 @@ class InputBatch:
                 sample_idx.append(len(ids) - 1)
                 sample_states.append(st)
                 sample_offsets.append(0)
-        # NOTE: the six index lists go to the device as one host tensor, one copy.
-        T, S, F = len(ids), len(sample_idx), len(fill_dst)
-        packed = torch.tensor(ids + pos + slots + sample_idx + fill_dst + fill_src,
+        # NOTE: the seven index lists go to the device as one host tensor, one copy.
+        T, S, P, F = len(ids), len(sample_idx), len(prompt_idx), len(fill_dst)
+        packed = torch.tensor(ids + pos + slots + sample_idx + prompt_idx + fill_dst + fill_src,
                               dtype=torch.long).to(self.device, non_blocking=True)
-        input_ids, positions, slot_mapping, sample_indices, dst, src = packed.split([T, T, T, S, F, F])
+        input_ids, positions, slot_mapping, logit_indices, dst, src = packed.split([T, T, T, S + P, F, F])
+        sample_indices = logit_indices[:S]
         if F:
             if prev_sampled is None:
                 raise RuntimeError(f"{F} input tokens are placeholders of a step that is not in flight")
@@ -248,16 +272,18 @@ class InputBatch:
                                                      padded.to(self.device, non_blocking=True))
         # NOTE: position j of a row verifying drafts samples as the plain decode of its
         # (num_output_tokens + j)-th token would: a seeded request draws the same token,
-        # and a penalized one sees drafts[:j] as output (the only copy of a history made).
+        # and a penalized one (or one with multi-token bad words) sees drafts[:j] as
+        # output (the only copy of a history made).
         sampling = SamplingRows.from_params(
             [st.sampling for st in sample_states],
             [st.num_output_tokens + j for st, j in zip(sample_states, sample_offsets)],
-            [st.token_ids + st.draft_token_ids[:j] if j and st.sampling.penalized else st.token_ids
+            [st.token_ids + st.draft_token_ids[:j] if j and st.sampling.needs_history else st.token_ids
              for st, j in zip(sample_states, sample_offsets)],
             [st.num_prompt_tokens for st in sample_states],
             self._token_bitmask(sample_states))
         return StepInputs(input_ids=input_ids, positions=positions, meta=meta, sample_indices=sample_indices,
-                          sample_states=sample_states, sample_offsets=sample_offsets, sampling=sampling)
+                          sample_states=sample_states, sample_offsets=sample_offsets, sampling=sampling,
+                          logit_indices=logit_indices, prompt_rows=prompt_rows)
 
     def _token_bitmask(self, states: list[RequestState]) -> TokenBitmask | None:
         """The constrained rows' allowed tokens (TokenBitmask: their indices among the S

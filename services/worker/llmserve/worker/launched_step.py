@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from llmserve.contract.outputs import TokenLogprobs
-from llmserve.contract.plan import SampledToken, StepPlan, StepResult
+from llmserve.contract.plan import PromptLogprobs, SampledToken, StepPlan, StepResult
 from llmserve.worker.input_batch import Placeholder, RequestState
 
 
@@ -75,6 +75,7 @@ class LaunchedStep:
     plan: StepPlan
     rows: list[tuple[RequestState, int]]
     sampled: list[SampledToken] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # Read back at launch
     num_steps: int = 1
     pending: DeviceStep | None = None  # None: nothing sampled, or already read back
     result: StepResult | None = None  # Set by finish (which may run inside a later launch)
@@ -107,22 +108,25 @@ def must_finish_first(in_flight: LaunchedStep, plan: StepPlan, states: dict[int,
       a row carries drafts         a draft row's input is built from token_ids on the host
                                    and its acceptance compares host ids
       a penalized row              penalties read the row's history (token ids) on the host
+      a multi-token bad word       its prefix is matched against the row's last token ids
+                                   on the host (one-token bad words read no history)
       a constrained row            its grammar's bitmask needs the matcher advanced by the
                                    token in flight
 
     Logprobs are no reason: they are of this step's own logits and ids (the sampler reads
     them back inside the launch, which costs that step's overlap, not exactness); nor are
-    seeds and min_tokens, which read counts of tokens (placeholders count) only.
+    prompt logprobs (this step's logits at prompt tokens, never placeholders), seeds and
+    min_tokens (which read counts of tokens, placeholders counted, only).
     """
     if in_flight.result is not None:
         return False  # Read back already.
     if in_flight.verifies_drafts or plan.num_steps > 1:
         return True
     for r in plan.new_requests:
-        if r.draft_token_ids or r.sampling.penalized or r.sampling.structured_output is not None:
+        if r.draft_token_ids or r.sampling.needs_history or r.sampling.structured_output is not None:
             return True
     for c in plan.cached_requests:
         st = states.get(c.seq_id)
-        if c.draft_token_ids or (st is not None and (st.sampling.penalized or st.grammar is not None)):
+        if c.draft_token_ids or (st is not None and (st.sampling.needs_history or st.grammar is not None)):
             return True
     return False

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from llmserve.contract.arith import cdiv
-from llmserve.contract.plan import NewRequestData, SampledToken, StepPlan, StepResult
+from llmserve.contract.plan import NewRequestData, PromptLogprobs, SampledToken, StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
 from llmserve.contract.step_budget import resolve_step_budget
 from llmserve.contract.worker_info import WorkerInfo
@@ -24,14 +24,14 @@ from llmserve.worker.attention import backend_class, install_backend
 from llmserve.worker.config import RunnerConfig
 from llmserve.worker.cuda_graphs import DecodeGraphs, capture_sizes
 from llmserve.worker.device import dtype_choice, dtype_name, resolve_device
-from llmserve.worker.input_batch import PLACEHOLDER, InputBatch, Placeholder, RequestState
+from llmserve.worker.input_batch import PLACEHOLDER, InputBatch, Placeholder, PromptRows, RequestState
 from llmserve.worker.launched_step import DeviceStep, HostIds, LaunchedStep, must_finish_first
 from llmserve.worker.layers.int8_weight import describe_quantization
 from llmserve.worker.distributed import DistInit, init_parallel
 from llmserve.worker.models.decoder import head_dim_of, local_kv_heads, release_window
 from llmserve.worker.pipeline import forward_step
 from llmserve.worker.models.loader import load_config, load_model
-from llmserve.worker.sampler import Sampler, SamplingRows
+from llmserve.worker.sampler import Sampler, SamplingRows, prompt_logprobs
 from llmserve.worker.structured_output import Grammars
 
 logger = logging.getLogger(__name__)
@@ -334,7 +334,8 @@ class ModelRunner:
             while rows and steps_run < plan.num_steps and (steps_run == 0 or self._run_on(plan.step_id)):
                 if launched.pending is not None:  # A multi-step run: its next step reads these ids.
                     launched.sampled += self._read_back(launched.pending)
-                launched.pending = self._launch_step(rows, prev.ids if prev is not None else None)
+                launched.pending, prompt = self._launch_step(rows, prev.ids if prev is not None else None)
+                launched.prompt_logprobs += prompt
                 steps_run += 1
             launched.num_steps = max(steps_run, 1)
         self._unfinished.append(launched)
@@ -354,7 +355,8 @@ class ModelRunner:
                     launched.sampled += self._read_back(launched.pending)
                     launched.pending = None
                 launched.result = StepResult(step_id=launched.plan.step_id, sampled=launched.sampled,
-                                             num_steps=launched.num_steps)
+                                             num_steps=launched.num_steps,
+                                             prompt_logprobs=launched.prompt_logprobs)
             except BaseException as exc:
                 launched.error = exc
                 raise
@@ -392,26 +394,52 @@ class ModelRunner:
         self.mover.run(plan.swap_out, plan.swap_in, plan.copies)
 
     def _forward(self, inp) -> torch.Tensor | None:
-        """Logits [S, vocab] of the step's sampled rows (last stage; None elsewhere): a
-        decode step through its CUDA graph where one is captured, else eagerly."""
+        """Logits [S + P, vocab] at the step's logit_indices (sampled rows, then prompt
+        logprobs positions; last stage; None elsewhere): a decode step through its CUDA
+        graph where one is captured, else eagerly."""
         size = self.graphs.size_for(inp.meta, inp.input_ids.shape[0]) if self.graphs is not None else None
         if size is None:
             return forward_step(self.model, self.parallel, inp.input_ids, inp.positions, self.kv_caches,
-                                inp.meta, inp.sample_indices)
+                                inp.meta, inp.logit_indices)
         hidden = self.graphs.replay(size, inp.input_ids, inp.positions, inp.meta)  # [B, hidden]
-        return self.model.compute_logits(hidden[inp.sample_indices]) if inp.sample_indices.numel() else None
+        return self.model.compute_logits(hidden[inp.logit_indices]) if inp.logit_indices.numel() else None
 
-    def _launch_step(self, rows, prev_sampled: torch.Tensor | None) -> DeviceStep | None:
+    def _launch_step(self, rows, prev_sampled: torch.Tensor | None
+                     ) -> tuple[DeviceStep | None, list[PromptLogprobs]]:
         """One forward and its sampling, the ids left on the device (and on their way to
-        the host); None when the step samples nothing (prefill chunks only).
+        the host), None when the step samples nothing (prefill chunks only); and the
+        prompt logprobs of the rows that ask (read back here, on the driver only).
         prev_sampled: [S'] the ids of the step in flight, where this step's inputs'
         placeholders are."""
         inp = self.batch.build_inputs(rows, prev_sampled)
-        logits = self._forward(inp)  # [S, vocab] on the last PP stage; None elsewhere
+        logits = self._forward(inp)  # [S + P, vocab] on the last PP stage; None elsewhere
         for st, n in rows:
             st.num_computed_tokens += n - len(st.draft_token_ids)  # Drafts count once accepted.
-        if not inp.sample_states:
-            return None
+        S = len(inp.sample_states)
+        on_driver = logits is not None and self.parallel.is_driver
+        prompt = self._prompt_logprobs(inp.prompt_rows, logits[S:]) if on_driver else []
+        if not S:
+            return None, prompt
+        return self._sample(inp, logits[:S] if logits is not None else None), prompt
+
+    @staticmethod
+    def _prompt_logprobs(rows: list[PromptRows], logits: torch.Tensor) -> list[PromptLogprobs]:
+        """logits: [P, vocab], the rows' prompt positions in order."""
+        if not rows:
+            return []
+        targets = torch.tensor([t for r in rows for t in r.targets], dtype=torch.long)
+        got = prompt_logprobs(logits, targets, max(r.state.sampling.prompt_logprobs for r in rows))
+        out, at = [], 0
+        for r in rows:
+            k = r.state.sampling.prompt_logprobs
+            out.append(PromptLogprobs(r.state.seq_id, r.start, [
+                replace(lp, top_token_ids=lp.top_token_ids[:k], top_logprobs=lp.top_logprobs[:k])
+                for lp in got[at : at + r.count]]))
+            at += r.count
+        return out
+
+    def _sample(self, inp, logits: torch.Tensor | None) -> DeviceStep:
+        """The step's sampling (logits: [S, vocab] on the driver, None elsewhere)."""
         states = inp.sample_states
         logprobs: list = [None] * len(states)
         if self.parallel.is_driver:  # sampling happens on the last stage's TP rank 0 only

@@ -19,9 +19,10 @@ from llmserve.worker.distributed import ParallelState
 
 
 def forward_step(model: nn.Module, parallel: ParallelState, input_ids: torch.Tensor, positions: torch.Tensor,
-                 kv_caches: list[torch.Tensor], meta, sample_indices: torch.Tensor) -> torch.Tensor | None:
-    """This rank's part of the step. Returns logits [S, vocab] on every last-stage rank
-    (None elsewhere, or when nothing is sampled)."""
+                 kv_caches: list[torch.Tensor], meta, logit_indices: torch.Tensor) -> torch.Tensor | None:
+    """This rank's part of the step. Returns logits [L, vocab] at the L token indices
+    `logit_indices` (the sampled ones, and any prompt logprobs positions) on every
+    last-stage rank (None elsewhere, or when there are none)."""
     intermediate = None
     if not parallel.is_first_stage:
         p = next(model.parameters())
@@ -30,6 +31,6 @@ def forward_step(model: nn.Module, parallel: ParallelState, input_ids: torch.Ten
     if not parallel.is_last_stage:
         parallel.send_to_next_stage(*out)
         return None
-    if sample_indices.numel() == 0:
+    if logit_indices.numel() == 0:
         return None
-    return model.compute_logits(out[sample_indices])  # [S, vocab]
+    return model.compute_logits(out[logit_indices])  # [L, vocab]

@@ -7,14 +7,17 @@ uses one pays nothing for it):
     logits (float32)
       -> structured output: ids a row's grammar forbids set to -inf
       -> logit_bias added                       }
-      -> stop ids masked while < min_tokens     } what greedy rows take the argmax of
+      -> stop ids masked while < min_tokens     }
+      -> bad words' ids masked                  } what greedy rows take the argmax of
       -> repetition, frequency, presence        }
       -> temperature -> min_p -> top-k -> top-p -> the exponential race (random rows)
 
 Penalties (vLLM's definitions): a token seen in the prompt or the output so far has its
 logit l divided by repetition_penalty r if l > 0, else multiplied by it; then l -=
 frequency_penalty * (times in the output) and l -= presence_penalty * (in the output at
-all); prompt tokens count for repetition only. min_p keeps a token whose probability
+all); prompt tokens count for repetition only. Bad words (vLLM's): a one-token
+sequence's id is masked always, a longer sequence's last id where the row's output ends
+with the rest of it. min_p keeps a token whose probability
 after temperature is at least min_p times the most likely token's. Logprobs are of the
 raw logits (before all of it, taken first), as vLLM's default.
 
@@ -33,7 +36,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
 import numpy as np
@@ -83,8 +86,10 @@ class SamplingRows:
     min_tokens: torch.Tensor  # [S] long
     # [S]: the ids a row under min_tokens must not sample (the scheduler adds the eos ids).
     stop_token_ids: list[tuple[int, ...]]
+    bad_words_token_ids: list[tuple[tuple[int, ...], ...]]  # [S]; (): none
     # [S]: prompt + the tokens before this one, and how many of them are the prompt; read
-    # for the rows with a penalty only (references to the worker's lists, not copies).
+    # for the rows with a penalty or a multi-token bad word only (references to the
+    # worker's lists, not copies).
     token_ids: list[Sequence[int]]
     num_prompt_tokens: list[int]
     # The constrained rows' allowed ids (structured output: their grammar matchers',
@@ -113,6 +118,7 @@ class SamplingRows:
             logit_bias=[p.logit_bias for p in params],
             min_tokens=torch.tensor([p.min_tokens for p in params], dtype=torch.long),
             stop_token_ids=[p.stop_token_ids for p in params],
+            bad_words_token_ids=[p.bad_words_token_ids for p in params],
             token_ids=list(token_ids) if token_ids is not None else [()] * len(params),
             num_prompt_tokens=list(num_prompt_tokens) if num_prompt_tokens is not None else [0] * len(params),
             token_bitmask=token_bitmask,
@@ -235,11 +241,11 @@ def _apply_token_bitmask(logits: torch.Tensor, bitmask: TokenBitmask) -> None:
 
 
 def adjusted_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
-    """logit_bias, the min_tokens mask and the penalties, IN PLACE on logits ([S, V]
-    float32) where a row uses one; returns logits. Each touches only its rows' (row, id)
-    entries: O(entries), never a [S, V] pass."""
+    """logit_bias, the min_tokens and bad words masks and the penalties, IN PLACE on
+    logits ([S, V] float32) where a row uses one; returns logits. Each touches only its
+    rows' (row, id) entries: O(entries), never a [S, V] pass."""
     bias = _bias_entries(rows)
-    masked = _min_tokens_entries(rows)
+    masked = _masked_entries(rows)
     penalized = ((rows.repetition_penalty != 1) | (rows.frequency_penalty != 0)
                  | (rows.presence_penalty != 0)).nonzero()[:, 0].tolist()
     V = logits.shape[1]
@@ -276,17 +282,40 @@ def _bias_entries(rows: SamplingRows) -> tuple[torch.Tensor, torch.Tensor] | Non
     return torch.stack([row, torch.cat(ids)]), torch.cat(values)
 
 
-def _min_tokens_entries(rows: SamplingRows) -> torch.Tensor | None:
-    """[2, N] (row, id): the stop ids of the rows with fewer than min_tokens outputs."""
+def _masked_entries(rows: SamplingRows) -> torch.Tensor | None:
+    """[2, N] (row, id) to set to -inf: the min_tokens and bad words masks, or None."""
+    banned = {**_min_tokens_bans(rows)}
+    for i, ids in _bad_words_bans(rows).items():
+        banned[i] = banned.get(i, ()) + ids
+    if not banned:
+        return None
+    counts = torch.tensor([len(ids) for ids in banned.values()])
+    ids = torch.tensor(list(itertools.chain.from_iterable(banned.values())), dtype=torch.long)
+    return torch.stack([torch.tensor(list(banned)).repeat_interleave(counts), ids])
+
+
+def _min_tokens_bans(rows: SamplingRows) -> dict[int, tuple[int, ...]]:
+    """row -> its stop ids, for the rows with fewer than min_tokens outputs."""
     if not bool((rows.min_tokens > 0).any()):
-        return None
+        return {}
     under = (rows.min_tokens > torch.tensor(rows.output_index)).nonzero()[:, 0].tolist()
-    under = [i for i in under if rows.stop_token_ids[i]]
-    if not under:
-        return None
-    counts = torch.tensor([len(rows.stop_token_ids[i]) for i in under])
-    ids = torch.tensor(list(itertools.chain.from_iterable(rows.stop_token_ids[i] for i in under)), dtype=torch.long)
-    return torch.stack([torch.tensor(under).repeat_interleave(counts), ids])
+    return {i: rows.stop_token_ids[i] for i in under if rows.stop_token_ids[i]}
+
+
+def _bad_words_bans(rows: SamplingRows) -> dict[int, tuple[int, ...]]:
+    """row -> the ids its bad words ban at this step: a one-token sequence's id always, a
+    longer one's last id where the row's output (never the prompt) ends with the rest."""
+    bans = {}
+    for i, sequences in enumerate(rows.bad_words_token_ids):
+        if not sequences:
+            continue
+        history, num_prompt = rows.token_ids[i], rows.num_prompt_tokens[i]
+        ids = tuple(seq[-1] for seq in sequences
+                    if len(seq) == 1 or (len(history) - num_prompt >= len(seq) - 1
+                                         and tuple(history[len(history) - len(seq) + 1:]) == seq[:-1]))
+        if ids:
+            bans[i] = ids
+    return bans
 
 
 def _apply_penalties(flat_logits: torch.Tensor, V: int, rows: SamplingRows, penalized: list[int]) -> None:
@@ -344,17 +373,36 @@ def _logprobs(raw: tuple[list[int], torch.Tensor] | None, rows: SamplingRows,
     rows_asking, lp = raw
     index = torch.tensor(rows_asking, device=lp.device)
     chosen_ids = tokens[index]  # [L]
-    chosen = lp.gather(1, chosen_ids[:, None])[:, 0]  # [L]
     max_k = min(max(max(asked[i] or 0 for i in rows_asking), 0), lp.shape[1])
-    # One read back of everything the rows asked for.
-    if max_k:
-        top_vals, top_ids = lp.topk(max_k, dim=-1)
-        chosen_ids, chosen, top_vals, top_ids = (t.cpu() for t in (chosen_ids, chosen, top_vals, top_ids))
-    else:
-        chosen_ids, chosen = chosen_ids.cpu(), chosen.cpu()
-    for j, i in enumerate(rows_asking):
+    for i, got in zip(rows_asking, token_logprobs(lp, chosen_ids, max_k)):
         k = min(asked[i] or 0, lp.shape[1])
-        ids = tuple(top_ids[j, :k].tolist()) if k else ()
-        vals = tuple(top_vals[j, :k].tolist()) if k else ()
-        out[i] = TokenLogprobs(int(chosen_ids[j]), float(chosen[j]), ids, vals)
+        out[i] = replace(got, top_token_ids=got.top_token_ids[:k], top_logprobs=got.top_logprobs[:k])
+    return out
+
+
+def token_logprobs(lp: torch.Tensor, token_ids: torch.Tensor, k: int) -> list[TokenLogprobs]:
+    """lp: [N, V] log_softmax rows; token_ids: [N] long (same device): each row's token's
+    logprob and rank (1 + how many ids are more likely), and its row's top k, read back
+    together."""
+    chosen = lp.gather(1, token_ids[:, None])  # [N, 1]
+    ranks = (lp > chosen).sum(dim=-1) + 1  # [N]
+    k = min(k, lp.shape[1])
+    top_vals, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], token_ids[:, None][:, :0])  # [N, k]
+    ids, values, ranks, top_ids, top_vals = (t.tolist() for t in (token_ids, chosen[:, 0], ranks, top_ids, top_vals))
+    return [TokenLogprobs(t, v, tuple(ti), tuple(tv), r)
+            for t, v, r, ti, tv in zip(ids, values, ranks, top_ids, top_vals)]
+
+
+PROMPT_LOGPROBS_SLICE = 1024  # Positions per float32 log_softmax: bounds its [slice, V] copy.
+
+
+def prompt_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> list[TokenLogprobs]:
+    """Prompt logprobs: logits [P, V] at P prompt positions, token_ids [P] long the prompt
+    tokens that follow each; log_softmax in float32 (raw logits, as the sampled tokens'),
+    PROMPT_LOGPROBS_SLICE positions at a time."""
+    token_ids = token_ids.to(logits.device)
+    out = []
+    for start in range(0, logits.shape[0], PROMPT_LOGPROBS_SLICE):
+        piece = slice(start, start + PROMPT_LOGPROBS_SLICE)
+        out += token_logprobs(torch.log_softmax(logits[piece].float(), dim=-1), token_ids[piece], k)
     return out

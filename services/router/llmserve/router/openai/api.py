@@ -106,7 +106,7 @@ async def _api_error(request: Request, err: ApiError) -> JSONResponse:
 
 
 async def _generation_error(request: Request, err: GenerationError) -> JSONResponse:
-    return error_response(err.code, err.message, retry_after_ms=err.retry_after_ms)
+    return error_response(err.code, err.message, err.param, retry_after_ms=err.retry_after_ms)
 
 
 async def _request_error(request: Request, err: RequestError) -> JSONResponse:
@@ -178,13 +178,14 @@ def _add_generation_routes(app: FastAPI, generation: Generation, guarded: list) 
         ids = [request_id if len(prompts) == 1 else f"{request_id}-{i}" for i in range(len(prompts))]
         requests = _translate(lambda: body.to_pb(ids))
         sampling = _translate(body.sampling)
-        renderer = _renderer(False, f"cmpl-{request_id}", body, _echo(prompts) if body.echo else None)
+        renderer = _renderer(False, f"cmpl-{request_id}", body, _echo(prompts) if body.echo else None,
+                             body.echo_logprobs)
         return await _respond(generation, requests, sampling, body, renderer, body.logprobs is not None, request)
 
-    def _renderer(chat: bool, response_id: str, body, prompt_text=None) -> Renderer:
+    def _renderer(chat: bool, response_id: str, body, prompt_text=None, echo_logprobs=None) -> Renderer:
         return Renderer(chat=chat, model=generation.served.name if generation.served else body.model,
                         response_id=response_id, n=body.n or 1, token_text=generation.token_text,
-                        prompt_text=prompt_text)
+                        prompt_text=prompt_text, prompt_logprobs=body.prompt_logprobs, echo_logprobs=echo_logprobs)
 
     def _echo(prompts: list[str | list[int]]) -> Callable[[int], str]:
         """Prompt i's text for `echo`: as sent, or its token ids decoded (called once an

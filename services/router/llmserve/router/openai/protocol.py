@@ -19,7 +19,7 @@ gRPC. Tool calling (`tools`, `tool_choice`, `parallel_tool_calls`, messages' `to
 them); the deprecated `functions` and `function_call` are refused. Extensions beyond
 OpenAI's fields, as vLLM names them: `top_k`, `min_p`,
 `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `priority`,
-`guided_regex`, `guided_choice`, `guided_grammar`.
+`guided_regex`, `guided_choice`, `guided_grammar`, `bad_words`, `prompt_logprobs`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ NOT_SUPPORTED = {
     "prompt_cache_key": "prompt cache controls are not supported (prefix caching is automatic)",
     "prompt_cache_retention": "prompt cache controls are not supported (prefix caching is automatic)",
     "prompt_cache_options": "prompt cache controls are not supported (prefix caching is automatic)",
-    "prompt_logprobs": "prompt logprobs are not supported yet",
 }
 
 _TOOLS = "tool calling is for chat completions (/v1/chat/completions)"
@@ -123,6 +122,9 @@ class _Sampling(BaseModel):
     min_tokens: int = 0  # Extension: no stop before this many tokens.
     ignore_eos: bool = False  # Extension: generate past end-of-sequence tokens.
     stop_token_ids: list[int] = Field(default_factory=list)  # Extension.
+    bad_words: list[str] = Field(default_factory=list)  # Extension (vLLM's): words never generated.
+    # Extension (vLLM's): each prompt token's logprob given the tokens before it, and the top k.
+    prompt_logprobs: int | None = None
     priority: int = 0  # Extension: lower is served first (the gRPC API's priority).
     # Structured output: OpenAI's response_format, or one of the extensions (at most one).
     response_format: ResponseFormat | None = None
@@ -138,7 +140,8 @@ class _Sampling(BaseModel):
         """Refuses (400, by name) every field sent that is neither honoured nor ignored."""
         _check_extra(self, NOT_SUPPORTED)
 
-    def _sampling(self, max_tokens: int | None, logprobs: int | None) -> tuple[SamplingParams, int]:
+    def _sampling(self, max_tokens: int | None, logprobs: int | None,
+                  prompt_logprobs: int | None) -> tuple[SamplingParams, int]:
         """The settings as SamplingParams, and n: read as wire.sampling_from_public_pb reads
         a gRPC client's (unset: the API's defaults, max_tokens None; numbers held to the
         public API's types, so a number beyond them is a ValueError, a 400). Unchecked:
@@ -152,6 +155,7 @@ class _Sampling(BaseModel):
             seed=None if self.seed is None else public_int(self.seed, 64),
             ignore_eos=self.ignore_eos,
             logprobs=None if logprobs is None else public_int(logprobs),
+            prompt_logprobs=None if prompt_logprobs is None else public_int(prompt_logprobs),
             stop_token_ids=tuple(public_int(t) for t in self.stop_token_ids),
             stop=tuple(public_str(s) for s in stop),
             repetition_penalty=1.0 if self.repetition_penalty is None else public_float(self.repetition_penalty),
@@ -161,6 +165,7 @@ class _Sampling(BaseModel):
             logit_bias=tuple(sorted((public_int(t), public_float(b)) for t, b in (self.logit_bias or {}).items())),
             min_tokens=public_int(self.min_tokens),
             structured_output=self._structured_output(),
+            bad_words=tuple(public_str(w) for w in self.bad_words),
         )
         return sampling, 1 if self.n is None else public_int(self.n)
 
@@ -329,22 +334,19 @@ class ChatCompletionRequest(_Sampling):
             raise invalid("top_logprobs needs logprobs: true", param="top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._sampling(max_tokens, logprobs)
+        return self._sampling(max_tokens, logprobs, self.prompt_logprobs)
 
 
 class CompletionRequest(_Sampling):
     # A prompt, or a batch of them: text or token ids.
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None  # Top logprobs per token (0: the sampled token's only).
-    echo: bool = False  # The prompt's text before each choice's (without logprobs only).
+    echo: bool = False  # The prompt's text (and with logprobs its tokens' logprobs) before each choice's.
     suffix: str | None = None  # Only empty: insertion is not supported.
     best_of: int | None = None  # Only equal to n (no candidates beyond the n returned).
 
     def check_fields(self) -> None:
         _check_extra(self, NOT_SUPPORTED | CHAT_ONLY)
-        if self.echo and self.logprobs is not None:
-            raise invalid("echo: with logprobs it needs the prompt's logprobs, which are not supported yet",
-                          param="echo")
         if self.suffix:
             raise invalid("suffix: insertion (a suffix after the completion) is not supported", param="suffix")
         if self.best_of is not None and self.best_of != (self.n or 1):
@@ -375,5 +377,15 @@ class CompletionRequest(_Sampling):
             requests.append(request)
         return requests
 
+    @property
+    def echo_logprobs(self) -> int | None:
+        """The top entries per prompt token that echo with logprobs shows (None: no echo logprobs)."""
+        return self.logprobs if self.echo else None
+
     def sampling(self) -> tuple[SamplingParams, int]:
-        return self._sampling(self.max_tokens, self.logprobs)
+        """echo with logprobs asks the engine for the prompt's logprobs too (the larger k
+        of the two; each is shown with its own)."""
+        asked = [k for k in (self.prompt_logprobs, self.echo_logprobs) if k is not None]
+        # (a negative k stays, for the validation to refuse)
+        k = (min(asked) if min(asked) < 0 else max(asked)) if asked else None
+        return self._sampling(self.max_tokens, self.logprobs, k)

@@ -70,6 +70,10 @@ class Renderer:
     token_text: Callable[[int], str]
     # Completions' `echo`: the text of prompt i, put before its choices' text (None: no echo).
     prompt_text: Callable[[int], str] | None = None
+    # prompt_logprobs (vLLM's extension): the top entries shown per prompt token (None: none asked).
+    prompt_logprobs: int | None = None
+    # Completions' echo with logprobs: the top entries per prompt token (None: no echo logprobs).
+    echo_logprobs: int | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     _offsets: dict[int, int] = field(default_factory=dict)  # Completions' text_offset, per choice.
 
@@ -96,6 +100,43 @@ class Renderer:
                                  for lp in logprobs],
                 "text_offset": offsets}
 
+    def _echo_logprobs(self, index: int, delta: SampleDelta) -> dict:
+        """Completions' echo with logprobs: the prompt's tokens (the first without a
+        logprob, as OpenAI's), before the completion's (text_offset goes on from them)."""
+        k = self.echo_logprobs
+        entries: list[TokenLogprobs | None] = [None, *delta.prompt_logprobs]
+        tokens = [self.token_text(t) for t in delta.prompt_token_ids]
+        offsets, at = [], self._offsets.get(index, 0)
+        for text in tokens:
+            offsets.append(at)
+            at += len(text)
+        self._offsets[index] = at
+        return {"tokens": tokens, "token_logprobs": [None if lp is None else lp.logprob for lp in entries],
+                "top_logprobs": [None if lp is None else {self.token_text(t): v for t, v in zip(
+                    lp.top_token_ids[:k], lp.top_logprobs[:k])} for lp in entries],
+                "text_offset": offsets}
+
+    def _choice_logprobs(self, index: int, delta: SampleDelta, logprobs: list[TokenLogprobs]) -> dict:
+        """A choice's logprobs object: with echo (completions) the prompt's part first;
+        `delta`: the choice's first delta (the one carrying the prompt's)."""
+        if self.echo_logprobs is None or not delta.prompt_token_ids:
+            return self.logprobs(index, logprobs)
+        echoed = self._echo_logprobs(index, delta)
+        return {key: echoed[key] + value for key, value in self.logprobs(index, logprobs).items()}
+
+    def _prompt_logprobs(self, delta: SampleDelta) -> list[dict | None]:
+        """vLLM's prompt_logprobs: None for the first token, then for each token {id:
+        {logprob, rank, decoded_token}} of the token itself and of the k most likely."""
+        k = self.prompt_logprobs
+        out: list[dict | None] = [None]
+        for lp in delta.prompt_logprobs:
+            entry = {str(lp.token_id): {"logprob": lp.logprob, "rank": lp.rank,
+                                        "decoded_token": self.token_text(lp.token_id)}}
+            for rank, (t, v) in enumerate(zip(lp.top_token_ids[:k], lp.top_logprobs[:k]), 1):
+                entry.setdefault(str(t), {"logprob": v, "rank": rank, "decoded_token": self.token_text(t)})
+            out.append(entry)
+        return out
+
     def _echo(self, prompt_index: int, first: bool) -> str:
         """What comes before a choice's first text: its prompt's, with `echo`."""
         return self.prompt_text(prompt_index) if first and self.prompt_text is not None else ""
@@ -113,7 +154,10 @@ class Renderer:
                                        [_call_delta(call) for call in delta.tool_calls])
         else:
             choice["text"] = self._echo(prompt_index, first) + delta.text
-        choice["logprobs"] = self.logprobs(index, delta.logprobs) if with_logprobs and delta.logprobs else None
+        choice["logprobs"] = self._choice_logprobs(index, delta, delta.logprobs) \
+            if with_logprobs and (delta.logprobs or delta.prompt_token_ids) else None
+        if self.prompt_logprobs is not None and delta.prompt_token_ids:
+            choice["prompt_logprobs"] = self._prompt_logprobs(delta)
         return self._envelope(self.object + (".chunk" if self.chat else ""), [choice])
 
     def chunks(self, prompt_index: int, delta: SampleDelta, first: bool, with_logprobs: bool) -> list[dict]:
@@ -123,7 +167,8 @@ class Renderer:
             return [self.chunk(prompt_index, delta, first, with_logprobs)]
         reasoning = replace(delta, text="", tool_calls=[], logprobs=[], finish_reason=FinishReason.NONE)
         return [self.chunk(prompt_index, reasoning, first, False),
-                self.chunk(prompt_index, replace(delta, reasoning_text=""), False, with_logprobs)]
+                self.chunk(prompt_index, replace(delta, reasoning_text="", prompt_token_ids=[], prompt_logprobs=[]),
+                           False, with_logprobs)]
 
     def usage_chunk(self, usages: list[Usage]) -> dict:
         """stream_options.include_usage: the last chunk, no choices."""
@@ -139,7 +184,9 @@ class Renderer:
             reasoning = "".join(d.reasoning_text for d in parts)
             logprobs = [lp for d in parts for lp in d.logprobs]
             choice: dict = {"index": index, "finish_reason": finish_reason(parts[-1]),
-                            "logprobs": self.logprobs(index, logprobs) if with_logprobs else None}
+                            "logprobs": self._choice_logprobs(index, parts[0], logprobs) if with_logprobs else None}
+            if self.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = self._prompt_logprobs(parts[0])
             if self.chat:
                 calls = _calls([call for d in parts for call in d.tool_calls])
                 choice["message"] = {"content": None, **_message(text, reasoning, True, calls)}
