@@ -274,8 +274,6 @@ def test_echo_with_logprobs_and_prompt_logprobs_render_the_prompt_first():
 # --- docs/guide/openai.md's table of every request field ------------------------------
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "openai.md"
-# The other engineer's section says what these do; their rows point to it.
-TOOL_CALLING = {"tools", "tool_choice", "parallel_tool_calls"}
 
 
 def _field_table(heading: str) -> dict[str, tuple[str, str]]:
@@ -300,9 +298,6 @@ def test_the_guide_has_a_row_for_every_field_saying_what_the_server_does(heading
         known |= IGNORED | set(NOT_SUPPORTED)
     assert known - set(table) == set(), "fields without a row in docs/guide/openai.md"
     for name, (status, what) in table.items():
-        if name in TOOL_CALLING:
-            assert status == "tool calling" and "see the Tool calling section" in what, name
-            continue
         # What the server does with it, as protocol.py decides it.
         does = "honoured" if name in declared else "ignored" if name in IGNORED else \
             "refused" if name in NOT_SUPPORTED else "unknown to the server"
