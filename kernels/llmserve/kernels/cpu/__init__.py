@@ -4,7 +4,9 @@ On CPU, decode attention over a paged KV cache is memory-bound; gathering each
 sequence's blocks into a contiguous tensor first (what plain torch must do) moves
 every K/V byte three times: `paged_attention_decode` reads the blocks in place.
 The element-wise ops (RMSNorm with the residual add, SiLU-and-multiply, rotary
-embedding) each replace a chain of torch ops with one pass over the activations.
+embedding) each replace a chain of torch ops with one pass over the activations;
+`rotary_and_write_kv_` also stores the rotated keys and the values in the paged cache
+in that pass.
 
 Every op has a plain torch equivalent in the layers, used when `available()` is False
 (no compiler, `LLMSERVE_DISABLE_CPU_KERNELS=1`) and as the reference in tests.
@@ -26,7 +28,7 @@ import torch
 logger = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp", _CSRC / "int8_linear.cpp",
-            _CSRC / "bf16_linear.cpp"]
+            _CSRC / "bf16_linear.cpp", _CSRC / "rotary_kv_write.cpp"]
 
 
 def _build_dir() -> Path:
@@ -119,6 +121,16 @@ def rotary_neox_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: i
     """In place on the first `heads` heads of each row of x [T, >= heads*D] (e.g. the q and
     k heads of a fused qkv output); cos, sin [T, D/2]."""
     torch.ops.llmserve_cpu.rotary_neox_(x, cos, sin, heads, head_dim)
+
+
+def rotary_and_write_kv_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                         slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    """qkv [T, (H + 2*KVH) * D] laid out [q | k | v]: the first R = 2 * cos.shape[-1] dims of
+    each q and k head rotated in place (cos, sin [T, R/2] or [T, 1, R/2]), then each token's k
+    and v rows stored at its flat slot of kv_cache [2, NB, BS, KVH, D] (slot_mapping [T] int64;
+    -1: a padding token, stored nowhere)."""
+    torch.ops.llmserve_cpu.rotary_and_write_kv_(qkv, cos, sin, kv_cache, slot_mapping, num_heads, num_kv_heads,
+                                                head_dim)
 
 
 def w8a8_supported() -> bool:

@@ -107,6 +107,8 @@ class AttentionBackend(abc.ABC):
 
     @abc.abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
-        """q [T,H,D], k/v [T,KVH,D]: store k/v in their slots, attend causally -> [T,H,D]."""
+        """q [T,H,D], k/v [T,KVH,D]: store k/v in their slots (unless the caller already
+        did: kv_stored, the fused CPU rotary + cache write), attend causally -> [T,H,D]."""

@@ -34,9 +34,10 @@ class TorchPagedAttention(AttentionBackend):
             decode_seq_lens=torch.tensor(seq_lens[:num_decodes], dtype=torch.long, device=dev) if num_decodes else None,
         )
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, kv_stored: bool = False) -> torch.Tensor:
         # q: [T, H, D]; k, v: [T, KVH, D]; kv_cache: [2, num_blocks, block_size, KVH, D]
-        _write_kv(k, v, kv_cache, meta.slot_mapping)
+        if not kv_stored:
+            _write_kv(k, v, kv_cache, meta.slot_mapping)
         B = meta.num_decodes
         if B and B == q.shape[0]:  # decode rows only: their output is the whole output
             return self._decode(q, kv_cache, meta)

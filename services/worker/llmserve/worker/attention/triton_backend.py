@@ -89,13 +89,14 @@ class TritonPagedAttention(AttentionBackend):
             max_decode_seq_len=max(seq_lens[:num_decodes], default=0),
         )
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, kv_stored: bool = False) -> torch.Tensor:
         # q: [T, H, D]; k, v: [T, KVH, D]; kv_cache: [2, num_blocks, block_size, KVH, D]
         from llmserve.kernels.triton import paged_attention_decode, paged_attention_varlen, reshape_and_cache
 
         if not isinstance(meta, TritonAttentionMetadata):
             raise TypeError("TritonPagedAttention needs metadata from TritonPagedAttention.build_metadata")
-        reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
+        if not kv_stored:
+            reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         B, N = meta.num_decodes, len(meta.seq_lens)
         if B:

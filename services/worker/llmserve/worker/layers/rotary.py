@@ -245,9 +245,31 @@ def apply_rotary_qkv(qkv: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tenso
     return apply_rotary(q, cos_sin), apply_rotary(k, cos_sin), v.view(T, num_kv_heads, head_dim)
 
 
+def rotary_kv_write_applies(qkv: torch.Tensor, cos_sin: tuple[torch.Tensor, ...], kv_cache: torch.Tensor) -> bool:
+    """True when one C++ pass can rotate q and k and store k and v in the cache
+    (`apply_rotary_qkv_and_write_kv`): host cos/sin rows (not CUDA positions) in qkv's
+    dtype, and a contiguous cache of that dtype on the CPU."""
+    on_host = len(cos_sin) == 2 or cos_sin[2] is None
+    return (on_host and cos_sin[0].dtype == qkv.dtype == kv_cache.dtype and kv_cache.is_contiguous()
+            and fused_cpu_applies(qkv))
+
+
+def apply_rotary_qkv_and_write_kv(qkv: torch.Tensor, cos_sin: tuple[torch.Tensor, ...], num_heads: int,
+                                  num_kv_heads: int, head_dim: int, kv_cache: torch.Tensor,
+                                  slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`apply_rotary_qkv` (full or partial rotary), and k and v stored at their slots of
+    kv_cache [2, num_blocks, block_size, KVH, D], in one pass: where
+    `rotary_kv_write_applies`. Returns the views q [T, H, D], k, v [T, KVH, D] of qkv."""
+    T, q_size, kv_size = qkv.shape[0], num_heads * head_dim, num_kv_heads * head_dim
+    cpu_kernels.rotary_and_write_kv_(qkv, cos_sin[0], cos_sin[1], kv_cache, slot_mapping, num_heads, num_kv_heads,
+                                     head_dim)
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    return q.view(T, num_heads, head_dim), k.view(T, num_kv_heads, head_dim), v.view(T, num_kv_heads, head_dim)
+
+
 def _apply_partial_rotary_qkv(qkv: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], num_heads: int,
                               num_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Partial rotary in torch, in place: the C++ kernel rotates whole heads only.
+    """Partial rotary in torch, in place: the C++ rotary_neox_ rotates whole heads only.
     NOTE: bf16 rounding as HF (x1*cos and x2*sin each rounded, then their difference)."""
     T, rotary_dim = qkv.shape[0], 2 * cos_sin[0].shape[-1]
     heads = qkv.view(T, num_heads + 2 * num_kv_heads, head_dim)  # [T, H + 2*KVH, D]

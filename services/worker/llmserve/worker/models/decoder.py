@@ -20,13 +20,14 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from llmserve.worker.attention import AttentionMetadata, TorchPagedAttention
+from llmserve.worker.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from llmserve.worker.distributed import GroupHandle, ParallelState
 from llmserve.worker.layers.activation import gated_activation
 from llmserve.worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from llmserve.worker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from llmserve.worker.layers.norm import RMSNorm
-from llmserve.worker.layers.rotary import RotaryEmbedding, apply_rotary_qkv, rope_parameters
+from llmserve.worker.layers.rotary import (Rope, RotaryEmbedding, apply_rotary_qkv, apply_rotary_qkv_and_write_kv,
+                                           rope_parameters, rotary_kv_write_applies)
 
 _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -106,6 +107,20 @@ class LayerOptions:
     rope: str = "default"  # which of rope_tables(config) the layer rotates with
 
 
+def rotary_attention(attn: AttentionBackend, qkv: torch.Tensor, rope: Rope, kv_cache: torch.Tensor,
+                     meta: AttentionMetadata, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """RoPE on the q and k heads of qkv [T, (H + 2*KVH) * D], k and v stored in kv_cache,
+    attention -> [T, H, D]. On CPU one C++ pass rotates and stores (the backend is told
+    the keys are in place); elsewhere the backend stores them."""
+    if rotary_kv_write_applies(qkv, rope, kv_cache):
+        q, k, v = apply_rotary_qkv_and_write_kv(qkv, rope, num_heads, num_kv_heads, head_dim, kv_cache,
+                                                meta.slot_mapping)
+        return attn.forward(q, k, v, kv_cache, meta, kv_stored=True)
+    # q: [T, H, D]; k, v: [T, KVH, D]
+    q, k, v = apply_rotary_qkv(qkv, rope, num_heads, num_kv_heads, head_dim)
+    return attn.forward(q, k, v, kv_cache, meta)
+
+
 class Attention(nn.Module):
     def __init__(self, config: Any, qkv_bias: bool, tp: GroupHandle, quantization: str = "none",
                  options: LayerOptions = LayerOptions(), norm_cls: type[RMSNorm] = RMSNorm):
@@ -131,9 +146,8 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(hidden)  # [T, (H + 2*KVH)/tp * D]
         if self.q_norm is not None:
             self._qk_norm_(qkv)
-        # q: [T, H/tp, D]; k, v: [T, KVH/tp, D]
-        q, k, v = apply_rotary_qkv(qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim)
-        o = self.attn.forward(q, k, v, kv_cache, meta)  # [T, H/tp, D]
+        o = rotary_attention(self.attn, qkv, rope, kv_cache, meta, self.num_heads, self.num_kv_heads,
+                             self.head_dim)  # [T, H/tp, D]
         return self.o_proj(o.view(T, -1))  # all-reduce #1 of the layer
 
     def _qk_norm_(self, qkv: torch.Tensor) -> None:

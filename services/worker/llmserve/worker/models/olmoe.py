@@ -18,8 +18,7 @@ from torch import nn
 
 from llmserve.worker.distributed import GroupHandle, ParallelState
 from llmserve.worker.layers.norm import ShardedRMSNorm
-from llmserve.worker.layers.rotary import apply_rotary_qkv
-from llmserve.worker.models.decoder import Attention
+from llmserve.worker.models.decoder import Attention, rotary_attention
 from llmserve.worker.models.moe import MoeDecoderForCausalLM
 
 
@@ -47,8 +46,8 @@ class FullWidthQKNormAttention(nn.Module):
         k.copy_(self.k_norm(k))
         if self.clip is not None:
             qkv.clamp_(-self.clip, self.clip)
-        q, k, v = apply_rotary_qkv(qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim)
-        o = self.attn.forward(q, k, v, kv_cache, meta)  # [T, H/tp, D]
+        o = rotary_attention(self.attn, qkv, rope, kv_cache, meta, self.num_heads, self.num_kv_heads,
+                             self.head_dim)  # [T, H/tp, D]
         return self.o_proj(o.view(T, -1))
 
 
