@@ -4,6 +4,12 @@
         async for delta in client.generate("Hi", max_tokens=32):
             print(delta.text, end="", flush=True)
         text = await client.complete(messages=[("user", "What is 2+2?")])
+        deltas = [d async for d in client.generate(messages=[("user", "Weather in Paris?")],
+                                                   tools=[weather], tool_choice="required")]
+        calls = collect_tool_calls(deltas)  # [ToolCall(id="call_...", name=..., arguments="{...}")]
+
+Every keyword after the input is a field of ``GenerateOptions``, the one record that
+becomes the request (``options=`` takes a whole one).
 
 TLS by default: the server is verified against `tls_ca` (a path or PEM bytes; the
 system's roots if none), and `api_key` goes with every call as `authorization: Bearer
@@ -23,8 +29,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +98,27 @@ def _logprobs(msgs) -> list[TokenLogprobs]:
                           top_logprobs=tuple(lp.top_logprobs), rank=lp.rank) for lp in msgs]
 
 
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of one tool call of a streamed chat reply: its first piece has the call's
+    `id` and `name`, later ones extend its `arguments` (``collect_tool_calls`` joins them)."""
+
+    index: int  # Which call of the sample, from 0.
+    id: str = ""
+    name: str = ""
+    arguments: str = ""  # More of the arguments' JSON text.
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A whole tool call: what a reply asked for, and what an assistant turn sends back
+    (``{"role": "assistant", "tool_calls": [call]}``)."""
+
+    id: str  # "call_...": the tool turn answering it repeats it as tool_call_id.
+    name: str
+    arguments: str  # A JSON object's text.
+
+
 @dataclass
 class GenerationDelta:
     """One streamed step of one sample."""
@@ -108,6 +135,9 @@ class GenerationDelta:
     reasoning_text: str = ""  # A chat's new reasoning, split from `text` (the router's --reasoning-parser).
     # With prompt_logprobs, on the sample's first delta: the prompt's tokens 1.. .
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # A chat's tool calls (tool_choice required, a named function, or auto with the router's
+    # --tool-call-parser); the sample then ends with finish_reason "tool_calls".
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
     @classmethod
     def from_pb(cls, msg: pb.GenerateResponse) -> "GenerationDelta":
@@ -130,7 +160,18 @@ class GenerationDelta:
             stop_reason=msg.stop_reason,
             error=msg.error,
             reasoning_text=msg.reasoning_text,
+            tool_calls=[ToolCallDelta(index=c.index, id=c.id, name=c.name, arguments=c.arguments)
+                        for c in msg.tool_calls],
         )
+
+
+def collect_tool_calls(deltas: Iterable[GenerationDelta], index: int = 0) -> list[ToolCall]:
+    """Sample `index`'s tool calls, their pieces joined, in call order."""
+    calls: dict[int, ToolCall] = {}
+    for piece in (p for d in deltas if d.index == index for p in d.tool_calls):
+        call = calls.get(piece.index, ToolCall(piece.id, piece.name, ""))
+        calls[piece.index] = replace(call, arguments=call.arguments + piece.arguments)
+    return [calls[i] for i in sorted(calls)]
 
 
 @dataclass(frozen=True)
@@ -184,16 +225,88 @@ class ModelInfo:
         )
 
 
+def _refuse_other_keys(mapping: Mapping[str, Any], allowed: tuple[str, ...], what: str) -> None:
+    """ValueError naming the keys of `mapping` outside `allowed`: sent on, the server would
+    not know them; dropped, the caller would not know they did nothing."""
+    unknown = sorted(set(mapping) - set(allowed))
+    if unknown:
+        raise ValueError(f"{what}: {', '.join(map(repr, unknown))} not supported (only {', '.join(allowed)})")
+
+
+def tool_call_pb(call: ToolCall | Mapping[str, Any]) -> pb.ToolCall:
+    """An earlier reply's call: a ToolCall (``collect_tool_calls``), or as the OpenAI API
+    writes it: ``{"id": ..., "type": "function", "function": {"name": ..., "arguments": ...}}``
+    (the arguments a JSON object's text, or the mapping)."""
+    if isinstance(call, ToolCall):
+        return pb.ToolCall(id=call.id, name=call.name, arguments=call.arguments)
+    _refuse_other_keys(call, ("id", "type", "function"), "tool_calls")
+    if call.get("type", "function") != "function":
+        raise ValueError(f"tool_calls: type {call['type']!r}; only 'function' calls exist")
+    function = call["function"]
+    _refuse_other_keys(function, ("name", "arguments"), "tool_calls function")
+    arguments = function["arguments"]
+    return pb.ToolCall(id=call["id"], name=function["name"],
+                       arguments=arguments if isinstance(arguments, str) else json.dumps(arguments))
+
+
+def chat_message_pb(message: tuple[str, str] | Mapping[str, Any]) -> pb.ChatMessage:
+    """One turn: ``(role, content)``, or a mapping of ``role``, ``content`` and, in a tool
+    round trip, an assistant turn's ``tool_calls`` (``tool_call_pb``) and a ``tool`` turn's
+    ``tool_call_id`` and ``name``."""
+    if not isinstance(message, Mapping):
+        role, content = message
+        return pb.ChatMessage(role=role, content=content)
+    _refuse_other_keys(message, ("role", "content", "tool_calls", "tool_call_id", "name"), "messages")
+    return pb.ChatMessage(role=message["role"], content=message.get("content") or "",
+                          tool_calls=[tool_call_pb(call) for call in message.get("tool_calls") or ()],
+                          tool_call_id=message.get("tool_call_id") or "", name=message.get("name") or "")
+
+
 def chat_messages_pb(messages: Messages, chat_template_kwargs: Mapping[str, Any] | None = None) -> pb.ChatMessages:
     """`chat_template_kwargs`: variables for the chat template (JSON values: {"enable_thinking": False})."""
-    out = pb.ChatMessages(chat_template_kwargs={k: json.dumps(v) for k, v in (chat_template_kwargs or {}).items()})
-    for message in messages:
-        if isinstance(message, Mapping):
-            role, content = message["role"], message["content"]
-        else:
-            role, content = message
-        out.messages.add(role=role, content=content)
-    return out
+    return pb.ChatMessages(messages=[chat_message_pb(m) for m in messages],
+                           chat_template_kwargs={k: json.dumps(v) for k, v in (chat_template_kwargs or {}).items()})
+
+
+def tool_pb(tool: Mapping[str, Any]) -> pb.Tool:
+    """A function the model may call: its definition, ``{"name": ..., "description": ...,
+    "parameters": <JSON schema>}`` (the schema a mapping or its JSON text; none: it takes
+    no parameters), or the same wrapped as the OpenAI API writes it: ``{"type": "function",
+    "function": {...}}``."""
+    function = tool
+    if "function" in tool:
+        _refuse_other_keys(tool, ("type", "function"), "tools")
+        if tool.get("type") != "function":
+            raise ValueError(f"tools: type {tool.get('type')!r}; only 'function' tools exist")
+        function = tool["function"]
+    # NOTE: "strict" is accepted as the router's OpenAI door accepts it: tool_choice
+    # required or a named function constrains the arguments to the schema either way.
+    _refuse_other_keys(function, ("name", "description", "parameters", "strict"), "tools function")
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, str):
+        parameters = json.dumps(parameters)
+    return pb.Tool(name=function["name"], description=function.get("description") or "",
+                   parameters=parameters or "")
+
+
+_TOOL_CHOICE_MODES = {"none": pb.TOOL_CHOICE_MODE_NONE, "auto": pb.TOOL_CHOICE_MODE_AUTO,
+                      "required": pb.TOOL_CHOICE_MODE_REQUIRED}
+
+
+def tool_choice_pb(choice: str | Mapping[str, Any]) -> pb.ToolChoice:
+    """``"none"``, ``"auto"`` (the router's --tool-call-parser reads the calls),
+    ``"required"``, or one function the model must call, as the OpenAI API names it:
+    ``{"type": "function", "function": {"name": ...}}``."""
+    if isinstance(choice, str):
+        if choice not in _TOOL_CHOICE_MODES:
+            raise ValueError(f"tool_choice: {choice!r}; pass none, auto, required or "
+                             "{'type': 'function', 'function': {'name': ...}}")
+        return pb.ToolChoice(mode=_TOOL_CHOICE_MODES[choice])
+    _refuse_other_keys(choice, ("type", "function"), "tool_choice")
+    if choice.get("type") != "function":
+        raise ValueError(f"tool_choice: type {choice.get('type')!r}; only 'function' tools exist")
+    _refuse_other_keys(choice["function"], ("name",), "tool_choice function")
+    return pb.ToolChoice(function_name=choice["function"]["name"])
 
 
 def structured_output_pb(*, json_schema: Mapping[str, Any] | str | None = None, json_object: bool = False,
@@ -219,68 +332,104 @@ def structured_output_pb(*, json_schema: Mapping[str, Any] | str | None = None, 
     return pb.StructuredOutput(kind=kind, spec=spec)
 
 
-def build_generate_request(
-    prompt: str | None = None,
-    *,
-    messages: Messages | None = None,
-    token_ids: Sequence[int] | None = None,
-    max_tokens: int | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    top_k: int = 0,
-    seed: int | None = None,
-    stop: Sequence[str] | str = (),
-    stop_token_ids: Sequence[int] = (),
-    ignore_eos: bool = False,
-    n: int | None = None,
-    logprobs: int | None = None,
-    request_id: str = "",
-    model: str = "",
-    priority: int = 0,
-    chat_template_kwargs: Mapping[str, Any] | None = None,
-    repetition_penalty: float | None = None,
-    frequency_penalty: float = 0.0,
-    presence_penalty: float = 0.0,
-    min_p: float = 0.0,
-    logit_bias: Mapping[int, float] | None = None,
-    min_tokens: int = 0,
-    json_schema: Mapping[str, Any] | str | None = None,
-    json_object: bool = False,
-    regex: str | None = None,
-    choice: Sequence[str] | None = None,
-    grammar: str | None = None,
-    bad_words: Sequence[str] = (),
-    prompt_logprobs: int | None = None,
-) -> pb.GenerateRequest:
-    """The GenerateRequest for these arguments; exactly one input must be given. The
-    sampling fields are SamplingParams' (protos/llmserve/v1/generation.proto); json_schema
-    to grammar are its structured_output, at most one (structured_output_pb)."""
-    given = [x is not None for x in (prompt, messages, token_ids)]
-    if sum(given) != 1:
-        raise ValueError("pass exactly one of prompt, messages or token_ids")
-    if isinstance(stop, str):
-        stop = (stop,)
-    params = pb.SamplingParams(
-        top_k=top_k, stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
-        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, min_p=min_p,
-        logit_bias=dict(logit_bias or {}), min_tokens=min_tokens, bad_words=list(bad_words),
-        structured_output=structured_output_pb(json_schema=json_schema, json_object=json_object, regex=regex,
-                                               choice=choice, grammar=grammar),
-    )
-    # Optional fields: leave unset (server default) unless given.
-    for name, value in (("max_tokens", max_tokens), ("temperature", temperature),
-                        ("top_p", top_p), ("seed", seed), ("n", n), ("logprobs", logprobs),
-                        ("repetition_penalty", repetition_penalty), ("prompt_logprobs", prompt_logprobs)):
-        if value is not None:
-            setattr(params, name, value)
-    request = pb.GenerateRequest(request_id=request_id, model=model, params=params, priority=priority)
-    if prompt is not None:
-        request.text = prompt
-    elif messages is not None:
-        request.messages.CopyFrom(chat_messages_pb(messages, chat_template_kwargs))
-    else:
-        request.token_ids.ids.extend(token_ids)
-    return request
+@dataclass(frozen=True)
+class GenerateOptions:
+    """Everything a Generate call asks for besides its input, in one record:
+    ``build_generate_request`` and ``LLMServeClient.generate`` take its fields as keywords
+    (or a whole record as ``options=``), and ``request_pb`` alone turns it into the request.
+
+    A field named as one of SamplingParams' (protos/llmserve/v1/generation.proto) is sent
+    as that field, None leaving it unset (the server's default); json_schema to grammar are
+    its structured_output, at most one (structured_output_pb). chat_template_kwargs and the
+    tool fields are a chat's (``messages=``) and refused with any other input.
+    """
+
+    # SamplingParams' fields.
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int = 0
+    seed: int | None = None
+    stop: Sequence[str] | str = ()
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+    n: int | None = None
+    logprobs: int | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    min_p: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
+    min_tokens: int = 0
+    bad_words: Sequence[str] = ()
+    prompt_logprobs: int | None = None
+    # SamplingParams.structured_output.
+    json_schema: Mapping[str, Any] | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: Sequence[str] | None = None
+    grammar: str | None = None
+    # GenerateRequest's own fields.
+    request_id: str = ""
+    model: str = ""
+    priority: int = 0
+    # ChatMessages' fields. chat_template_kwargs: JSON values ({"enable_thinking": False}).
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    tools: Sequence[Mapping[str, Any]] = ()  # Function definitions (tool_pb).
+    tool_choice: str | Mapping[str, Any] | None = None  # tool_choice_pb; None: auto with tools, else none.
+    parallel_tool_calls: bool | None = None  # False: at most one call. None: true.
+
+    def sampling_pb(self) -> pb.SamplingParams:
+        given = {name: getattr(self, name) for name in _SAMPLING_FIELDS if getattr(self, name) is not None}
+        if isinstance(self.stop, str):
+            given["stop"] = (self.stop,)
+        if self.logit_bias is not None:
+            given["logit_bias"] = dict(self.logit_bias)
+        return pb.SamplingParams(**given, structured_output=structured_output_pb(
+            json_schema=self.json_schema, json_object=self.json_object, regex=self.regex, choice=self.choice,
+            grammar=self.grammar))
+
+    def chat_pb(self, messages: Messages) -> pb.ChatMessages:
+        chat = chat_messages_pb(messages, self.chat_template_kwargs)
+        chat.tools.extend(tool_pb(tool) for tool in self.tools)
+        if self.tool_choice is not None:
+            chat.tool_choice.CopyFrom(tool_choice_pb(self.tool_choice))
+        if self.parallel_tool_calls is not None:
+            chat.parallel_tool_calls = self.parallel_tool_calls
+        return chat
+
+    def request_pb(self, prompt: str | None = None, *, messages: Messages | None = None,
+                   token_ids: Sequence[int] | None = None) -> pb.GenerateRequest:
+        """The GenerateRequest for exactly one input: a prompt, chat messages or token ids."""
+        if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
+            raise ValueError("pass exactly one of prompt, messages or token_ids")
+        request = pb.GenerateRequest(request_id=self.request_id, model=self.model, params=self.sampling_pb(),
+                                     priority=self.priority)
+        if messages is not None:
+            request.messages.CopyFrom(self.chat_pb(messages))
+            return request
+        chat_only = self.chat_pb(()).ListFields()  # What the chat fields would send.
+        if chat_only:
+            raise ValueError(f"{', '.join(f.name for f, _ in chat_only)}: for chat messages only (pass messages=)")
+        if prompt is not None:
+            request.text = prompt
+        else:
+            request.token_ids.ids.extend(token_ids)
+        return request
+
+
+# The options sent as the SamplingParams field of the same name.
+_SAMPLING_FIELDS = tuple(f.name for f in pb.SamplingParams.DESCRIPTOR.fields
+                         if f.name in GenerateOptions.__dataclass_fields__)
+
+
+def build_generate_request(prompt: str | None = None, *, messages: Messages | None = None,
+                           token_ids: Sequence[int] | None = None, options: GenerateOptions | None = None,
+                           **fields: Any) -> pb.GenerateRequest:
+    """The GenerateRequest for exactly one input, asking for `options` with `fields` (any
+    of GenerateOptions', as keywords: ``max_tokens=16, temperature=0``) over them."""
+    return replace(options or GenerateOptions(), **fields).request_pb(prompt, messages=messages,
+                                                                     token_ids=token_ids)
 
 
 def _env_flag(name: str) -> bool:
@@ -327,55 +476,16 @@ class LLMServeClient:
         if self._owns_channel:
             await self._channel.close()
 
-    async def generate(
-        self,
-        prompt: str | None = None,
-        *,
-        messages: Messages | None = None,
-        token_ids: Sequence[int] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int = 0,
-        seed: int | None = None,
-        stop: Sequence[str] | str = (),
-        stop_token_ids: Sequence[int] = (),
-        ignore_eos: bool = False,
-        n: int | None = None,
-        logprobs: int | None = None,
-        request_id: str = "",
-        model: str = "",
-        priority: int = 0,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        repetition_penalty: float | None = None,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        min_p: float = 0.0,
-        logit_bias: Mapping[int, float] | None = None,
-        min_tokens: int = 0,
-        json_schema: Mapping[str, Any] | str | None = None,
-        json_object: bool = False,
-        regex: str | None = None,
-        choice: Sequence[str] | None = None,
-        grammar: str | None = None,
-        bad_words: Sequence[str] = (),
-        prompt_logprobs: int | None = None,
-        metadata: Sequence[tuple[str, str]] | None = None,
-    ) -> AsyncIterator[GenerationDelta]:
+    async def generate(self, prompt: str | None = None, *, messages: Messages | None = None,
+                       token_ids: Sequence[int] | None = None, options: GenerateOptions | None = None,
+                       metadata: Sequence[tuple[str, str]] | None = None,
+                       **fields: Any) -> AsyncIterator[GenerationDelta]:
         """Stream the deltas of all samples (a chat's reasoning, where the router splits
-        it, in ``reasoning_text``); ``None`` arguments take the server default; the
-        arguments are ``build_generate_request``'s. ``metadata``: gRPC call metadata, e.g.
+        it, in ``reasoning_text``; its tool calls in ``tool_calls``). The arguments are
+        ``build_generate_request``'s: one input, and GenerateOptions' fields as keywords
+        (``None``: the server's default). ``metadata``: gRPC call metadata, e.g.
         ``(("traceparent", "00-..."),)``."""
-        request = build_generate_request(
-            prompt, messages=messages, token_ids=token_ids, max_tokens=max_tokens,
-            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
-            stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, n=n, logprobs=logprobs,
-            request_id=request_id, model=model, priority=priority, chat_template_kwargs=chat_template_kwargs,
-            repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, min_p=min_p, logit_bias=logit_bias, min_tokens=min_tokens,
-            json_schema=json_schema, json_object=json_object, regex=regex, choice=choice, grammar=grammar,
-            bad_words=bad_words, prompt_logprobs=prompt_logprobs,
-        )
+        request = build_generate_request(prompt, messages=messages, token_ids=token_ids, options=options, **fields)
         call = self._stub.Generate(request, metadata=metadata)
         deltas = 0
         try:

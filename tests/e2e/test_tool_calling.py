@@ -2,7 +2,8 @@
 the official `openai` SDK (issue #33, item 4): tool_choice "required" and a named
 function yield calls whose arguments validate against their tool's schema (constrained
 decoding), streamed and not; a round trip (call, tool result, answer); refusals name
-the field; the gRPC API returns the same calls. The cluster has no --tool-call-parser
+the field; the gRPC API, raw and through llmserve.client, returns the same calls. The
+cluster has no --tool-call-parser
 (SmolLM2 has no tool format): auto is refused, by name."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import jsonschema
 import openai
 import pytest
 
+from llmserve.client import collect_tool_calls
 from llmserve.v1 import generation_pb2 as pb
 from llmserve.v1 import generation_pb2_grpc
 
@@ -114,3 +116,32 @@ async def test_grpc_streams_the_same_calls(cluster):
     assert pieces[0].id.startswith("call_") and all(not p.id and not p.name for p in pieces[1:])
     jsonschema.validate(json.loads("".join(p.arguments for p in pieces)), SCHEMAS[pieces[0].name])
     assert responses[-1].finish_reason == pb.FINISH_REASON_TOOL_CALLS and not "".join(r.text for r in responses)
+
+
+@pytest.mark.slow
+async def test_python_client_makes_the_sdks_calls_and_sends_a_result_back(cluster):
+    """llmserve.client with the SDK's own tool definitions: required gives the call the
+    SDK gets for the same greedy request, a named function its call, and a collected call
+    goes back in an assistant turn followed by its result."""
+    async with sdk(cluster) as openai_client:
+        reference = await openai_client.chat.completions.create(messages=ASK, tool_choice="required",
+                                                                parallel_tool_calls=False, **SETTINGS)
+    greedy = {"tools": TOOLS, "temperature": 0.0, "max_tokens": 96}
+    async with cluster.client() as client:
+        required = [d async for d in client.generate(messages=ASK, tool_choice="required", parallel_tool_calls=False,
+                                                     **greedy)]
+        named = [d async for d in client.generate(
+            messages=ASK, tool_choice={"type": "function", "function": {"name": "set_alarm"}}, **greedy)]
+        (alarm,) = collect_tool_calls(named)
+        history = [*ASK, {"role": "assistant", "tool_calls": [alarm]},
+                   {"role": "tool", "tool_call_id": alarm.id, "content": "The alarm is set."}]
+        answer = [d async for d in client.generate(messages=history, tool_choice="none", **{**greedy, "max_tokens": 8})]
+    (expected,) = reference.choices[0].message.tool_calls
+    (call,) = collect_tool_calls(required)
+    assert (call.name, call.arguments) == (expected.function.name, expected.function.arguments)
+    assert call.id.startswith("call_") and required[-1].finish_reason == "tool_calls"
+    assert not "".join(d.text for d in required)
+    assert alarm.name == "set_alarm" and named[-1].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(alarm.arguments), SCHEMAS["set_alarm"])
+    assert "".join(d.text for d in answer) and not collect_tool_calls(answer)
+    assert answer[-1].finish_reason in ("stop", "length")

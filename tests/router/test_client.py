@@ -9,12 +9,18 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from google.protobuf.descriptor import FieldDescriptor
+
 from llmserve.client import (
+    GenerateOptions,
     GenerationDelta,
     GenerationError,
     LLMServeClient,
     ModelInfo,
+    ToolCall,
     build_generate_request,
+    collect_tool_calls,
+    tool_pb,
 )
 from llmserve.contract.api_keys import ApiKeyInterceptor, ApiKeys
 from llmserve.contract.grpc_server import ServiceServer
@@ -51,7 +57,8 @@ def test_delta_from_last_response():
 @pytest.mark.parametrize(
     ("reason", "expected"),
     [(pb.FINISH_REASON_UNSPECIFIED, None), (pb.FINISH_REASON_STOP, "stop"), (pb.FINISH_REASON_LENGTH, "length"),
-     (pb.FINISH_REASON_ABORT, "abort"), (pb.FINISH_REASON_ERROR, "error")],
+     (pb.FINISH_REASON_ABORT, "abort"), (pb.FINISH_REASON_ERROR, "error"),
+     (pb.FINISH_REASON_TOOL_CALLS, "tool_calls")],
 )
 def test_finish_reason_names(reason, expected):
     assert GenerationDelta.from_pb(pb.GenerateResponse(finish_reason=reason)).finish_reason == expected
@@ -130,6 +137,135 @@ def test_build_request_refuses_two_structured_outputs():
         build_generate_request("Hi", regex="a", choice=["a"])
 
 
+# A value unlike the default for each scalar type of a SamplingParams field (floats
+# exact in float32, as the wire carries them).
+SCALARS = {FieldDescriptor.TYPE_INT32: 7, FieldDescriptor.TYPE_INT64: -(2**40), FieldDescriptor.TYPE_FLOAT: 0.5,
+           FieldDescriptor.TYPE_BOOL: True, FieldDescriptor.TYPE_STRING: "w"}
+# The fields the client spells its own way (structured_output: one keyword per kind, each
+# tested above): its keywords, and what the field then holds.
+SPELLED_OTHERWISE = {"structured_output": ({"regex": "[a-z]+"},
+                                           pb.StructuredOutput(kind=pb.STRUCTURED_OUTPUT_KIND_REGEX, spec="[a-z]+"))}
+
+
+def _client_keywords(field: FieldDescriptor) -> tuple[dict, object]:
+    """The client keywords that set `field`, and the value it then holds: a field of a
+    new type (KeyError here) or a new name (TypeError from the client) fails the test."""
+    if field.name in SPELLED_OTHERWISE:
+        return SPELLED_OTHERWISE[field.name]
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        key, value = (field.message_type.fields_by_name[name].type for name in ("key", "value"))
+        wanted = {SCALARS[key]: SCALARS[value]}
+    elif field.is_repeated:
+        wanted = [SCALARS[field.type]] * 2
+    else:
+        wanted = SCALARS[field.type]
+    return {field.name: wanted}, wanted
+
+
+@pytest.mark.parametrize("field", list(pb.SamplingParams.DESCRIPTOR.fields), ids=lambda field: field.name)
+def test_every_sampling_params_field_is_reachable_from_the_client(field):
+    keywords, wanted = _client_keywords(field)
+    expected = pb.SamplingParams(**{field.name: wanted})  # Just this field, set (optional ones: present).
+    assert build_generate_request("Hi", **keywords).params == expected
+    assert build_generate_request("Hi", options=GenerateOptions(**keywords)).params == expected
+
+
+def test_an_options_record_and_keywords_build_the_same_request():
+    options = GenerateOptions(max_tokens=4, temperature=0.0, stop="END", request_id="r")
+    assert build_generate_request("Hi", options=options) == build_generate_request(
+        "Hi", max_tokens=4, temperature=0.0, stop="END", request_id="r")
+    assert build_generate_request("Hi", options=options, max_tokens=9).params.max_tokens == 9  # Keywords win.
+    assert options.max_tokens == 4
+    with pytest.raises(TypeError, match="max_token"):
+        build_generate_request("Hi", max_token=4)
+
+
+ADD = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+TOOL = {"name": "add", "description": "Adds one", "parameters": ADD}
+
+
+def test_a_chat_request_carries_every_chat_field():
+    earlier = ToolCall(id="call_1", name="add", arguments='{"a": 1}')  # As collect_tool_calls returns it.
+    request = build_generate_request(
+        messages=[("system", "Be brief"), {"role": "assistant", "tool_calls": [earlier]},
+                  {"role": "tool", "tool_call_id": "call_1", "name": "add", "content": "2"}],
+        chat_template_kwargs={"enable_thinking": False}, tools=[{**TOOL, "parameters": json.dumps(ADD)}],
+        tool_choice="required", parallel_tool_calls=False)
+    expected = pb.ChatMessages(
+        messages=[pb.ChatMessage(role="system", content="Be brief"),
+                  pb.ChatMessage(role="assistant",
+                                 tool_calls=[pb.ToolCall(id="call_1", name="add", arguments='{"a": 1}')]),
+                  pb.ChatMessage(role="tool", content="2", tool_call_id="call_1", name="add")],
+        chat_template_kwargs={"enable_thinking": "false"},
+        tools=[pb.Tool(name="add", description="Adds one", parameters=json.dumps(ADD))],
+        tool_choice=pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_REQUIRED), parallel_tool_calls=False)
+    assert request.messages == expected
+    # The request above sets every field of a chat and of its turns: a new one fails here.
+    assert {f.name for f, _ in expected.ListFields()} == set(pb.ChatMessages.DESCRIPTOR.fields_by_name)
+    turn_fields = {f.name for m in expected.messages for f, _ in m.ListFields()}
+    assert turn_fields == set(pb.ChatMessage.DESCRIPTOR.fields_by_name)
+
+
+@pytest.mark.parametrize("tool", [
+    TOOL,
+    {"type": "function", "function": {**TOOL, "strict": True}},  # As the OpenAI API writes it.
+    {**TOOL, "parameters": json.dumps(ADD)},
+])
+def test_a_tool_is_a_function_definition(tool):
+    got = tool_pb(tool)
+    assert (got.name, got.description, json.loads(got.parameters)) == ("add", "Adds one", ADD)
+
+
+@pytest.mark.parametrize(("choice", "expected"), [
+    ("none", pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_NONE)),
+    ("auto", pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_AUTO)),
+    ({"type": "function", "function": {"name": "add"}}, pb.ToolChoice(function_name="add")),
+])
+def test_tool_choice_modes_and_a_named_function(choice, expected):
+    request = build_generate_request(messages=[("user", "1+1?")], tools=[{"name": "add"}], tool_choice=choice)
+    assert request.messages.tool_choice == expected and request.messages.tools[0] == pb.Tool(name="add")
+    assert not request.messages.HasField("parallel_tool_calls")  # Unset: the server's default (true).
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"tools": [{**TOOL, "returns": {}}]}, "tools function: 'returns' not supported"),
+    ({"tools": [{"type": "retrieval", "function": TOOL}]}, "tools: type 'retrieval'"),
+    ({"tool_choice": "any"}, "tool_choice: 'any'"),
+    ({"tool_choice": {"type": "function", "function": {"name": "add", "arguments": "{}"}}},
+     "tool_choice function: 'arguments' not supported"),
+    ({"messages": [{"role": "user", "content": "Hi", "audio": None}]}, "messages: 'audio' not supported"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "add", "arguments": "{}", "output": "2"}}]}]}, "tool_calls function: 'output' not supported"),
+])
+def test_what_the_api_cannot_carry_is_refused_by_name(kwargs, match):
+    kwargs = {"messages": [("user", "Hi")], **kwargs}
+    with pytest.raises(ValueError, match=match):
+        build_generate_request(**kwargs)
+
+
+def test_chat_fields_without_messages_are_refused_by_name():
+    with pytest.raises(ValueError, match="tools, parallel_tool_calls: for chat messages only"):
+        build_generate_request("Hi", tools=[TOOL], parallel_tool_calls=False)
+    with pytest.raises(ValueError, match="chat_template_kwargs: for chat messages only"):
+        build_generate_request(token_ids=[1], chat_template_kwargs={"enable_thinking": False})
+    assert build_generate_request("Hi", tools=[]).text == "Hi"  # Empty: nothing asked for.
+
+
+def test_tool_call_pieces_join_per_sample():
+    responses = [
+        pb.GenerateResponse(index=0, tool_calls=[pb.ToolCallDelta(index=0, id="call_a", name="add",
+                                                                  arguments='{"a": ')]),
+        pb.GenerateResponse(index=1, tool_calls=[pb.ToolCallDelta(index=0, id="call_z", name="now")]),
+        pb.GenerateResponse(index=0, tool_calls=[pb.ToolCallDelta(index=0, arguments="1}"),
+                                                 pb.ToolCallDelta(index=1, id="call_b", name="now", arguments="{}")]),
+        pb.GenerateResponse(index=0, finish_reason=pb.FINISH_REASON_TOOL_CALLS),
+    ]
+    deltas = [GenerationDelta.from_pb(r) for r in responses]
+    assert collect_tool_calls(deltas) == [ToolCall("call_a", "add", '{"a": 1}'), ToolCall("call_b", "now", "{}")]
+    assert collect_tool_calls(deltas, index=1) == [ToolCall("call_z", "now", "")]
+    assert deltas[-1].finish_reason == "tool_calls" and not collect_tool_calls(deltas[-1:])
+
+
 class FakeGeneration(pb_grpc.GenerationServicer):
     """Streams canned responses; request_id picks the behaviour."""
 
@@ -156,6 +292,12 @@ class FakeGeneration(pb_grpc.GenerationServicer):
             yield pb.GenerateResponse(request_id=rid, reasoning_text="Let me see.")
             yield pb.GenerateResponse(request_id=rid, text="yes")
             yield pb.GenerateResponse(request_id=rid, finish_reason=pb.FINISH_REASON_STOP)
+            return
+        if rid == "tools":  # A call of `add`, its arguments in two pieces.
+            yield pb.GenerateResponse(request_id=rid, tool_calls=[pb.ToolCallDelta(id="call_1", name="add",
+                                                                                 arguments='{"a": ')])
+            yield pb.GenerateResponse(request_id=rid, tool_calls=[pb.ToolCallDelta(arguments="1}")])
+            yield pb.GenerateResponse(request_id=rid, finish_reason=pb.FINISH_REASON_TOOL_CALLS)
             return
         if rid == "broken":
             yield pb.GenerateResponse(request_id=rid, text="par")
@@ -239,6 +381,19 @@ async def test_generate_sends_the_sampling_fields_and_returns_reasoning(fake_ser
     assert params.structured_output == pb.StructuredOutput(kind=pb.STRUCTURED_OUTPUT_KIND_CHOICE, spec='["yes", "no"]')
     assert dict(servicer.requests[0].messages.chat_template_kwargs) == {"enable_thinking": "true"}
     assert [(d.reasoning_text, d.text) for d in deltas] == [("Let me see.", ""), ("", "yes"), ("", "")]
+
+
+async def test_generate_sends_tools_and_returns_the_calls(fake_server):
+    servicer, connect = fake_server
+    async with connect() as client:
+        deltas = [d async for d in client.generate(
+            messages=[("user", "1+1?")], request_id="tools", tools=[TOOL],
+            tool_choice={"type": "function", "function": {"name": "add"}}, options=GenerateOptions(temperature=0))]
+    chat = servicer.requests[0].messages
+    assert [t.name for t in chat.tools] == ["add"] and chat.tool_choice == pb.ToolChoice(function_name="add")
+    assert servicer.requests[0].params.HasField("temperature")
+    assert collect_tool_calls(deltas) == [ToolCall("call_1", "add", '{"a": 1}')]
+    assert deltas[-1].finish_reason == "tool_calls"
 
 
 async def test_in_band_error_raises_from_complete(fake_server):
