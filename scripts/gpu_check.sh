@@ -16,6 +16,8 @@
 #   - the GPU tests (pytest -m gpu), decode-floor-8b,
 #   - the KV cache the worker sizes vs what fits after start-up (target: within 5%),
 #   - decode tok/s with CUDA graphs vs --enforce-eager at batch 1, 2, 4, 8 (target: >= 1.5x),
+#     and a mixed step, a 256-token prefill + 63 decodes, piecewise graphs vs eager (target:
+#     piecewise faster),
 #   - the engine vs HF static-batch generate on the reference workload (target: >= 3x),
 #     with MFU against a bf16 matmul peak and the roofline floor, both measured in the run,
 #   - where a decode step's GPU time goes at batch 8 and 64 (bench profile, by kernel family),
@@ -243,7 +245,8 @@ if [ "$DEVICE" = cuda ]; then
   OFFLINE_8B=(--num-prompts "$(q 256 1000)" --input-len 1024 --output-len 128 --warmup-prompts 32)
   FLOOR=(--batch 1 8 64 256 --context 1024 --steps "$(q 16 32)")
   LOOPS=(--batch 64 --prompt-len 128 --max-tokens "$(q 128 256)")
-  DECODE=(--batch 1 2 4 8 --context 256 --steps "$(q 32 96)")
+  # --mixed: a step of a 256-token prefill beside 63 decodes, piecewise graphs vs eager.
+  DECODE=(--batch 1 2 4 8 --context 256 --steps "$(q 32 96)" --mixed 256 63)
   # The reference workload; the engine's KV cache at half the GPU (its peak need is
   # under 1 GiB) leaves HF's generate the other half in the same process.
   TPUT=(--workload reference --gpu-memory-utilization 0.5 --repeat "$(q 1 3)")
@@ -257,7 +260,7 @@ else
   OFFLINE_8B=("${OFFLINE_1B[@]}")
   FLOOR=(--batch 1 4 --context 24 --steps 4 --calibrate-s 0.1)
   LOOPS=(--batch 4 --prompt-len 8 --max-tokens 8)
-  DECODE=(--batch 1 2 --context 32 --steps 8)
+  DECODE=(--batch 1 2 --context 32 --steps 8 --mixed 16 3)
   TPUT=(--workload random --num-requests 8 --input-len 8 40 --output-len 4 16 --hf-batch-size 4)
   KV=(--kv-cache-memory 64MiB)
   PROFILE=(--batch 2 --context 32)

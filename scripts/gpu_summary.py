@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 GRAPHS_OVER_EAGER = 1.5  # CUDA graphs decode tok/s over eager, at every batch size.
+PIECEWISE_OVER_EAGER = 1.0  # A mixed step (prefill chunk + decodes) faster with piecewise graphs than eager.
 ENGINE_OVER_HF = 3.0  # Engine output tok/s over HF static-batch generate, reference workload.
 KV_TOLERANCE = 0.05  # KV cache bytes within 5% of what fits after start-up.
 # Issue #31's GPU targets.
@@ -156,7 +157,19 @@ def decode_rows(results: Path, steps: dict) -> list[Row]:
                         _judged(ratio >= GRAPHS_OVER_EAGER and report["uses_graphs"], on_cuda),
                         f"{row['graphs_tok_per_s']:,.0f} vs {row['eager_tok_per_s']:,.0f} decode tok/s = "
                         f"{ratio:.2f}x"))
-    return rows
+    return rows + [mixed_row(report, on_cuda)]
+
+
+def mixed_row(report: dict, on_cuda: bool) -> Row:
+    """A step that prefills a chunk beside decodes: piecewise graphs faster than eager."""
+    check = "piecewise graphs faster than eager, mixed step"
+    mixed = report.get("mixed")
+    if mixed is None:
+        return Row(check, "FAIL", "not measured: the decode report has no mixed step (bench decode --mixed)")
+    ratio = mixed["graphs_over_eager"]
+    return Row(check, _judged(ratio > PIECEWISE_OVER_EAGER and mixed["uses_piecewise"], on_cuda),
+               f"{mixed['chunk']}-token prefill + {mixed['decodes']} decodes: {mixed['graphs_step_ms']:.2f} vs "
+               f"{mixed['eager_step_ms']:.2f} ms a step = {ratio:.2f}x")
 
 
 def throughput_rows(results: Path, steps: dict) -> list[Row]:

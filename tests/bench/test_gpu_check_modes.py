@@ -62,12 +62,15 @@ def test_decode_comparison_runs_both_modes_over_one_copy_of_the_weights(tiny_ran
     assert runners["eager"].model is runners["graphs"].model
     assert runners["graphs"].graphs is None  # No CUDA graphs on the CPU: both run eagerly.
     result = compare_decode(tiny_random_model["dir"], RunnerConfig(device="cpu", dtype="float32"), [1, 2], context=16,
-                            steps=4)
+                            steps=4, mixed=(8, 2))
     assert result["device"] == "cpu" and result["dtype"] == "float32" and not result["uses_graphs"]
     assert sorted(result["batches"]) == [1, 2]
     for batch, row in result["batches"].items():
         assert row["graphs_tok_per_s"] == pytest.approx(batch * 1000 / row["graphs_step_ms"])
         assert row["graphs_over_eager"] == pytest.approx(row["eager_step_ms"] / row["graphs_step_ms"])
+    mixed = result["mixed"]  # A step of an 8-token prefill beside 2 decodes, in both modes.
+    assert (mixed["chunk"], mixed["decodes"], mixed["uses_piecewise"]) == (8, 2, False)
+    assert mixed["graphs_over_eager"] == pytest.approx(mixed["eager_step_ms"] / mixed["graphs_step_ms"])
 
 
 def test_the_compile_pass_leaves_a_fresh_engine_on_the_same_runner(tiny_random_model):
@@ -128,8 +131,9 @@ def test_matmul_peak_and_bandwidth_on_cuda():
 @needs_cuda
 def test_decode_comparison_captures_graphs_on_cuda(tiny_random_model):
     result = compare_decode(tiny_random_model["dir"], RunnerConfig(device="cuda", dtype="bfloat16"), [1, 4],
-                            context=16, steps=8)
+                            context=16, steps=8, mixed=(16, 3))
     assert result["uses_graphs"] and result["device"].startswith("cuda") and result["dtype"] == "bfloat16"
+    assert result["mixed"]["uses_piecewise"] and result["mixed"]["graphs_step_ms"] > 0
     assert all(row["graphs_tok_per_s"] > 0 and row["eager_tok_per_s"] > 0 for row in result["batches"].values())
 
 
@@ -166,7 +170,7 @@ def _loops_report(device: str, ratio: float) -> dict:
 
 def _write_results(tmp_path, device: str, graphs_over_eager: float, engine_over_hf: float, kv_over_fits: float,
                    failures: int = 0, offline_share: float = 0.6, floor_share: float = 0.7,
-                   pipelined_over_serial: float = 1.5):
+                   pipelined_over_serial: float = 1.5, piecewise_over_eager: float = 1.3):
     machine = {"cuda": "NVIDIA H100" if device != "cpu" else None, "cuda_version": "12.8", "torch": "2.11.0",
                "python": "3.12.3", "git_revision": "abc1234", "date": "2026-11-25 12:00:00"}
     (tmp_path / "steps.tsv").write_text("".join(f"{s}\t0\t5\n" for s in STEPS) + "total\t0\t70\n")
@@ -185,7 +189,9 @@ def _write_results(tmp_path, device: str, graphs_over_eager: float, engine_over_
                       "fits_bytes": 1000 * 2**19 / kv_over_fits, "kv_over_fits": kv_over_fits},
         "decode": {"device": device, "uses_graphs": device != "cpu", "batches": {
             str(b): {"graphs_tok_per_s": 100.0 * b * graphs_over_eager, "eager_tok_per_s": 100.0 * b,
-                     "graphs_over_eager": graphs_over_eager} for b in (1, 2, 4, 8)}},
+                     "graphs_over_eager": graphs_over_eager} for b in (1, 2, 4, 8)},
+            "mixed": {"chunk": 256, "decodes": 63, "uses_piecewise": device != "cpu", "graphs_step_ms": 4.0,
+                      "eager_step_ms": 4.0 * piecewise_over_eager, "graphs_over_eager": piecewise_over_eager}},
         "throughput": {"device": device, "dtype": "bfloat16", "rounds": 3, "workload": {"name": "reference"},
                        "matmul_peak_gflop_per_s": 700e3, "memory_bandwidth_gb_per_s": 3000.0, "results": {
                            "engine": {"output_tokens_per_s": 100.0 * engine_over_hf, "mfu": 0.05,
@@ -220,9 +226,10 @@ def test_summary_passes_a_run_that_meets_every_target(tmp_path, capsys):
     assert results["offline llama-8b, 1000 x 1024/128, sampled >= 50% of the ceiling"] == "PASS"
     assert results["decode llama-1b, context 1024, batch 1 >= 60% of the floor"] == "PASS"
     assert results["pipelined loop >= 1.3x serial, batch 64"] == "PASS"
-    assert set(results.values()) == {"PASS", "INFO"} and len(results) == 26
+    assert results["piecewise graphs faster than eager, mixed step"] == "PASS"
+    assert set(results.values()) == {"PASS", "INFO"} and len(results) == 27
     out = capsys.readouterr().out
-    assert out.startswith("GPU self-check on NVIDIA H100") and "PASSED: 0 of 26 rows failed" in out
+    assert out.startswith("GPU self-check on NVIDIA H100") and "PASSED: 0 of 27 rows failed" in out
     profile = {row.check: row.figure for row in gpu_summary.summarize(tmp_path)}["decode step profile, batch 64"]
     # 64 x 0.5 ms of attention against 1 ms of matmul and 0.1 ms of copies: shares of 33.1 ms.
     assert profile == ("128.00 ms a step (CUDA graphs, context 256); kernel time: attention (paged decode) 97%, "
@@ -243,14 +250,16 @@ def test_summary_fails_each_missed_target(tmp_path):
 
 def test_summary_fails_each_missed_gpu_target_of_issue_31(tmp_path):
     _write_results(tmp_path, "cuda:0", graphs_over_eager=2.0, engine_over_hf=4.0, kv_over_fits=1.0,
-                   offline_share=0.45, floor_share=0.55, pipelined_over_serial=1.25)
+                   offline_share=0.45, floor_share=0.55, pipelined_over_serial=1.25, piecewise_over_eager=0.9)
     assert gpu_summary.main([str(tmp_path)]) == 1
     rows = {row.check: row for row in gpu_summary.summarize(tmp_path)}
     failed = {check for check, row in rows.items() if row.result == "FAIL"}
     assert failed == {*(f"offline llama-{size}, 1000 x 1024/128, {mode} >= 50% of the ceiling"
                         for size in ("1b", "8b") for mode in ("greedy", "sampled")),
                       *(f"decode llama-{size}, context 1024, batch 1 >= 60% of the floor" for size in ("1b", "8b")),
-                      "pipelined loop >= 1.3x serial, batch 64"}
+                      "pipelined loop >= 1.3x serial, batch 64", "piecewise graphs faster than eager, mixed step"}
+    assert rows["piecewise graphs faster than eager, mixed step"].figure == (
+        "256-token prefill + 63 decodes: 4.00 vs 3.60 ms a step = 0.90x")
     assert rows["pipelined loop >= 1.3x serial, batch 64"].figure == (
         "steady decode 12,500 vs 10,000 tok/s = 1.25x (llama-1b, through gRPC with mutual TLS)")
     assert rows["offline llama-1b, 1000 x 1024/128, greedy >= 50% of the ceiling"].figure == (

@@ -146,3 +146,39 @@ def test_block_sizes_the_triton_backend_cannot_run_are_refused_at_start(tiny_lla
                                                      swap_space=0))
     # The torch backend takes any size.
     assert ModelRunner(tiny_llama_dir, RunnerConfig(num_kv_blocks=8, block_size=8, swap_space=0)).block_size == 8
+
+
+@cpu_only
+def test_mixed_steps_through_the_pieces_with_triton_attention_equal_eager_steps(tiny_llama_dir):
+    """The piecewise path with the Triton backend's attention between the pieces (the
+    keys already stored: kv_stored): prefills, a chunk over cached context and decodes,
+    padded to 32 and 8 tokens, give the tokens and KV cache of eager steps."""
+    from llmserve.worker.config import RunnerConfig
+    from llmserve.worker.model_runner import ModelRunner
+    from llmserve.worker.piecewise_graphs import PiecewiseGraphs
+    from tests.worker.conftest import PlanDriver
+
+    prompts = {"a": list(range(3, 23)), "b": list(range(40, 51)), "c": list(range(60, 100))}
+    schedule = [{"a": None, "b": None}, {"a": None, "b": None, "c": 24}, {"a": None, "b": None, "c": None},
+                {"a": None, "b": None, "c": None}]
+    results = {}
+    for mode in ("eager", "piecewise"):
+        runner = ModelRunner(tiny_llama_dir, RunnerConfig(num_kv_blocks=40, block_size=16, attention_backend="triton",
+                                                          swap_space=0, max_num_seqs=8))
+        runs = []
+        if mode == "piecewise":
+            runner.piecewise = PiecewiseGraphs(runner.model.model, runner.kv_caches, [8, 16, 32], runner.device)
+            runner.piecewise.capture()
+            run = runner.piecewise.run
+            runner.piecewise.run = lambda size, ids, *a: runs.append((size, ids.shape[0])) or run(size, ids, *a)
+        drv = PlanDriver(runner, 16, 40, seed=0)
+        for rid, prompt in prompts.items():
+            drv.add(rid, prompt)
+        for step in schedule:
+            drv.step(step)
+        results[mode] = ({rid: drv.outputs(rid) for rid in prompts}, [c.clone() for c in runner.kv_caches], runs)
+    (eager_tokens, eager_kv, _), (tokens, kv, runs) = results["eager"], results["piecewise"]
+    assert runs == [(32, 31), (32, 26), (32, 18), (8, 3)]
+    assert tokens == eager_tokens and [len(t) for t in tokens.values()] == [4, 4, 2]
+    for got, want in zip(kv, eager_kv):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # padding rows stored nothing

@@ -138,6 +138,9 @@ def _decode_flags(decode: argparse.ArgumentParser) -> None:
     decode.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8], help="decode batch sizes")
     decode.add_argument("--context", type=int, default=256, help="prompt tokens per sequence")
     decode.add_argument("--steps", type=int, default=64, help="timed decode steps per batch size and mode")
+    decode.add_argument("--mixed", type=int, nargs=2, metavar=("CHUNK", "DECODES"),
+                        help="also time steps that prefill a new CHUNK-token prompt beside DECODES decode rows "
+                             "(piecewise graphs vs eager)")
     decode.add_argument("--output-dir", default="bench-results", help="JSON goes here")
 
 

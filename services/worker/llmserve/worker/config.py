@@ -59,7 +59,8 @@ class RunnerConfig:
                               help="host memory for swapped-out KV blocks: GiB, or a size such as 512MiB")
     gpu_memory_utilization: float = setting(0.9, help="on GPU: share of device memory for weights, activations "
                                                       "and the KV cache")
-    enforce_eager: bool = setting(False, help="on CUDA: run decode steps eagerly, without CUDA graphs")
+    enforce_eager: bool = setting(False, help="on CUDA: run every step eagerly, without CUDA graphs "
+                                              "(whole-forward ones for decode steps, piecewise ones for mixed steps)")
     # None: by device, the scheduler's rule (contract/step_budget.py), so both size one step alike.
     max_num_seqs: int | None = setting(None, parse=positive_int, unset=by_device_help("max_num_seqs"),
                                        help="largest decode batch captured as a CUDA graph (the scheduler's step "

@@ -113,3 +113,13 @@ def resolve_dtype(name: str | torch.dtype, device: torch.device, config: Any = N
 
 def dtype_name(dtype: torch.dtype) -> str:
     return next(name for name, d in DTYPE_NAMES.items() if d == dtype)
+
+
+def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor (a column of settings, indices, lengths) on `device`. NOTE: on CUDA
+    staged in pinned memory and copied without blocking: a blocking copy, or one from
+    pageable memory, waits for the stream (a host sync every step). The caching host
+    allocator keeps the pinned block until the copy is done."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

@@ -31,6 +31,7 @@ from llmserve.worker.distributed import DistInit, init_parallel
 from llmserve.worker.models.decoder import head_dim_of, local_kv_heads, release_window
 from llmserve.worker.pipeline import forward_step
 from llmserve.worker.models.loader import load_config, load_model
+from llmserve.worker.piecewise_graphs import PiecewiseGraphs, token_ladder
 from llmserve.worker.sampler import Sampler, SamplingRows, prompt_logprobs
 from llmserve.worker.structured_output import Grammars
 
@@ -118,8 +119,10 @@ class ModelRunner:
                                 self.device, grammars)
         self.mover = kvc.BlockMover(self.kv_caches, self.cpu_kv_caches)
         self.graphs = self._decode_graphs(self.kv_caches) if self.uses_graphs else None
+        self.piecewise = self._piecewise_graphs(self.kv_caches) if self.uses_graphs else None
         if self.graphs is not None:
             self.graphs.capture()
+            self.piecewise.capture()
         self._interrupted_step_id = -1  # Set by interrupt() from the service's thread.
         # Launched, not read back yet (oldest first; at most two): see launch.
         self._unfinished: collections.deque[LaunchedStep] = collections.deque()
@@ -154,8 +157,9 @@ class ModelRunner:
                     "of KV, older blocks are released" if window else "")
 
     def _uses_graphs(self) -> bool:
-        """CUDA graphs for decode steps: on CUDA, unless --enforce-eager, with the Triton
-        attention backend and a single pipeline stage (see cuda_graphs.py)."""
+        """CUDA graphs (whole-forward ones for decode steps, piecewise ones for steps with
+        prefill rows): on CUDA, unless --enforce-eager, with the Triton attention backend
+        and a single pipeline stage (see cuda_graphs.py, piecewise_graphs.py)."""
         if self.device.type != "cuda" or self.settings.enforce_eager:
             return False
         if self.attention_backend.__name__ != "TritonPagedAttention" or self.parallel.pp.size > 1:
@@ -168,6 +172,10 @@ class ModelRunner:
         sizes = capture_sizes(min(self.settings.max_num_seqs, self.settings.max_num_batched_tokens))
         return DecodeGraphs(self.model, kv_caches, sizes, cdiv(self.max_model_len, self.block_size),
                             self.block_size, self.device)
+
+    def _piecewise_graphs(self, kv_caches: list[torch.Tensor]) -> PiecewiseGraphs:
+        return PiecewiseGraphs(self.model.model, kv_caches, token_ladder(self.settings.max_num_batched_tokens),
+                               self.device)
 
     def _max_model_len(self, cap: int | None) -> int:
         """--max-model-len, at most the model's max_position_embeddings. NOTE: a sliding
@@ -242,7 +250,7 @@ class ModelRunner:
             outside_torch = total - free - torch.cuda.memory_reserved(device)
             budget = int(total * gpu_memory_utilization) - (forward_peak + graph_bytes + outside_torch)
             logger.info("profiling on %s: %.2f GiB total, weights + %d-token forward peak %.2f GiB, "
-                        "decode graphs %.1f MiB, outside torch %.2f GiB; KV cache budget at %.0f%%: %.2f GiB",
+                        "CUDA graphs %.1f MiB, outside torch %.2f GiB; KV cache budget at %.0f%%: %.2f GiB",
                         device, total / 2**30, max_num_batched_tokens, forward_peak / 2**30, graph_bytes / 2**20,
                         outside_torch / 2**30, gpu_memory_utilization * 100, budget / 2**30)
         else:  # A share of the RAM available now, less what activations will take.
@@ -257,11 +265,13 @@ class ModelRunner:
                                       self.dtype, device=self.device)
 
     def _graph_memory(self) -> int:
-        """Bytes the decode graphs' memory pool takes, measured by capturing them once over
-        a one-sequence scratch cache."""
-        graphs = self._decode_graphs(self._scratch_caches(cdiv(self.max_model_len, self.block_size)))
+        """Bytes the decode and piecewise graphs' memory pools take, measured by capturing
+        them once over a one-sequence scratch cache."""
+        caches = self._scratch_caches(cdiv(self.max_model_len, self.block_size))
+        graphs, piecewise = self._decode_graphs(caches), self._piecewise_graphs(caches)
         graphs.capture(log=False)
-        return graphs.memory_bytes
+        piecewise.capture(log=False)
+        return graphs.memory_bytes + piecewise.memory_bytes
 
     def _dummy_forward(self, num_tokens: int) -> None:
         """One prefill step of `num_tokens` tokens (split into max_model_len sequences)
@@ -396,13 +406,22 @@ class ModelRunner:
     def _forward(self, inp) -> torch.Tensor | None:
         """Logits [S + P, vocab] at the step's logit_indices (sampled rows, then prompt
         logprobs positions; last stage; None elsewhere): a decode step through its CUDA
-        graph where one is captured, else eagerly."""
-        size = self.graphs.size_for(inp.meta, inp.input_ids.shape[0]) if self.graphs is not None else None
-        if size is None:
+        graph, a step with prefill rows through the piecewise graphs (within their ladder),
+        else eagerly."""
+        hidden = self._graph_forward(inp)  # [T, hidden] or None
+        if hidden is None:
             return forward_step(self.model, self.parallel, inp.input_ids, inp.positions, self.kv_caches,
                                 inp.meta, inp.logit_indices)
-        hidden = self.graphs.replay(size, inp.input_ids, inp.positions, inp.meta)  # [B, hidden]
         return self.model.compute_logits(hidden[inp.logit_indices]) if inp.logit_indices.numel() else None
+
+    def _graph_forward(self, inp) -> torch.Tensor | None:
+        """The step's hidden states [T, hidden] from the captured graphs (None: run eagerly)."""
+        T = inp.input_ids.shape[0]
+        size = self.graphs.size_for(inp.meta, T) if self.graphs is not None else None
+        if size is not None:
+            return self.graphs.replay(size, inp.input_ids, inp.positions, inp.meta)
+        size = self.piecewise.size_for(T) if self.piecewise is not None else None
+        return self.piecewise.run(size, inp.input_ids, inp.positions, inp.meta) if size is not None else None
 
     def _launch_step(self, rows, prev_sampled: torch.Tensor | None
                      ) -> tuple[DeviceStep | None, list[PromptLogprobs]]:

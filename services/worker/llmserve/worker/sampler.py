@@ -44,6 +44,7 @@ import torch
 
 from llmserve.contract.outputs import TokenLogprobs
 from llmserve.contract.sampling import SamplingParams
+from llmserve.worker.device import to_device_async
 
 _GREEDY_EPS = 1e-5
 
@@ -169,7 +170,7 @@ class Sampler:
         tokens = logits.max(dim=-1).indices
         rand_rows = (rows.temperature > _GREEDY_EPS).nonzero()[:, 0].tolist()
         if rand_rows:
-            index = torch.tensor(rand_rows, device=logits.device)
+            index = to_device_async(torch.tensor(rand_rows), logits.device)
             sub = rows.select(rand_rows)
             probs = _filtered_probs(logits[index], sub)  # [R, V]
             noise = self._exponential_noise(sub, V)
@@ -183,7 +184,7 @@ class Sampler:
         unseeded = [i for i, seed in enumerate(rows.seed) if seed is None]
         if unseeded:
             block = torch.empty(len(unseeded), V, device=dev).exponential_(generator=self.generator)
-            noise[torch.tensor(unseeded, device=dev)] = block
+            noise[to_device_async(torch.tensor(unseeded), dev)] = block
         for i, seed in enumerate(rows.seed):
             if seed is not None:
                 g = torch.Generator(device=dev).manual_seed(seeded_generator_seed(seed, rows.output_index[i]))
@@ -195,10 +196,10 @@ def _filtered_probs(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     """Temperature, then min-p, then top-k, then top-p; one softmax for all rows. logits: [R, V]."""
     R, V = logits.shape
     dev = logits.device
-    logits = logits / rows.temperature.to(dev)[:, None]
+    logits = logits / to_device_async(rows.temperature, dev)[:, None]
     if bool((rows.min_p > 0).any()):
         # probs >= min_p * max prob, as logits: l >= max l + log(min_p) (log 0 = -inf: off).
-        floor = logits.max(dim=-1, keepdim=True).values + rows.min_p.to(dev)[:, None].log()  # [R, 1]
+        floor = logits.max(dim=-1, keepdim=True).values + to_device_async(rows.min_p, dev)[:, None].log()  # [R, 1]
         logits = logits.masked_fill(logits < floor, float("-inf"))
     ks = torch.where(rows.top_k > 0, rows.top_k.clamp(max=V), V)  # [R] long, V: off
     cut_k = bool((ks < V).any())
@@ -207,13 +208,14 @@ def _filtered_probs(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
         # Sort-free Triton filter: one program per row, no per-row host sync.
         from llmserve.kernels.triton import top_k_top_p_filter
 
-        return top_k_top_p_filter(logits, ks.to(dev, torch.int32), rows.top_p.to(dev)).softmax(dim=-1)
+        return top_k_top_p_filter(logits, to_device_async(ks.int(), dev),
+                                  to_device_async(rows.top_p, dev)).softmax(dim=-1)
     if cut_k:
         top_vals = logits.topk(int(ks.max()), dim=-1).values  # [R, max_k], descending
-        kth = top_vals.gather(1, ks.to(dev)[:, None] - 1)  # [R, 1]
+        kth = top_vals.gather(1, to_device_async(ks, dev)[:, None] - 1)  # [R, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if cut_p:
-        p_col = rows.top_p.to(dev)[:, None]  # [R, 1]
+        p_col = to_device_async(rows.top_p, dev)[:, None]  # [R, 1]
         sorted_logits = logits.sort(dim=-1, descending=True).values
         sorted_probs = sorted_logits.softmax(dim=-1)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
@@ -251,10 +253,10 @@ def adjusted_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     V = logits.shape[1]
     flat_logits = logits.view(-1)
     if bias is not None:
-        flat, values = (t.to(logits.device, non_blocking=True) for t in bias)
+        flat, values = (to_device_async(t, logits.device) for t in bias)
         flat_logits.index_add_(0, _flat_index(flat, V), values)
     if masked is not None:
-        flat_logits.index_fill_(0, _flat_index(masked.to(logits.device, non_blocking=True), V), float("-inf"))
+        flat_logits.index_fill_(0, _flat_index(to_device_async(masked, logits.device), V), float("-inf"))
     if penalized:
         _apply_penalties(flat_logits, V, rows, penalized)
     return logits
@@ -334,23 +336,23 @@ def _apply_penalties(flat_logits: torch.Tensor, V: int, rows: SamplingRows, pena
     # An entry is an output token where its position in the row is past the prompt.
     output_start = (lengths.cumsum(0) - lengths) + torch.tensor([rows.num_prompt_tokens[i] for i in penalized])
     is_output = torch.arange(len(ids)) >= output_start[local_row]  # [N] bool
-    flat = (row * V + ids).to(dev, non_blocking=True)  # [N]
+    flat = to_device_async(row * V + ids, dev)  # [N]
     rep = rows.repetition_penalty
     if bool((rep[penalized] != 1).any()):
         # NOTE: an id seen twice gets the same value twice (computed from the logit before).
         seen = flat_logits[flat]
-        factor = rep.to(dev)[row.to(dev)]
+        factor = to_device_async(rep[row], dev)  # [N]
         flat_logits[flat] = torch.where(seen > 0, seen / factor, seen * factor)
     freq, presence = rows.frequency_penalty, rows.presence_penalty
     if bool((freq[penalized] != 0).any() or (presence[penalized] != 0).any()):
         # counts: [P, V], each row's output ids counted (one scatter); read back at them.
-        out = is_output.to(dev)
-        local = (local_row * V + ids).to(dev)[out]
+        # (The output entries are picked on the host: a boolean mask on the device syncs.)
+        local = to_device_async((local_row * V + ids)[is_output], dev)  # [O]
         counts = torch.zeros(len(penalized) * V, device=dev).index_add_(0, local, torch.ones(len(local), device=dev))
-        out_flat, out_row = flat[out], row.to(dev)[out]
+        out_flat, out_row = to_device_async((row * V + ids)[is_output], dev), row[is_output]  # [O] each
         # NOTE: an id seen twice gets the same value twice, as for repetition.
-        flat_logits[out_flat] = flat_logits[out_flat] - (freq.to(dev)[out_row] * counts[local]
-                                                         + presence.to(dev)[out_row])
+        flat_logits[out_flat] = flat_logits[out_flat] - (to_device_async(freq[out_row], dev) * counts[local]
+                                                         + to_device_async(presence[out_row], dev))
 
 
 def _raw_logprobs(logits: torch.Tensor, rows: SamplingRows) -> tuple[list[int], torch.Tensor] | None:

@@ -15,6 +15,7 @@ import torch
 
 from llmserve.contract.arith import cdiv
 from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadata, row_layout
+from llmserve.worker.device import to_device_async
 
 # NOTE: flash-decoding pays when (decode rows x kv heads) programs leave the GPU's SMs
 # short of work: each program walks its share of a sequence's keys serially, one
@@ -83,8 +84,8 @@ class TritonPagedAttention(AttentionBackend):
             block_size=block_size, num_decodes=num_decodes,
             decode_block_table=None, decode_mask=None, prefills=[],
             block_table=block_table,
-            seq_lens_t=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            cu_seqlens_q=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens_t=to_device_async(torch.tensor(seq_lens, dtype=torch.int32), dev),
+            cu_seqlens_q=to_device_async(torch.tensor(qsl, dtype=torch.int32), dev),
             max_prefill_query_len=max(query_lens[num_decodes:], default=0),
             max_decode_seq_len=max(seq_lens[:num_decodes], default=0),
         )

@@ -143,12 +143,17 @@ class Attention(nn.Module):
     def forward(self, rope, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         # hidden: [T, hidden_size]; rope: (cos, sin) for this step's positions
         T = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)  # [T, (H + 2*KVH)/tp * D]
+        o = rotary_attention(self.attn, self.project(hidden), rope, kv_cache, meta, self.num_heads,
+                             self.num_kv_heads, self.head_dim)  # [T, H/tp, D]
+        return self.o_proj(o.view(T, -1))  # all-reduce #1 of the layer
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [T, hidden_size] -> qkv [T, (H + 2*KVH)/tp * D], q and k heads normed
+        where the layer has qk norms: everything of attention before RoPE."""
+        qkv = self.qkv_proj(hidden)
         if self.q_norm is not None:
             self._qk_norm_(qkv)
-        o = rotary_attention(self.attn, qkv, rope, kv_cache, meta, self.num_heads, self.num_kv_heads,
-                             self.head_dim)  # [T, H/tp, D]
-        return self.o_proj(o.view(T, -1))  # all-reduce #1 of the layer
+        return qkv
 
     def _qk_norm_(self, qkv: torch.Tensor) -> None:
         """Each q and k head normed over head_dim, written back into qkv: RoPE comes
@@ -194,11 +199,20 @@ class DecoderLayer(nn.Module):
 
     def forward(self, rope, hidden, residual, kv_cache, meta):
         # hidden, residual: [T, hidden_size]; the residual stream is their sum (residual None: hidden)
+        hidden, residual = self.begin(hidden, residual)
+        return self.end(self.self_attn(rope, hidden, kv_cache, meta), residual)
+
+    # NOTE: begin / self_attn / end are the layer's halves around attention: the eager
+    # forward above and the piecewise CUDA graphs (piecewise_graphs.py) both run them.
+    def begin(self, hidden, residual):
+        """The input norm: (normed hidden, residual stream) [T, hidden_size] each."""
         if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(rope, hidden, kv_cache, meta)
+            return self.input_layernorm(hidden), hidden
+        return self.input_layernorm(hidden, residual)
+
+    def end(self, hidden, residual):
+        """After attention (hidden: o_proj's output): the post-attention norms and the MLP
+        -> (hidden, residual) [T, hidden_size], the next layer's inputs."""
         if self.pre_feedforward_layernorm is None:
             hidden, residual = self.post_attention_layernorm(hidden, residual)
             return self.mlp(hidden), residual
@@ -235,17 +249,26 @@ class DecoderModel(nn.Module):
             for name, params in rope_tables(config).items()
         })
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] -> hidden [T, hidden_size] (first stage)."""
+        hidden = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:  # NOTE: scale rounded to the model dtype, as HF does
+            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        return hidden
+
+    def ropes(self, positions: torch.Tensor) -> dict[str, Rope]:
+        """This step's angles, per RoPE table: computed once, read by every layer."""
+        return {name: emb(positions) for name, emb in self.rotary.items()}
+
     def forward(self, input_ids, positions, kv_caches, meta, intermediate=None):
         """First stage: input_ids [T]; later stages: intermediate = (hidden, residual) [T, H].
         kv_caches: one per local layer. Returns hidden [T, H] (last stage, after the final
         norm) or (hidden, residual) for the next stage."""
         if self.is_first:
-            hidden, residual = self.embed_tokens(input_ids), None  # [T, hidden]
-            if self.embed_scale is not None:  # NOTE: scale rounded to the model dtype, as HF does
-                hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+            hidden, residual = self.embed(input_ids), None  # [T, hidden]
         else:
             hidden, residual = intermediate
-        ropes = {name: emb(positions) for name, emb in self.rotary.items()}
+        ropes = self.ropes(positions)
         # NOTE: islice, not self.layers[start:end]: a ModuleList slice builds a new
         # ModuleList every step (~90 us for 30 layers).
         for layer, kv_cache in zip(islice(self.layers, self.start, self.end), kv_caches, strict=True):

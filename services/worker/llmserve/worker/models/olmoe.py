@@ -18,7 +18,7 @@ from torch import nn
 
 from llmserve.worker.distributed import GroupHandle, ParallelState
 from llmserve.worker.layers.norm import ShardedRMSNorm
-from llmserve.worker.models.decoder import Attention, rotary_attention
+from llmserve.worker.models.decoder import Attention
 from llmserve.worker.models.moe import MoeDecoderForCausalLM
 
 
@@ -36,19 +36,20 @@ class FullWidthQKNormAttention(nn.Module):
                                      tp.rank // kv.num_kv_replicas, kv.num_kv_replicas)
         self.clip = getattr(config, "clip_qkv", None)
 
-    def forward(self, rope, hidden, kv_cache, meta) -> torch.Tensor:
-        # hidden: [T, hidden_size] -> [T, hidden_size] (all-reduced by o_proj)
-        T = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)  # [T, (H + 2*KVH)/tp * D]
+    # The shared forward (project -> RoPE, cache write, attention -> o_proj) around this project.
+    forward = Attention.forward
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [T, hidden_size] -> qkv [T, (H + 2*KVH)/tp * D], q and k normed whole
+        (and all three clipped with clip_qkv)."""
+        qkv = self.qkv_proj(hidden)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]  # strided views, normed in place
         q.copy_(self.q_norm(q))
         k.copy_(self.k_norm(k))
         if self.clip is not None:
             qkv.clamp_(-self.clip, self.clip)
-        o = rotary_attention(self.attn, qkv, rope, kv_cache, meta, self.num_heads, self.num_kv_heads,
-                             self.head_dim)  # [T, H/tp, D]
-        return self.o_proj(o.view(T, -1))
+        return qkv
 
 
 class OlmoeForCausalLM(MoeDecoderForCausalLM):
