@@ -186,19 +186,27 @@ def add_request_to_pb(request_id: str, prompt_token_ids: list[int], sampling: Sa
 
 
 def request_output_to_pb(out: RequestOutput) -> scheduler_pb2.RequestOutput:
-    return scheduler_pb2.RequestOutput(
-        request_id=out.request_id,
-        index=out.index,
-        new_token_ids=out.new_token_ids,
-        logprobs=[logprobs_to_pb(lp) for lp in out.logprobs],
-        finish_reason=int(out.finish_reason),
-        num_cached_tokens=out.num_cached_tokens,
-        error=out.error,
-        stop_token_id=out.stop_token_id,
-        error_code=int(out.error_code),
-        retry_after_ms=out.retry_after_ms,
-        prompt_logprobs=[logprobs_to_pb(lp) for lp in out.prompt_logprobs],
-    )
+    # NOTE: one per running sample per step: a field at its proto3 default is left
+    # unset (the same message on the wire) instead of passed, which costs per field.
+    msg = scheduler_pb2.RequestOutput(request_id=out.request_id, new_token_ids=out.new_token_ids,
+                                      stop_token_id=out.stop_token_id)
+    if out.index:
+        msg.index = out.index
+    if out.num_cached_tokens:
+        msg.num_cached_tokens = out.num_cached_tokens
+    if out.logprobs:
+        msg.logprobs.extend(logprobs_to_pb(lp) for lp in out.logprobs)
+    if out.finish_reason:
+        msg.finish_reason = int(out.finish_reason)
+    if out.error:
+        msg.error = out.error
+    if out.error_code:
+        msg.error_code = int(out.error_code)
+    if out.retry_after_ms:
+        msg.retry_after_ms = out.retry_after_ms
+    if out.prompt_logprobs:
+        msg.prompt_logprobs.extend(logprobs_to_pb(lp) for lp in out.prompt_logprobs)
+    return msg
 
 
 def request_output_from_pb(msg: scheduler_pb2.RequestOutput) -> RequestOutput:

@@ -112,3 +112,21 @@ def test_a_step_launched_behind_a_failed_one_fails_too(tmp_path):
     assert [r.step_id for r in results] == [0, 1, 2, 3]
     assert [bool(r.error) for r in results] == [False, True, True, False]
     assert "device fault" in results[1].error and "step 1 before it failed" in results[2].error
+
+
+def test_a_queued_plans_launch_and_the_finish_before_it_take_one_hop_to_the_compute_thread(tmp_path):
+    """The pipelined steady state: launch N+1 and finish N are one call on the compute
+    thread (each hop there and back is an executor round trip on the step's critical path)."""
+    servicer = simulated_servicer(tmp_path)
+    hops = []
+    real_on_compute = servicer._on_compute
+
+    async def counting(fn, *args):
+        hops.append(fn.__name__)
+        return await real_on_compute(fn, *args)
+
+    servicer._on_compute = counting
+    results = asyncio.run(run_stream(servicer, decode_plans(12)))
+    assert [r.step_id for r in results] == list(range(12)) and all(not r.error for r in results)
+    # 12 launches (11 of them finishing the step before), and the last step's own finish.
+    assert hops == ["_launch_then_finish"] * 12 + ["_finish_outcome"]

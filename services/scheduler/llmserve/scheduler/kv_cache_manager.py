@@ -172,10 +172,16 @@ class KVCacheManager:
             needed += num_writers if pool.ref_count(block_id) > num_writers else num_writers - 1
         return needed
 
-    def writes_shared_block(self, sample: Sample) -> bool:
-        """The sample's next token goes into a block it shares (a copy-on-write)."""
-        start = sample.num_computed_tokens
-        return bool(start % self.block_size) and self.pool.ref_count(sample.block_table[start // self.block_size]) > 1
+    def blocks_needed_unshared(self, items: Sequence[tuple[Sample, int]]) -> int | None:
+        """blocks_needed(items), or None when an item's first write goes into a block it
+        shares (a copy-on-write): one pass over the GPU tables for both questions."""
+        needed, bs, pool = 0, self.block_size, self.pool
+        for sample, num_new in items:
+            table, start = sample.block_table, sample.num_computed_tokens
+            if start % bs and pool.ref_count(table[start // bs]) > 1:
+                return None
+            needed += max(0, cdiv(start + num_new, bs) - len(table))
+        return needed
 
     def allocate_slots(self, sample: Sample, num_new_tokens: int) -> list[int] | None:
         """Grow the table so that num_computed_tokens + num_new_tokens fit; copy the block
@@ -187,11 +193,19 @@ class KVCacheManager:
         """
         if self.blocks_needed([(sample, num_new_tokens)]) > self.pool.num_free_blocks:
             return None
+        return self.grow(sample, num_new_tokens)
+
+    def grow(self, sample: Sample, num_new_tokens: int) -> list[int]:
+        """allocate_slots once the caller has checked that the blocks are there
+        (blocks_needed of these items and any allocated with them <= num_free_blocks)."""
         self._on_gpu[sample] = None
         table = sample.block_table
-        self._copy_on_write(sample, sample.num_computed_tokens)
-        needed = self.num_blocks_for(sample.num_computed_tokens + num_new_tokens)
-        new_block_ids = self.pool.allocate(max(0, needed - len(table)))
+        start = sample.num_computed_tokens
+        self._copy_on_write(sample, start)
+        needed = cdiv(start + num_new_tokens, self.block_size) - len(table)
+        if needed <= 0:  # NOTE: the common decode step: the last block has room
+            return []
+        new_block_ids = self.pool.allocate(needed)
         table.extend(new_block_ids)
         return new_block_ids
 
@@ -239,7 +253,10 @@ class KVCacheManager:
     def blocks_to_hold_at_most(self, samples: Sequence[Sample]) -> int:
         """An upper bound of blocks_to_hold and blocks_to_run in O(samples), not
         O(blocks): shared blocks counted once per holder, a copy-on-write for every sample."""
-        return sum(max(len(s.block_table or s.cpu_table), self.num_blocks_for(s.num_tokens)) + 1 for s in samples)
+        bs, total = self.block_size, 0
+        for s in samples:  # NOTE: once per sampled token: a plain loop, no generator
+            total += max(len(s.block_table or s.cpu_table), cdiv(s.num_tokens, bs)) + 1
+        return total
 
     def blocks_to_hold(self, samples: Sequence[Sample]) -> int:
         """Blocks the samples need to hold all their tokens' KV, counting the blocks they

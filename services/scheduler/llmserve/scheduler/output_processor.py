@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from llmserve.contract.outputs import ErrorCode, RequestOutput
+from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.contract.plan import PromptLogprobs, SampledToken, StepPlan, StepResult
 from llmserve.scheduler.block_audit import holders_by_block
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
@@ -91,7 +91,8 @@ class OutputProcessor:
                 logger.debug("ignoring token for %s", seq_id)
                 continue
             drafts = num_drafts.get(seq_id, 0)
-            sampled = sampled[: max(plan.num_steps, 1 + drafts)]
+            if len(sampled) > 1:  # (a multi-step or speculative row's; a stray entry beyond them is dropped)
+                sampled = sampled[: max(plan.num_steps, 1 + drafts)]
             if drafts:
                 self._count_drafts(sample, drafts, len(sampled) - 1)
             outputs.append(self._append_tokens(sample, sampled))
@@ -139,7 +140,8 @@ class OutputProcessor:
             index=sample.index,
             new_token_ids=new_token_ids,
             logprobs=logprobs,
-            finish_reason=sample.status.finish_reason,
+            # (still running when no token stopped it: the caller checked)
+            finish_reason=status.finish_reason if status is not None else FinishReason.NONE,
             num_cached_tokens=sample.request.num_cached_tokens,
             stop_token_id=sample.stop_token_id,
             error=sample.error,

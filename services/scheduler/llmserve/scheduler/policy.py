@@ -137,7 +137,7 @@ class StepPolicy:
     def _allocate(self, items: Items, scheduled: list[ScheduledSample]) -> None:
         """Allocate the items' slots (they fit: the caller checked) and schedule them."""
         for sample, num_new in items:
-            new_block_ids = self.kv.allocate_slots(sample, num_new)
+            new_block_ids = self.kv.grow(sample, num_new)
             replaced = self.kv.take_replaced(sample)
             scheduled.append(ScheduledSample(sample, num_new, new_block_ids, replaced))
 

@@ -50,12 +50,12 @@ class PrefixCache:
 
     def cache_full_blocks(self, sample: Sample) -> None:
         """Offer the sample's newly filled blocks (up to num_computed_tokens) to the cache."""
-        if not self.enabled:
-            return
+        start = sample.num_offered_blocks
+        if not self.enabled or sample.num_computed_tokens // self.block_size <= start:
+            return  # NOTE: the common decode step, decided before num_tokens is read
         # NOTE: a pending token's slot is computed before its id is known: a block ending
         # in a placeholder is offered once the real id arrived (a later call).
         num_full = min(sample.num_computed_tokens, sample.num_tokens) // self.block_size
-        start = sample.num_offered_blocks
         if num_full <= start:
             return
         table, hashes = sample.block_table, self.block_hashes(sample)

@@ -206,12 +206,18 @@ class Sample:
     @property
     def num_target_tokens(self) -> int:
         """Tokens whose KV this sample needs before its next step is done."""
-        return self.num_prompt_tokens - 1 if self.is_root else self.num_tokens + self.num_pending_tokens
+        if self.is_root:
+            return len(self.request.prompt_token_ids) - 1
+        return len(self.request.prompt_token_ids) + len(self.output_token_ids) + self.num_pending_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
         """Tokens still to run through the model before the next token can be sampled."""
-        return self.num_target_tokens - self.num_computed_tokens
+        # NOTE: read several times per running sample per step: num_target_tokens inlined
+        if self.is_root:
+            return len(self.request.prompt_token_ids) - 1 - self.num_computed_tokens
+        return (len(self.request.prompt_token_ids) + len(self.output_token_ids) + self.num_pending_tokens
+                - self.num_computed_tokens)
 
     @property
     def key(self) -> tuple[int, int]:

@@ -293,9 +293,8 @@ class Scheduler:
         if queues.waiting and queues.running and queues.running[-1].request.priority > queues.waiting[0].request.priority:
             return False  # Could preempt for priority.
         items = [(s, n) for s in queues.running if (n := s.num_uncomputed_tokens) > 0]
-        if any(self.kv.writes_shared_block(s) for s, _ in items):
-            return False
-        return self.kv.blocks_needed(items) <= self.kv.num_free_blocks
+        needed = self.kv.blocks_needed_unshared(items)  # None: a copy-on-write
+        return needed is not None and needed <= self.kv.num_free_blocks
 
     def fail_step(self, plan: StepPlan, error: str) -> list[RequestOutput]:
         """The plan never reached the worker, or its result cannot be applied: end its

@@ -29,6 +29,7 @@ import grpc
 
 from llmserve.contract import wire
 from llmserve.contract.grpc_server import ServiceServer
+from llmserve.contract.heap import freeze_startup_heap
 from llmserve.contract.outputs import ErrorCode
 from llmserve.contract.peers import ROUTER, WORKER, PeerCheck
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -260,6 +261,7 @@ async def serve(config: SchedulerServiceConfig, stop_event: asyncio.Event) -> No
     servicer = SchedulerServicer(config, server)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server.server)
     await server.start()
+    freeze_startup_heap()  # Modules and the server's objects: out of every full collection's walk.
     core_of = lambda: servicer.core  # noqa: E731 (the latest engine's, read at each tick)
     stats_task = asyncio.create_task(servicer.telemetry.log_stats_forever(core_of, config.log_stats_interval_s))
     audit_task = asyncio.create_task(servicer.telemetry.audit_blocks_forever(core_of))

@@ -102,14 +102,16 @@ class SchedulerTelemetry:
 
     def step_started(self, core: Scheduler, plan: StepPlan, start_ns: int):
         """The step's span (linked to its requests); puts trace contexts into the plan."""
-        rows = plan.new_requests + plan.cached_requests
-        samples = [core.get_sample(r.seq_id) for r in rows]
-        spans = [s.request.stream.spans if s is not None else None for s in samples]
-        for request_spans in spans:
+        # NOTE: a request's first scheduled step sends it in full (a new request): only
+        # those can end a queue wait, so the cached rows are not looked at (tracing off).
+        new_spans = self._spans(core, plan.new_requests)
+        for request_spans in new_spans:
             if request_spans is not None:
                 request_spans.scheduled(self.metrics)
         if not tracing.enabled():
             return tracing.trace.INVALID_SPAN
+        rows = plan.new_requests + plan.cached_requests
+        spans = new_spans + self._spans(core, plan.cached_requests)
         prefill = sum(r.num_scheduled_tokens for r in plan.new_requests)
         links = [link for s in dict.fromkeys(s for s in spans if s is not None)
                  if (link := tracing.link_to(s.request)) is not None]
@@ -126,6 +128,12 @@ class SchedulerTelemetry:
         for r, request_spans in zip(plan.new_requests, spans):
             r.trace_context = request_spans.prefill_context() if request_spans is not None else {}
         return span
+
+    @staticmethod
+    def _spans(core: Scheduler, rows) -> list[RequestSpans | None]:
+        """The spans of each row's request (None: no longer live, or without spans)."""
+        samples = [core.get_sample(r.seq_id) for r in rows]
+        return [s.request.stream.spans if s is not None else None for s in samples]
 
     def step_finished(self, core: Scheduler, plan: StepPlan, result: StepResult, span, seconds: float) -> None:
         if result.error:

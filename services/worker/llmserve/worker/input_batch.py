@@ -47,6 +47,12 @@ class RequestState:
     # Its placeholder sampled by the last step launched, while that step is not read back
     # (a row the next step schedules takes the id from that step's device tensor).
     placeholder: Placeholder | None = field(default=None, repr=False, compare=False)
+    # Its sampling reads the row's token ids on the host (a penalty, a multi-token bad word,
+    # a grammar): decided once at arrival, not per step (sampling and grammar never change).
+    reads_host_ids: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.reads_host_ids = self.sampling.needs_history or self.grammar is not None
 
     @property
     def num_output_tokens(self) -> int:
@@ -129,10 +135,12 @@ class InputBatch:
             rows.append((st, r.num_scheduled_tokens))
         for c in plan.cached_requests:
             st = self.states[c.seq_id]
-            st.block_ids.extend(c.new_block_ids)
-            self.block_tables.extend(st.row, c.new_block_ids)
+            if c.new_block_ids:  # NOTE: most decode rows get no new block in a step
+                st.block_ids.extend(c.new_block_ids)
+                self.block_tables.extend(st.row, c.new_block_ids)
             st.num_computed_tokens = c.num_computed_tokens
-            st.draft_token_ids = list(c.draft_token_ids)
+            if c.draft_token_ids or st.draft_token_ids:
+                st.draft_token_ids = list(c.draft_token_ids)
             rows.append((st, c.num_scheduled_tokens))
         return rows
 
@@ -164,6 +172,13 @@ class InputBatch:
             st = self.states.get(c.seq_id)
             if c.seq_id in new_ids or st is None or c.seq_id in finished:
                 raise ValueError(f"cached request {c.seq_id!r} is unknown to this worker")
+            if (steps == 1 and c.num_scheduled_tokens == 1 and not c.new_block_ids and not c.draft_token_ids
+                    and c.seq_id not in seen and 0 <= c.num_computed_tokens < len(st.token_ids)
+                    and c.num_computed_tokens < min(self.max_model_len, self.block_size * len(st.block_ids))):
+                # NOTE: a one-token decode on a table the worker holds: _check_row's checks
+                # reduce to these (its own slow path names whichever fails).
+                seen.add(c.seq_id)
+                continue
             self._check_row(c.seq_id, seen, c.new_block_ids, len(st.block_ids) + len(c.new_block_ids),
                             len(st.token_ids), c.num_computed_tokens, c.num_scheduled_tokens, steps,
                             len(c.draft_token_ids))
@@ -228,6 +243,20 @@ class InputBatch:
             if st.placeholder is not None and c <= st.placeholder.position < c + n:
                 fill_dst.append(len(ids) + st.placeholder.position - c)
                 fill_src.append(st.placeholder.index)
+            if n == 1 and c + 1 == len(st.token_ids) and c >= st.num_prompt_tokens - 1 and not st.draft_token_ids:
+                # NOTE: the plain decode row (most rows of a step): the general path's
+                # bookkeeping for one token and no prompt logprobs, without its slices and ranges.
+                sample_idx.append(len(ids))
+                ids.append(st.token_ids[c])
+                pos.append(c)
+                slots.append(table[c // bs] * bs + c % bs)
+                query_lens.append(1)
+                seq_lens.append(c + 1)
+                tables.append(table)
+                table_rows.append(st.row)
+                sample_states.append(st)
+                sample_offsets.append(0)
+                continue
             if st.draft_token_ids:
                 ids.extend(st.token_ids[c:] + st.draft_token_ids)
                 for j, p in enumerate(range(c, c + n)):
@@ -267,7 +296,7 @@ class InputBatch:
                 raise RuntimeError(f"{F} input tokens are placeholders of a step that is not in flight")
             input_ids.index_copy_(0, dst, prev_sampled.index_select(0, src))  # on the device, no sync
         # [rows, widest table this step] int32: one gather from the kept tables, one copy
-        padded = self.block_tables.padded(table_rows, max(cdiv(n, bs) for n in seq_lens) if seq_lens else 0)
+        padded = self.block_tables.padded(table_rows, cdiv(max(seq_lens), bs) if seq_lens else 0)
         meta = self.attention_backend.build_metadata(query_lens, seq_lens, tables, slot_mapping, bs,
                                                      padded.to(self.device, non_blocking=True))
         # NOTE: position j of a row verifying drafts samples as the plain decode of its

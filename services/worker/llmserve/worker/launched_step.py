@@ -127,6 +127,6 @@ def must_finish_first(in_flight: LaunchedStep, plan: StepPlan, states: dict[int,
             return True
     for c in plan.cached_requests:
         st = states.get(c.seq_id)
-        if c.draft_token_ids or (st is not None and (st.sampling.needs_history or st.grammar is not None)):
+        if c.draft_token_ids or (st is not None and st.reads_host_ids):
             return True
     return False

@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmserve.worker.config import WorkerConfig
 from llmserve.contract.grpc_server import SERVING, ServiceServer, channel
+from llmserve.contract.heap import freeze_startup_heap
 from llmserve.contract.peers import SCHEDULER, PeerCheck
 from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
 from llmserve.contract.plan import StepPlan, StepResult
@@ -73,6 +74,9 @@ class _Step:
     result: StepResult | None = None  # Set by a failed launch, a failed step before it, or the finish
     # Its own launch or finish failed (not only the step before it): the step behind it fails too.
     failed: bool = False
+    # runner.finish's (result, None) or (None, error), when it ran on the compute thread
+    # right after the next plan's launch (one hop for both); None: not finished yet.
+    finished: tuple[StepResult | None, Exception | None] | None = None
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -151,7 +155,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 next_plan = None
                 if plan_pb is None:
                     break
-                step = await self._launch(plan_pb)
+                step = await self._launch(plan_pb, then_finish=in_flight)
                 if in_flight is not None:
                     yield await self._finish(in_flight, behind=step)
                 in_flight = step
@@ -179,9 +183,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         checks stay responsive."""
         return await asyncio.get_running_loop().run_in_executor(self._compute_thread, fn, *args)
 
-    async def _launch(self, plan_pb) -> _Step:
+    async def _launch(self, plan_pb, then_finish: _Step | None = None) -> _Step:
         """Decodes and launches the plan; a launch that fails fails the step (its result is
-        the error)."""
+        the error). `then_finish`: the step launched before it, finished on the compute
+        thread right after this launch (saving a hop there and back per step)."""
         start = time.perf_counter()
         if self._arrivals:
             # How long the plan sat behind an earlier one before its launch: not transport.
@@ -191,20 +196,36 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             step.plan = wire.step_plan_from_pb(plan_pb)
             step_phases.add("encode", time.perf_counter() - start)
             step.span = self._step_span(step.plan)
-            step.launched = await self._on_compute(self.runner.launch, step.plan)
+            step.launched = await self._on_compute(self._launch_then_finish, step.plan, then_finish)
             step.device_done = asyncio.get_running_loop().run_in_executor(self._device_waiter, _wait_quietly,
                                                                           step.launched)
         except Exception as exc:  # A bad plan or a failed forward fails the step, not the worker.
             step.result, step.failed = self._failed(step.step_id, exc), True
         return step
 
+    def _launch_then_finish(self, plan: StepPlan, earlier: _Step | None):
+        """On the compute thread: runner.launch(plan), then (launched or not) the earlier
+        step's runner.finish, its outcome kept on it for _finish."""
+        try:
+            return self.runner.launch(plan)
+        finally:
+            if earlier is not None and earlier.launched is not None:
+                earlier.finished = self._finish_outcome(earlier.launched)
+
+    def _finish_outcome(self, launched) -> tuple[StepResult | None, Exception | None]:
+        try:
+            return self.runner.finish(launched), None
+        except Exception as exc:  # Reported by _finish, on the event loop.
+            return None, exc
+
     async def _finish(self, step: _Step, behind: _Step | None = None) -> StepResult:
         """The step's result, once its sampled ids are read back. `behind`: the step
         launched after it, on its placeholders: it fails too if this one fails."""
         if step.launched is not None:  # (read back even when a failed step before it decided the result)
-            try:
-                result = await self._on_compute(self.runner.finish, step.launched)
-            except Exception as exc:
+            if step.finished is None:
+                step.finished = await self._on_compute(self._finish_outcome, step.launched)
+            result, exc = step.finished
+            if exc is not None:
                 result, step.failed = self._failed(step.step_id, exc), True
             step.result = step.result or result
         if step.failed and behind is not None and behind.result is None:
@@ -368,6 +389,7 @@ async def serve(config: WorkerConfig, stop_event: asyncio.Event) -> None:
     )
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     await server.start()
+    freeze_startup_heap()  # The model and torch's objects: out of every full collection's walk.
     address = f"{config.advertise_host}:{server.port}"
     try:
         await register_with_scheduler(config, address, runner)
