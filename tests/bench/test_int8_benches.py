@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from llmserve.bench.decode_variants import compare_variants
+from llmserve.bench.decode_variants import compare_variants, step_bytes
 from llmserve.bench.quality import Variant, evaluate, stdlib_docstrings
 from llmserve.worker.config import RunnerConfig
 
@@ -18,9 +18,25 @@ def test_decode_variants_time_every_variant_at_every_batch(tiny_llama_dir):
     assert result["variants"]["int8"] == {"dtype": "bfloat16", "quantization": "int8"}
     for batch in (1, 3):
         row = result["batches"][batch]
-        assert row["bfloat16"]["over_bfloat16"] == 1.0
+        assert row["bfloat16"]["over_bfloat16"] == 1.0 and row["bfloat16"]["roofline_over_bfloat16"] == 1.0
+        assert row["int8"]["roofline_over_bfloat16"] > 1.0 > row["float32"]["roofline_over_bfloat16"]
         for cell in row.values():
             assert cell["tok_per_s"] == pytest.approx(batch / (cell["step_ms"] / 1000))
+
+
+def test_step_bytes_count_int8_weights_as_one_byte_and_the_kv_cache_as_it_is():
+    from types import SimpleNamespace
+
+    # 2 layers, hidden 64, MLP 128, 4 heads of 16 (2 for K/V), vocab 256.
+    config = SimpleNamespace(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                             num_hidden_layers=2, vocab_size=256, head_dim=16)
+    linear = 2 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 128)  # q, k, v, o, gate, up, down
+    head = 256 * 64
+    kv = 2 * 2 * 32 * 3 * 10  # K and V, 2 layers, 32 columns, 3 sequences of 10 tokens
+    assert step_bytes(config, "bfloat16", 3, 10) == 2 * (linear + head + kv)
+    assert step_bytes(config, "int8", 3, 10) == linear + head + 2 * kv  # the LM head in int8 too
+    assert step_bytes(config, "int8-wo", 3, 10) == linear + 2 * head + 2 * kv
+    assert step_bytes(config, "float32", 3, 10) == 4 * (linear + head + kv)
 
 
 def test_quality_is_measured_against_float32(tiny_llama_dir):

@@ -92,6 +92,20 @@ def test_w8a8_kernel_matches_its_reference(dtype, rows):
     assert torch.equal(got[-1:], weight.matmul(x[-1:], bias)) and torch.equal(got[:1], weight.matmul(x[:1], bias))
 
 
+@needs_vnni
+def test_w8a8_kernel_rounds_activations_half_to_even_like_its_reference():
+    # Group 0's max is 127, so its scale is 1 and x * 127 / max = x: the halves are ties.
+    x = torch.zeros(3, 2 * ACTIVATION_GROUP)
+    x[:, 0] = 127.0
+    x[:, 1:9] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5])
+    x[1:, ACTIVATION_GROUP:] = torch.linspace(-3.0, 3.0, ACTIVATION_GROUP)  # group 1: its own scale
+    q, scale = quantize_rows(torch.eye(2 * ACTIVATION_GROUP)[:32])  # y[:, n] = xq[:, n] (n < 32)
+    got = Int8Weight(q, scale, quantize_activations=True).matmul(x)
+    want = w8a8_linear_reference(x, q, scale)
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert got[0, 1:9].round().tolist() == [0.0, 2.0, 2.0, 0.0, -2.0, -2.0, 126.0, -126.0]
+
+
 def test_w8a8_reference_scales_each_group_of_activations_on_its_own():
     x = torch.zeros(1, 2 * ACTIVATION_GROUP)
     x[0, 0], x[0, 1] = 127.0, 0.4  # group 0: scale 1, so 0.4 rounds to 0
