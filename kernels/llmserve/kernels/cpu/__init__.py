@@ -6,7 +6,9 @@ every K/V byte three times: `paged_attention_decode` reads the blocks in place.
 The element-wise ops (RMSNorm with the residual add, SiLU-and-multiply, rotary
 embedding) each replace a chain of torch ops with one pass over the activations;
 `rotary_and_write_kv_` also stores the rotated keys and the values in the paged cache
-in that pass.
+in that pass. `paged_attention_prefill` is flash attention for prefill and chunk rows,
+reading the paged cache in place too, with bfloat16 products on AVX-512 BF16 (torch's
+fused CPU SDPA kernel runs bfloat16 at a few % of the bfloat16 GEMM rate).
 
 Every op has a plain torch equivalent in the layers, used when `available()` is False
 (no compiler, `LLMSERVE_DISABLE_CPU_KERNELS=1`) and as the reference in tests.
@@ -28,7 +30,7 @@ import torch
 logger = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp", _CSRC / "int8_linear.cpp",
-            _CSRC / "bf16_linear.cpp", _CSRC / "rotary_kv_write.cpp"]
+            _CSRC / "bf16_linear.cpp", _CSRC / "rotary_kv_write.cpp", _CSRC / "paged_attention_prefill.cpp"]
 
 
 def _build_dir() -> Path:
@@ -97,6 +99,26 @@ def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     softcap c: scores -> c * tanh(scores / c). None = off."""
     return torch.ops.llmserve_cpu.paged_attention_decode(q.contiguous(), kv_cache, block_tables, seq_lens, scale,
                                                          window or 0, softcap or 0.0)
+
+
+def paged_attention_prefill(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                            window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Causal attention of N prefill/chunk rows over their cached context and themselves, the
+    keys read in place: q [T, H, D] (sequence n's queries are rows query_start_loc[n] ..
+    query_start_loc[n+1]-1, at positions seq_lens[n] - their count onwards), kv_cache
+    [2, NB, BS, KVH, D] holding every key up to seq_lens[n], block_tables [N, max_blocks],
+    query_start_loc [N + 1], seq_lens [N], all int64; float32 or bfloat16 -> [T, H, D].
+    window W: a query at position p sees keys (p - W, p] and no block wholly before its
+    chunk's first window is read; softcap c: scores -> c * tanh(scores / c). None = off."""
+    return torch.ops.llmserve_cpu.paged_attention_prefill(q.contiguous(), kv_cache, block_tables, query_start_loc,
+                                                          seq_lens, scale, window or 0, softcap or 0.0)
+
+
+@lru_cache(maxsize=1)
+def prefill_bf16_dot_supported() -> bool:
+    """True when paged_attention_prefill multiplies bfloat16 with AVX-512 BF16 (else in float32)."""
+    return load() and bool(torch.ops.llmserve_cpu.prefill_bf16_dot_supported())
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

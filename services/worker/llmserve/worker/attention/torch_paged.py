@@ -1,8 +1,13 @@
 """Paged attention in plain torch for CPU: decode rows batched into one gather + one
 SDPA; prefill/chunk rows one SDPA each. A layer with a sliding window reads only the
-blocks its window reaches; one with a soft-cap materializes its scores (SDPA has none)."""
+blocks its window reaches; one with a soft-cap materializes its scores (SDPA has none).
+Where the C++ CPU kernels load, decode rows and prefill rows use them instead (one call
+for all rows of a kind, K/V read in place; `_prefill_kernel_applies` says which prefill
+rows); the torch code stays as their fallback and test reference."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -10,6 +15,16 @@ import torch.nn.functional as F
 from llmserve.contract.arith import cdiv
 from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadata, PrefillSeq, row_layout
+
+
+@dataclass
+class TorchPagedMetadata(AttentionMetadata):
+    """The prefill rows again as the tensors the C++ prefill kernel reads (None without
+    prefill rows); their tokens are num_decodes .. num_tokens-1."""
+
+    prefill_block_table: torch.Tensor | None = None  # [P, max_blocks] long, padded with block 0
+    prefill_query_start: torch.Tensor | None = None  # [P + 1] long, from the first prefill token
+    prefill_seq_lens: torch.Tensor | None = None  # [P] long
 
 
 class TorchPagedAttention(AttentionBackend):
@@ -27,14 +42,22 @@ class TorchPagedAttention(AttentionBackend):
             _prefill_seq(qsl[i], qsl[i + 1], seq_lens[i], block_tables[i], block_size, dev)
             for i in range(num_decodes, len(query_lens))
         ]
-        return AttentionMetadata(
+        meta = TorchPagedMetadata(
             slot_mapping=slot_mapping, query_start_loc=qsl, seq_lens=list(seq_lens),
             block_tables=block_tables, block_size=block_size, num_decodes=num_decodes,
             decode_block_table=dec_table, decode_mask=dec_mask, prefills=prefills,
             decode_seq_lens=torch.tensor(seq_lens[:num_decodes], dtype=torch.long, device=dev) if num_decodes else None,
         )
+        if prefills:
+            padded = None if padded_tables is None else padded_tables[num_decodes:]
+            meta.prefill_block_table = _padded_table(block_tables[num_decodes:], seq_lens[num_decodes:], block_size,
+                                                     dev, padded)
+            meta.prefill_query_start = torch.tensor([n - num_decodes for n in qsl[num_decodes:]], dtype=torch.long,
+                                                    device=dev)
+            meta.prefill_seq_lens = torch.tensor(seq_lens[num_decodes:], dtype=torch.long, device=dev)
+        return meta
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, kv_stored: bool = False) -> torch.Tensor:
+    def forward(self, q, k, v, kv_cache, meta: TorchPagedMetadata, kv_stored: bool = False) -> torch.Tensor:
         # q: [T, H, D]; k, v: [T, KVH, D]; kv_cache: [2, num_blocks, block_size, KVH, D]
         if not kv_stored:
             _write_kv(k, v, kv_cache, meta.slot_mapping)
@@ -44,9 +67,31 @@ class TorchPagedAttention(AttentionBackend):
         out = torch.empty_like(q)
         if B:
             out[:B] = self._decode(q[:B], kv_cache, meta)
+        if self._prefill_kernel_applies(q, kv_cache):
+            # All prefill rows in one call, K/V read in place (this step's keys are stored above).
+            out[B:] = cpu_kernels.paged_attention_prefill(q[B:], kv_cache, meta.prefill_block_table,
+                                                          meta.prefill_query_start, meta.prefill_seq_lens,
+                                                          self.scale, self.sliding_window, self.softcap)
+            return out
         for p in meta.prefills:
             out[p.token_start : p.token_end] = self._prefill(q, k, v, kv_cache, p)
         return out
+
+    def _prefill_kernel_applies(self, q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+        """Whether the prefill rows take the C++ flash kernel rather than one SDPA each
+        (chosen by measurement on a Zen 4, one layer of SmolLM2-135M: docs/benchmarks.md).
+        float32: always, 2-7x faster than SDPA. bfloat16: where its products are AVX-512
+        BF16 dot products (head_dim a multiple of 32), 4-8x faster. Its float32 loops (other
+        head sizes, CPUs without AVX-512 BF16) measured 2-3x faster than SDPA too, but SDPA
+        stays there: it rounds exactly as HF's bfloat16 forward does, and the tiny
+        head_dim-16 mixture-of-experts test models flip expert choices on the kernel's
+        different (equally accurate) rounding, which their HF comparisons cannot tell from
+        a bug."""
+        if kv_cache.device.type != "cpu" or not cpu_kernels.load():
+            return False
+        if q.dtype == torch.bfloat16:
+            return self.head_dim % 32 == 0 and cpu_kernels.prefill_bf16_dot_supported()
+        return q.dtype == torch.float32
 
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         # q: [B, H, D] -> [B, H, D]
@@ -155,14 +200,20 @@ def _write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_map
     flat[1].index_copy_(0, slot_mapping, v)
 
 
-def _decode_tensors(tables: list[list[int]], seq_lens: list[int], block_size: int, device: torch.device,
-                    padded: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded_table(tables: list[list[int]], seq_lens: list[int], block_size: int, device: torch.device,
+                  padded: torch.Tensor | None = None) -> torch.Tensor:
+    """The rows' blocks as [B, max_blocks] long, padded with block 0."""
     max_blocks = max(cdiv(n, block_size) for n in seq_lens)
     if padded is not None:  # [B, >= max_blocks] int32, kept by the input batch
-        table = padded[:, :max_blocks].long()  # [B, max_blocks]
-    else:
-        rows = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in tables]
-        table = torch.tensor(rows, dtype=torch.long, device=device)  # [B, max_blocks]
+        return padded[:, :max_blocks].long()
+    rows = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in tables]
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def _decode_tensors(tables: list[list[int]], seq_lens: list[int], block_size: int, device: torch.device,
+                    padded: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    table = _padded_table(tables, seq_lens, block_size, device, padded)  # [B, max_blocks]
+    max_blocks = table.shape[1]
     key_pos = torch.arange(max_blocks * block_size, device=device)
     mask = key_pos[None, :] < torch.tensor(seq_lens, device=device)[:, None]  # [B, L]
     return table, mask[:, None, None, :]
