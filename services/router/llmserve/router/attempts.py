@@ -60,6 +60,7 @@ class Attempts:
         self.job = job
         self._draining = draining
         self.generated: list[list[int]] = [[] for _ in range(job.n)]  # Each sample's tokens so far.
+        self._held: RequestOutput | None = None  # An error output taken by queued_outputs, next_output's next.
 
     async def start(self, unfinished: set[int]) -> None:
         """Places the request; GenerationError if no replica can take it."""
@@ -71,7 +72,7 @@ class Attempts:
         `unfinished`: the samples the client has not seen end (what a new replica runs)."""
         record = self.record
         while True:
-            out = await record.queue.get()
+            out, self._held = self._held or await record.queue.get(), None
             if out.finished:
                 record.engine_live.discard(out.index)
             if out.retry_after_ms and out.finish_reason == FinishReason.ERROR:
@@ -85,6 +86,23 @@ class Attempts:
                     self.generated[out.index].extend(out.new_token_ids)
                 return out
             await self._migrate(unfinished)
+
+    def queued_outputs(self) -> list[RequestOutput]:
+        """The outputs already in the queue, taken without waiting (a consumer that fell
+        behind catches up at once), up to the first error: that one, which may refuse or
+        migrate the request, is left to next_output."""
+        record, outs = self.record, []
+        while self._held is None and not record.queue.empty():
+            out = record.queue.get_nowait()
+            if out.finish_reason == FinishReason.ERROR:
+                self._held = out
+                break
+            if out.finished:
+                record.engine_live.discard(out.index)
+            if 0 <= out.index < self.job.n:
+                self.generated[out.index].extend(out.new_token_ids)
+            outs.append(out)
+        return outs
 
     async def _migrate(self, unfinished: set[int]) -> None:
         """Its replica failed mid-stream: resume elsewhere from the prompt and the tokens

@@ -127,16 +127,18 @@ class Generation:
             await attempts.start(unfinished)
             while unfinished:
                 out = await attempts.next_output(unfinished)
-                delta = self._delta(record.telemetry, streams, out)
-                if delta is None:
-                    continue  # A sample cut by a stop string runs on until the request ends.
-                if delta.finish_reason != FinishReason.NONE:
-                    unfinished.discard(out.index)
-                    record.outcome = (delta.finish_reason.name.lower(), "")
-                yield Output(record.request_id, delta, None if unfinished else Usage.of(len(job.prompt_ids), streams))
-                if delta.finish_reason == FinishReason.ERROR:
-                    record.outcome = ("error", delta.error)
-                    raise GenerationError(grpc_status(out.error_code), delta.error or "generation failed")
+                # The outputs that queued up meanwhile (the consumer fell behind) go out
+                # merged: one delta per sample. An error output always comes alone.
+                outs = [out] if out.finish_reason == FinishReason.ERROR else [out, *attempts.queued_outputs()]
+                for delta in self._deltas(record.telemetry, streams, outs):
+                    if delta.finish_reason != FinishReason.NONE:
+                        unfinished.discard(delta.index)
+                        record.outcome = (delta.finish_reason.name.lower(), "")
+                    usage = None if unfinished else Usage.of(len(job.prompt_ids), streams)
+                    yield Output(record.request_id, delta, usage)
+                    if delta.finish_reason == FinishReason.ERROR:
+                        record.outcome = ("error", delta.error)
+                        raise GenerationError(grpc_status(out.error_code), delta.error or "generation failed")
         finally:
             # Done, or the client cancelled or disconnected (CancelledError or GeneratorExit lands here).
             await self._release(record)
@@ -148,16 +150,24 @@ class Generation:
             return None
         return self.reasoning(self.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False))
 
-    def _delta(self, telemetry: RouterRequest, streams: list[SampleStream], out: RequestOutput
-               ) -> SampleDelta | None:
-        """One output's text and tokens for its sample's stream; None if that sample is over."""
-        stream = streams[out.index] if 0 <= out.index < len(streams) else None
-        if stream is None or stream.finished:
-            return None
+    def _deltas(self, telemetry: RouterRequest, streams: list[SampleStream], outs: list[RequestOutput]
+                ) -> list[SampleDelta]:
+        """The text and tokens these outputs add to their samples' streams: one delta per
+        sample, in the order the samples first appear (a sample's outputs merged in order);
+        none for a sample that is over (cut by a stop string, it runs on until the request ends)."""
+        deltas: dict[int, SampleDelta] = {}
         with telemetry.detokenizing():
-            delta = stream.process(out, self.token_text)
-        telemetry.tokens_out(len(delta.token_ids))
-        return delta
+            for out in outs:
+                stream = streams[out.index] if 0 <= out.index < len(streams) else None
+                if stream is None or stream.finished:
+                    continue
+                delta = stream.process(out, self.token_text)
+                if out.index in deltas:
+                    deltas[out.index].absorb(delta)
+                else:
+                    deltas[out.index] = delta
+        telemetry.tokens_out(sum(len(d.token_ids) for d in deltas.values()))
+        return list(deltas.values())
 
     async def _release(self, record: Placement) -> None:
         """Ends the request's span and metrics, aborts what its replica may still run (so

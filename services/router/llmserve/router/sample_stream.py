@@ -5,7 +5,7 @@ chat with tools, the answer's tool calls."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
 from llmserve.router.detokenizer import IncrementalDetokenizer, StreamDetokenizer
@@ -31,6 +31,26 @@ class SampleDelta:
     # logprobs of its tokens 1.. (each given the tokens before it).
     prompt_token_ids: list[int] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+    def absorb(self, later: SampleDelta) -> None:
+        """Appends what `later` (this sample's next delta) adds, so that this one delta says
+        what the two said: a consumer that fell behind gets one message, not one per token.
+        How it ends (finish reason, stop reason, error) is `later`'s."""
+        self.text += later.text
+        self.reasoning_text += later.reasoning_text
+        self.token_ids += later.token_ids
+        self.logprobs += later.logprobs
+        self.prompt_token_ids += later.prompt_token_ids
+        self.prompt_logprobs += later.prompt_logprobs
+        for call in later.tool_calls:
+            last = self.tool_calls[-1] if self.tool_calls else None
+            if last is not None and last.index == call.index and not (call.id or call.name):
+                # More arguments of the call in progress: one piece, as a client accumulates them.
+                self.tool_calls[-1] = replace(last, arguments=last.arguments + call.arguments)
+            else:
+                self.tool_calls.append(call)
+        self.finish_reason, self.stop_reason = later.finish_reason, later.stop_reason
+        self.error = later.error or self.error
 
 
 @dataclass

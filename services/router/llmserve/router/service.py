@@ -81,20 +81,27 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     @staticmethod
     def _response(request_id: str, delta) -> generation_pb2.GenerateResponse:
-        return generation_pb2.GenerateResponse(
-            request_id=request_id,
-            index=delta.index,
-            text=delta.text,
-            token_ids=delta.token_ids,
-            logprobs=[wire.logprobs_to_pb(lp) for lp in delta.logprobs],
-            prompt_logprobs=[wire.logprobs_to_pb(lp) for lp in delta.prompt_logprobs],
-            finish_reason=int(delta.finish_reason),
-            stop_reason=delta.stop_reason,
-            error=delta.error,
-            reasoning_text=delta.reasoning_text,
-            tool_calls=[generation_pb2.ToolCallDelta(index=c.index, id=c.id, name=c.name, arguments=c.arguments)
-                        for c in delta.tool_calls],
-        )
+        """One delta as a GenerateResponse. NOTE: one per token per request at the router's
+        busiest: the fields most deltas leave empty are set only when they are not (an empty
+        repeated field costs a list comprehension and a conversion each time)."""
+        response = generation_pb2.GenerateResponse(request_id=request_id, index=delta.index, text=delta.text,
+                                                   token_ids=delta.token_ids)
+        if delta.logprobs:
+            response.logprobs.extend(wire.logprobs_to_pb(lp) for lp in delta.logprobs)
+        if delta.prompt_logprobs:
+            response.prompt_logprobs.extend(wire.logprobs_to_pb(lp) for lp in delta.prompt_logprobs)
+        if delta.finish_reason:
+            response.finish_reason = int(delta.finish_reason)
+        if delta.stop_reason:
+            response.stop_reason = delta.stop_reason
+        if delta.error:
+            response.error = delta.error
+        if delta.reasoning_text:
+            response.reasoning_text = delta.reasoning_text
+        if delta.tool_calls:
+            response.tool_calls.extend(generation_pb2.ToolCallDelta(index=c.index, id=c.id, name=c.name,
+                                                                    arguments=c.arguments) for c in delta.tool_calls)
+        return response
 
     # --- Tokenize / GetModelInfo ---------------------------------------------
 
