@@ -10,10 +10,16 @@ does after start-up); the per-step records come and go in the young generations.
 
 from __future__ import annotations
 
+import atexit
 import gc
 
 
 def freeze_startup_heap() -> None:
-    """Collect once, then move every surviving object to the permanent generation."""
+    """Collect once, then move every surviving object to the permanent generation, until
+    the process exits. NOTE: unfrozen at exit: the interpreter's last collections skip
+    frozen objects, and extensions that check for leaks at their teardown (Triton's
+    nanobind bindings) then print hundreds of lines of "leaked instances" after the
+    service's own last words."""
     gc.collect()
     gc.freeze()
+    atexit.register(gc.unfreeze)
