@@ -9,15 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.metrics import NoOpMeter
 
 from llmserve.contract import wire
 from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
 from llmserve.contract.security import SecurityOptions
-from llmserve.contract.worker_info import WorkerInfo
-from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+from llmserve.internal.v1 import scheduler_pb2
 from llmserve.router.generation import Generation
 from llmserve.router.replicas import ReplicaSet
 from llmserve.router.routing import make_policy
@@ -27,32 +24,19 @@ from llmserve.router.validation import ServedModel
 from llmserve.telemetry import RouterMetrics
 from llmserve.v1 import generation_pb2 as pb
 
-VOCAB = 49152  # SmolLM2's.
+from .fake_scheduler import VOCAB, FakeSchedulerBase, start_fake
+
 TEXTS = ["Streaming text, one token at a time: déjà vu 🙂 and STOP here, then more words follow.",
          "A second sample says something else entirely, with émojis 🎉 and numbers 12345 too."]
 STEP_S = 0.002
 
 
-class SteppingScheduler(scheduler_pb2_grpc.SchedulerServicer, health_pb2_grpc.HealthServicer):
+class SteppingScheduler(FakeSchedulerBase):
     """Streams each request's samples (sample i: `samples[i]`'s ids) one token per step,
     every sample's output of a step in one update, as the real scheduler does."""
 
     def __init__(self, samples: list[list[int]]):
         self.samples = samples
-
-    async def GetServingInfo(self, request, context):
-        info = WorkerInfo(model="m", model_path="/m", num_kv_blocks=64, block_size=16, dtype="float32",
-                          max_model_len=256, vocab_size=VOCAB)
-        return scheduler_pb2.ServingInfo(worker=wire.worker_info_to_pb(info), num_kv_blocks=64)
-
-    async def GetLoad(self, request, context):
-        return scheduler_pb2.Load()
-
-    async def SubscribeKvEvents(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no KV events here")
-
-    async def Check(self, request, context):
-        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 
     async def Session(self, request_iterator, context):
         async for message in request_iterator:
@@ -81,11 +65,7 @@ class SteppingScheduler(scheduler_pb2_grpc.SchedulerServicer, health_pb2_grpc.He
 
 @contextlib.asynccontextmanager
 async def generation_over(fake: SteppingScheduler, tokenizer):
-    server = grpc.aio.server()
-    scheduler_pb2_grpc.add_SchedulerServicer_to_server(fake, server)
-    health_pb2_grpc.add_HealthServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await start_fake(fake)
     replicas = ReplicaSet(f"127.0.0.1:{port}", SecurityOptions(insecure=True), 1 << 22, make_policy("round-robin"))
     generation = Generation(tokenizer, replicas, RouterMetrics(NoOpMeter("test")))
     generation.served = ServedModel(name="m", max_model_len=256, vocab_size=VOCAB, max_prompt_bytes=1 << 16)

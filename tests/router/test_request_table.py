@@ -14,14 +14,12 @@ import contextlib
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.metrics import NoOpMeter
 
 from llmserve.contract import wire
 from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
 from llmserve.contract.security import SecurityOptions
-from llmserve.contract.worker_info import WorkerInfo
-from llmserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+from llmserve.internal.v1 import scheduler_pb2
 from llmserve.router.generation import Generation, GenerationError
 from llmserve.router.replicas import ReplicaSet
 from llmserve.router.routing import make_policy
@@ -29,17 +27,21 @@ from llmserve.router.validation import ServedModel
 from llmserve.telemetry import RouterMetrics
 from llmserve.v1 import generation_pb2 as pb
 
+from .fake_scheduler import VOCAB, FakeSchedulerBase, start_fake
+
 # What a fake scheduler does with a request, named by its prompt's first token.
 FINISH, HANG, FAIL, MIGRATE, EXPIRE, REFUSE, LOSE = 10, 11, 12, 13, 14, 15, 16
 PROMPT = [5, 6, 7]  # After the scenario token.
 TOKENS = [1000, 1001, 1002, 1003]  # What every request generates (max_tokens 4), in order.
-VOCAB = 49152  # SmolLM2's: the router checks prompt ids against it and detokenizes the outputs.
 
 
-class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer, health_pb2_grpc.HealthServicer):
+class FakeScheduler(FakeSchedulerBase):
     """A scheduler with a worker: each add runs as a task writing outputs to the session.
     `first`: shared between the fakes, which replica saw a request id first (a migrated
     request fails on its first replica and finishes on the second)."""
+
+    block_size = 4
+    max_model_len = 64
 
     def __init__(self, name: str, first: dict[str, str]):
         self.name, self.first = name, first
@@ -47,20 +49,6 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer, health_pb2_grpc.Health
         self.aborted: list[str] = []
         self.streaming = asyncio.Event()  # A LOSE request has streamed its tokens here.
         self._tasks: dict[str, asyncio.Task] = {}
-
-    async def GetServingInfo(self, request, context):
-        info = WorkerInfo(model="m", model_path="/m", num_kv_blocks=64, block_size=4, dtype="float32",
-                          max_model_len=64, vocab_size=VOCAB)
-        return scheduler_pb2.ServingInfo(worker=wire.worker_info_to_pb(info), num_kv_blocks=64)
-
-    async def GetLoad(self, request, context):
-        return scheduler_pb2.Load()
-
-    async def SubscribeKvEvents(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no KV events here")
-
-    async def Check(self, request, context):
-        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 
     async def Session(self, request_iterator, context):
         outbox: asyncio.Queue = asyncio.Queue()
@@ -147,11 +135,8 @@ async def router(smollm2):
     first: dict[str, str] = {}
     fakes, servers = [], []
     for name in ("a", "b"):
-        fake, server = FakeScheduler(name, first), grpc.aio.server()
-        scheduler_pb2_grpc.add_SchedulerServicer_to_server(fake, server)
-        health_pb2_grpc.add_HealthServicer_to_server(fake, server)
-        fake.port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
+        fake = FakeScheduler(name, first)
+        server, fake.port = await start_fake(fake)
         fakes.append(fake)
         servers.append(server)
     replicas = ReplicaSet(",".join(f"127.0.0.1:{f.port}" for f in fakes), SecurityOptions(insecure=True),
