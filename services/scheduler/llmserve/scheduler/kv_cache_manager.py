@@ -158,6 +158,22 @@ class KVCacheManager:
         copy-on-write included (the last writer of a shared block writes in place).
         With `swapped`, for samples still on the CPU, as if they were swapped in."""
         pool = self.cpu_pool if swapped else self.pool
+        needed, writers = self._new_blocks_and_shared_writes(items, swapped)
+        for block_id, num_writers in (writers or {}).items():
+            needed += num_writers if pool.ref_count(block_id) > num_writers else num_writers - 1
+        return needed
+
+    def blocks_needed_unshared(self, items: Sequence[tuple[Sample, int]]) -> int | None:
+        """blocks_needed(items), or None when an item's first write goes into a block it
+        shares (a copy-on-write)."""
+        needed, writers = self._new_blocks_and_shared_writes(items)
+        return None if writers else needed
+
+    def _new_blocks_and_shared_writes(self, items: Sequence[tuple[Sample, int]],
+                                      swapped: bool = False) -> tuple[int, Counter[int] | None]:
+        """The blocks the items' tables grow by, and how many items write first into each
+        shared block (None when none does: the common case)."""
+        pool = self.cpu_pool if swapped else self.pool
         needed = 0
         writers: Counter[int] | None = None  # NOTE: built only when a shared block is written (rare)
         bs = self.block_size
@@ -168,20 +184,16 @@ class KVCacheManager:
             if start % bs and pool.ref_count(table[start // bs]) > 1:
                 writers = writers if writers is not None else Counter()
                 writers[table[start // bs]] += 1
-        for block_id, num_writers in (writers or {}).items():
-            needed += num_writers if pool.ref_count(block_id) > num_writers else num_writers - 1
-        return needed
+        return needed, writers
 
-    def blocks_needed_unshared(self, items: Sequence[tuple[Sample, int]]) -> int | None:
-        """blocks_needed(items), or None when an item's first write goes into a block it
-        shares (a copy-on-write): one pass over the GPU tables for both questions."""
-        needed, bs, pool = 0, self.block_size, self.pool
-        for sample, num_new in items:
-            table, start = sample.block_table, sample.num_computed_tokens
-            if start % bs and pool.ref_count(table[start // bs]) > 1:
-                return None
-            needed += max(0, cdiv(start + num_new, bs) - len(table))
-        return needed
+    def writes_in_place(self, sample: Sample) -> bool:
+        """The sample's next token goes into a block it holds alone: one decode token
+        takes no block and copies none (grow(sample, 1) would change nothing)."""
+        start, table = sample.num_computed_tokens, sample.block_table
+        index = start // self.block_size
+        if index >= len(table):
+            return False
+        return start % self.block_size == 0 or self.pool.ref_count(table[index]) == 1
 
     def allocate_slots(self, sample: Sample, num_new_tokens: int) -> list[int] | None:
         """Grow the table so that num_computed_tokens + num_new_tokens fit; copy the block

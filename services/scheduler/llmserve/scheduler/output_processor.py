@@ -46,14 +46,14 @@ class OutputProcessor:
             raise ValueError(f"result for step {result.step_id} given with plan {plan.step_id}")
         # The real tokens replace the placeholders.
         sampling = self.worker.take_pending(plan.step_id)
-        in_plan = self.in_plan(plan)
         if result.error:
-            return self.fail_step(plan, in_plan, result.error)
+            return self.fail_step(plan, self.in_plan(plan), result.error)
         self._add_prompt_logprobs(result.prompt_logprobs)
         outputs = self._apply_tokens(plan, result, sampling)
-        for sample in in_plan:
-            if sample.is_root and sample.status is RequestStatus.RUNNING and not sample.num_uncomputed_tokens:
-                self._fork(sample)
+        if self.live.num_roots:  # NOTE: n > 1 requests only: no walk of the plan otherwise
+            for sample in self.in_plan(plan):  # (roots sample nothing: the tokens ended none)
+                if sample.is_root and sample.status is RequestStatus.RUNNING and not sample.num_uncomputed_tokens:
+                    self._fork(sample)
         return outputs
 
     def fail_step(self, plan: StepPlan, in_plan: list[Sample], error: str) -> list[RequestOutput]:

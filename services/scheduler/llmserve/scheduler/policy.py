@@ -115,6 +115,9 @@ class StepPolicy:
         budget = _Budget(tokens, sum(1 for s in running if s.num_uncomputed_tokens == 1))
         i = 0
         while i < len(running) and budget.tokens > 0:
+            i = self._schedule_in_place_decodes(i, budget, scheduled)
+            if i == len(running) or budget.tokens <= 0:
+                break
             # NOTE: preemptions only remove requests after this one: i stays valid.
             end = self.queues.end_of_request(i)
             items = [(s, n) for s in running[i:end] if (n := budget.take(s)) > 0]
@@ -122,6 +125,24 @@ class StepPolicy:
                 break  # It preempted itself: no room for anyone after it.
             i = end
         return budget.tokens
+
+    def _schedule_in_place_decodes(self, i: int, budget: _Budget, scheduled: list[ScheduledSample]) -> int:
+        """Schedule running[i:] while each is its request's only running sample and a
+        decode whose token fits a block it holds alone (the common step at large batches):
+        nothing to allocate, copy or preempt, so none of the general path's checks.
+        Returns the index of the first sample that is not such a decode."""
+        running, kv = self.queues.running, self.kv
+        last = len(running) - 1
+        while budget.tokens > 0 and i <= last:
+            sample = running[i]
+            if (sample.num_uncomputed_tokens != 1 or not kv.writes_in_place(sample)
+                    or (i < last and running[i + 1].request is sample.request)):
+                break
+            budget.tokens -= 1
+            budget.decodes_left -= 1
+            scheduled.append(ScheduledSample(sample, 1, []))
+            i += 1
+        return i
 
     def _allocate_or_preempt(self, request: Request, items: Items, scheduled: list[ScheduledSample]) -> bool:
         """Allocate slots for the request's items, preempting the worst running request

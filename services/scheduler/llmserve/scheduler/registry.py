@@ -22,6 +22,7 @@ class LiveRequests:
         self._requests: dict[str, Request] = {}  # By public id.
         self._samples: dict[int, Sample] = {}  # By sequence id.
         self._ended: list[Request] = []  # Out of _requests since the last take_ended().
+        self.num_roots = 0  # Live samples that are roots (of n > 1 requests, not forked yet).
 
     def __bool__(self) -> bool:
         return bool(self._requests)
@@ -58,10 +59,12 @@ class LiveRequests:
         self._add_samples(samples)
         root.request.samples = samples
         del self._samples[root.seq_id]
+        self.num_roots -= 1
 
     def remove(self, sample: Sample) -> None:
         """Forget a finished sample, and its request once no sample is left."""
         del self._samples[sample.seq_id]
+        self.num_roots -= sample.is_root
         request = sample.request
         request.samples.remove(sample)
         if not request.samples:
@@ -71,3 +74,4 @@ class LiveRequests:
     def _add_samples(self, samples: list[Sample]) -> None:
         for sample in samples:
             self._samples[sample.seq_id] = sample
+            self.num_roots += sample.is_root

@@ -33,7 +33,7 @@ def _worker_sampling(sample: Sample) -> SamplingParams:
     return replace(sampling, stop_token_ids=sampling.stop_token_ids + tuple(extra)) if extra else sampling
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSample:
     """One sample's share of a step: the tokens it computes and the blocks it gained."""
 
@@ -87,42 +87,47 @@ class WorkerView:
             swap_out=ops.swap_out, swap_in=ops.swap_in, copies=ops.copies, num_steps=num_steps,
         )
         self._next_step_id += 1
+        sampling: dict[Sample, bool] = {}
         for item in scheduled:
-            self._add(plan, item)
+            self._add(plan, item, sampling)
+        if sampling:
+            self._sampling[plan.step_id] = sampling
         if not plan.is_empty:
             self._to_drop = {}
         return plan
 
-    def _add(self, plan: StepPlan, item: ScheduledSample) -> None:
-        """Put the sample in the plan, in full or as a delta, and count its tokens computed."""
+    def _add(self, plan: StepPlan, item: ScheduledSample, sampling: dict[Sample, bool]) -> None:
+        """Put the sample in the plan, in full or as a delta, and count its tokens computed;
+        a sample the step samples a token for goes in `sampling` (see _sampling)."""
         sample = item.sample
-        if item.table_changed and sample.known_to_worker:
-            # Resent in full: the worker drops its copy first.
-            sample.known_to_worker = False
-            plan.finished_seq_ids.append(sample.seq_id)
-        if sample.known_to_worker:
-            plan.cached_requests.append(self._cached_data(item))
+        if sample.known_to_worker and not item.table_changed:
+            plan.cached_requests.append(CachedRequestData(
+                sample.seq_id, item.new_block_ids, sample.num_computed_tokens, item.num_tokens, item.draft_token_ids))
         else:
-            if sample.num_pending_tokens:
-                # Only the worker knows the placeholders' ids: a row sent in full would
-                # lack them (Scheduler.can_schedule_ahead keeps such steps serial).
-                raise RuntimeError(f"{sample.label} would be sent in full with {sample.num_pending_tokens} "
-                                   "tokens pending")
-            sample.known_to_worker = True
-            plan.new_requests.append(self._new_data(item))
+            self._add_in_full(plan, item)
         sample.num_computed_tokens += item.num_tokens - len(item.draft_token_ids)
         if not sample.is_root and sample.num_computed_tokens == sample.num_target_tokens:
-            self._samples(plan.step_id, sample)
+            # NOTE: the last token (max_tokens or max_model_len) gets no placeholder, so no
+            # later plan schedules the sample: with it, the step's target is what it computed.
+            placeholder = self._continues(sample)
+            sample.num_pending_tokens += placeholder
+            sampling[sample] = placeholder
         self.kv.prefix.cache_full_blocks(sample)
         self.kv.release_outside_window(sample)
 
-    def _samples(self, step_id: int, sample: Sample) -> None:
-        """The step samples a token for the sample: a placeholder unless it is the last."""
-        # NOTE: the last token (max_tokens or max_model_len) gets none, so no later plan
-        # schedules the sample: with it, the step's target is what it computed.
-        placeholder = self._continues(sample)
-        sample.num_pending_tokens += placeholder
-        self._sampling.setdefault(step_id, {})[sample] = placeholder
+    def _add_in_full(self, plan: StepPlan, item: ScheduledSample) -> None:
+        """The worker gets the whole sample: it never had it, dropped it, or holds a table
+        a copy-on-write changed (it drops that copy first)."""
+        sample = item.sample
+        if sample.known_to_worker:  # (its table changed)
+            plan.finished_seq_ids.append(sample.seq_id)
+        if sample.num_pending_tokens:
+            # Only the worker knows the placeholders' ids: a row sent in full would
+            # lack them (Scheduler.can_schedule_ahead keeps such steps serial).
+            raise RuntimeError(f"{sample.label} would be sent in full with {sample.num_pending_tokens} "
+                               "tokens pending")
+        sample.known_to_worker = True
+        plan.new_requests.append(self._new_data(item))
 
     def _continues(self, sample: Sample) -> bool:
         """The token this row samples (after those pending) may be followed by more: its
@@ -152,16 +157,6 @@ class WorkerView:
             sampling=_worker_sampling(sample),  # Whole: the worker reads what it samples with.
             block_ids=self.kv.get_block_ids(sample),
             num_computed_tokens=sample.num_computed_tokens,
-            num_scheduled_tokens=item.num_tokens,
-            draft_token_ids=item.draft_token_ids,
-        )
-
-    @staticmethod
-    def _cached_data(item: ScheduledSample) -> CachedRequestData:
-        return CachedRequestData(
-            seq_id=item.sample.seq_id,
-            new_block_ids=item.new_block_ids,
-            num_computed_tokens=item.sample.num_computed_tokens,
             num_scheduled_tokens=item.num_tokens,
             draft_token_ids=item.draft_token_ids,
         )
