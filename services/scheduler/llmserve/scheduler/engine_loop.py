@@ -117,8 +117,12 @@ class EngineLoop:
                 if not await self._step():
                     self.work.clear()
                     await self._idle()
-                # Let session readers run between steps so aborts and adds land promptly.
-                await asyncio.sleep(0)
+                elif not self.pipelined:
+                    # Let session readers run between steps so aborts and adds land promptly.
+                    await asyncio.sleep(0)
+                # NOTE: pipelined, the next plan is built at once: the outputs just delivered
+                # are written to their routers (and readers run) while it is being sent, not
+                # between the result and the next plan (off the critical path).
         except (asyncio.CancelledError, WorkerLost):
             raise
         except Exception as err:  # EngineHalted, or a bug in the loop itself.

@@ -189,8 +189,12 @@ class OutputProcessor:
         # NOTE: the next step needs KV for all num_tokens tokens of every live sample.
         # Failing here, rather than in schedule(), keeps the running loop free of
         # requests that could only preempt everyone and then themselves, forever.
-        samples = sample.request.samples
-        if self.kv.blocks_to_hold_at_most(samples) <= self.kv.num_total_blocks:
+        samples, kv = sample.request.samples, self.kv
+        if len(samples) == 1:  # NOTE: blocks_to_hold_at_most([sample]) <= the pool, inlined (once per token)
+            if (len(sample.block_table or sample.cpu_table) < kv.num_total_blocks
+                    and sample.num_tokens <= (kv.num_total_blocks - 1) * kv.block_size):
+                return None
+        elif kv.blocks_to_hold_at_most(samples) <= kv.num_total_blocks:
             return None  # NOTE: the common case, decided without walking every block table
         num_blocks = self.kv.blocks_to_run(samples)
         what = f"{sample.num_tokens} tokens" if len(samples) == 1 else f"{len(samples)} samples"
