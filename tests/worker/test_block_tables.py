@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import torch
 
 from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan
@@ -89,3 +90,13 @@ def test_staged_gathers_alternate_two_buffers_and_match():
     assert third.tolist() == plain.padded([0], 3).tolist()
     big = staged.padded([0, 1, 2] * 700, 3)  # past the buffers' size: they grow
     assert big.tolist() == plain.padded([0, 1, 2] * 700, 3).tolist()
+
+
+def test_slots_read_the_tables_as_written_across_growth():
+    """A step's slots (table[row, p // 4] * 4 + p % 4) are read from the same memory the
+    rows are written to, after the table has grown rows and widened."""
+    tables = BlockTables(max_model_len=16, block_size=BS, capacity=1)
+    a, b = tables.add([7, 2]), tables.add([3])  # a second row: grows
+    tables.extend(b, [1, 1, 1, 1, 8])  # six blocks, past max_model_len's five: widens
+    slots = tables.slots(np.array([a, a, b, b]), np.array([0, 5, 3, 23]))
+    assert slots.tolist() == [7 * BS + 0, 2 * BS + 1, 3 * BS + 3, 8 * BS + 3]

@@ -292,3 +292,34 @@ def test_prompt_logprobs_in_slices_equal_one_log_softmax(monkeypatch):
     assert [lp.logprob for lp in got] == ref.gather(1, targets[:, None])[:, 0].tolist()
     assert [lp.rank for lp in got] == [int((row > row[t]).sum()) + 1 for row, t in zip(ref, targets)]
     assert [list(lp.top_token_ids) for lp in got] == ref.topk(2, dim=-1).indices.tolist()
+
+
+def test_the_table_gathers_each_rows_own_settings_after_reuse_and_growth():
+    """SamplingTable: rows written once, gathered in any order (a row repeated, as a row
+    verifying drafts samples at each); a row written again for a new request reads the
+    new settings; past its capacity the table grows and keeps what it held."""
+    from dataclasses import fields
+
+    import numpy as np
+
+    from llmserve.worker.sampler import SamplingTable
+
+    table = SamplingTable(capacity=2)
+    held = {0: P(temperature=0.5, top_k=3, seed=7, logprobs=2),
+            1: P(min_p=0.25, stop_token_ids=(2, 9), logit_bias=((3, 1.5),))}
+    prompts = {0: 4, 1: 1}
+    for row, p in held.items():
+        table.write(row, p, prompts[row])
+    held[0], prompts[0] = P(repetition_penalty=1.25, bad_words_token_ids=((4,), (6, 8))), 2  # row 0 reused
+    held[3], prompts[3] = P(frequency_penalty=0.5, presence_penalty=-0.75, min_tokens=2, top_p=0.25), 3  # grows
+    for row in (0, 3):
+        table.write(row, held[row], prompts[row])
+    rows = [3, 0, 0, 1]
+    got = table.gather(rows, np.array([5, 6, 7, 1]))
+    for f in fields(SamplingRows):
+        if f.name not in SamplingRows.ROW_STATE:
+            column = getattr(got, f.name)
+            assert (column.tolist() if isinstance(column, torch.Tensor) else column) == \
+                [getattr(held[r], f.name) for r in rows], f.name
+    assert got.temperature.dtype == torch.float32 and got.top_k.dtype == torch.long
+    assert got.output_index == [5 - 3, 6 - 2, 7 - 2, 1 - 1] and got.num_prompt_tokens == [3, 2, 2, 1]

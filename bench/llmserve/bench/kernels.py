@@ -60,7 +60,6 @@ def _attention_case(seq_lens: list[int], query_lens: list[int]):
         meta = cls.build_metadata(query_lens, seq_lens, tables, slot_mapping, BS)
         if cls is TorchPagedAttention:  # its metadata is built on the host
             meta.decode_block_table = meta.decode_block_table.to(dev) if meta.decode_block_table is not None else None
-            meta.decode_mask = meta.decode_mask.to(dev) if meta.decode_mask is not None else None
             for p in meta.prefills:
                 p.block_ids = p.block_ids.to(dev)
                 p.mask = p.mask.to(dev) if p.mask is not None else None

@@ -16,6 +16,7 @@ flight, the older read back before a third is launched: ModelRunner.launch).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from llmserve.contract.arith import cdiv
@@ -25,15 +26,22 @@ class BlockTables:
     def __init__(self, max_model_len: int, block_size: int, capacity: int = 64, staged: bool = False):
         # NOTE: widened if a multi-step run's lookahead or a step's drafts reach past max_model_len's blocks.
         self.max_blocks = cdiv(max_model_len, block_size) + 1
+        self.block_size = block_size
         self.staged = staged
         self._staging: list[torch.Tensor] = []  # two flat int32 buffers (staged only), grown on demand
         self._turn = 0
-        self.table = self._zeros(capacity)  # [capacity, max_blocks] int32
+        self._set_table(self._zeros(capacity))
         self.lengths: list[int] = [0] * capacity  # blocks written per row
         self._free = list(range(capacity - 1, -1, -1))  # rows not in use (popped from the end: lowest first)
 
     def _zeros(self, rows: int) -> torch.Tensor:
         return torch.zeros(rows, self.max_blocks, dtype=torch.int32)
+
+    def _set_table(self, table: torch.Tensor) -> None:
+        self.table = table  # [capacity, max_blocks] int32
+        # The same memory as numpy: a row's few new ids are written, and a step's slots read,
+        # without a tensor made per call.
+        self._np = table.numpy()
 
     def add(self, block_ids: list[int]) -> int:
         """A row holding `block_ids` (a request's whole table); returns the row."""
@@ -52,12 +60,12 @@ class BlockTables:
         end = start + len(block_ids)
         if end > self.max_blocks:  # (a table the plan's validation let through: never refuse it here)
             self._widen(end)
-        self.table[row, start:end] = torch.tensor(block_ids, dtype=torch.int32)
+        self._np[row, start:end] = block_ids
         self.lengths[row] = end
 
     def drop(self, row: int) -> None:
         """The row is free again; its entries are zeroed (a later request's table is shorter)."""
-        self.table[row, : self.lengths[row]] = 0
+        self._np[row, : self.lengths[row]] = 0
         self.lengths[row] = 0
         self._free.append(row)
 
@@ -67,10 +75,16 @@ class BlockTables:
         self.lengths = [0] * capacity
         self._free = list(range(capacity - 1, -1, -1))
 
-    def padded(self, rows: list[int], width: int) -> torch.Tensor:
+    def slots(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """[n] int64: the cache slot of each row's token at its position (rows, positions:
+        [n] int64): table[row, p // block_size] * block_size + p % block_size."""
+        bs = self.block_size
+        return self._np[rows, positions // bs].astype(np.int64) * bs + positions % bs
+
+    def padded(self, rows: list[int] | np.ndarray, width: int) -> torch.Tensor:
         """[len(rows), width] int32: the rows' tables in this order, cut or zero-padded to
         width (staged: a view of the next staging buffer, valid until padded's next call but one)."""
-        index = torch.tensor(rows, dtype=torch.long)
+        index = torch.from_numpy(np.asarray(rows, dtype=np.int64))
         if not self.staged:
             return self.table[:, :width].index_select(0, index)
         return torch.index_select(self.table[:, :width], 0, index, out=self._next_staging(len(rows) * width)
@@ -88,12 +102,13 @@ class BlockTables:
     def _widen(self, max_blocks: int) -> None:
         table = torch.zeros(self.table.shape[0], max_blocks, dtype=torch.int32)
         table[:, : self.max_blocks] = self.table
-        self.table, self.max_blocks = table, max_blocks
+        self._set_table(table)
+        self.max_blocks = max_blocks
 
     def _grow(self) -> None:
         old = self.table.shape[0]
         table = self._zeros(2 * old)
         table[:old] = self.table
-        self.table = table
+        self._set_table(table)
         self.lengths += [0] * old
         self._free = list(range(2 * old - 1, old - 1, -1))

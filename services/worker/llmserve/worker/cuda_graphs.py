@@ -81,7 +81,7 @@ class DecodeGraphs:
         return TritonAttentionMetadata(
             slot_mapping=self.slot_mapping[:size], query_start_loc=list(range(size + 1)), seq_lens=[1] * size,
             block_tables=[], block_size=self.block_size, num_decodes=size,
-            decode_block_table=None, decode_mask=None, prefills=[],
+            decode_block_table=None,
             block_table=self.block_table[:size], seq_lens_t=self.seq_lens[:size],
             cu_seqlens_q=self.cu_seqlens_q[:size + 1], max_prefill_query_len=0,
             # NOTE: 0 = unknown: the split count depends on the batch size alone (see the

@@ -1,10 +1,12 @@
 """The worker's persistent request states, and the ONE place a step plan becomes tensors
-(the sampling settings included: SamplingParams -> SamplingRows)."""
+(the sampling settings included: SamplingParams -> a row of SamplingTable -> a step's
+SamplingRows)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from llmserve.contract.arith import cdiv
@@ -12,7 +14,7 @@ from llmserve.contract.plan import StepPlan
 from llmserve.contract.sampling import SamplingParams
 from llmserve.worker.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from llmserve.worker.block_table import BlockTables
-from llmserve.worker.sampler import SamplingRows, TokenBitmask
+from llmserve.worker.sampler import SamplingRows, SamplingTable, TokenBitmask
 from llmserve.worker.structured_output import Grammars, RowGrammar
 
 # A token sampled by a step launched and not read back yet: its id is still on the
@@ -35,7 +37,7 @@ class RequestState:
     seq_id: int
     token_ids: list[int]  # prompt + every token generated so far (including this worker's samples)
     num_prompt_tokens: int
-    sampling: SamplingParams  # As the plan sent it (this sample's seed); read into SamplingRows.
+    sampling: SamplingParams  # As the plan sent it (this sample's seed); written to InputBatch.sampling.
     block_ids: list[int]
     num_computed_tokens: int
     # Speculative decoding: this step's drafts, computed after token_ids' last token (set
@@ -105,6 +107,7 @@ class InputBatch:
         self.grammars = grammars  # Compiles constrained samples' grammars (None: none may come).
         # Every state's block_ids, by row; a step's gather staged in pinned memory on CUDA.
         self.block_tables = BlockTables(max_model_len, block_size, staged=self.device.type == "cuda")
+        self.sampling = SamplingTable()  # Every state's settings, by row (the rows of block_tables)
 
     def clear(self) -> None:
         """Forget every request (a new scheduler stream resends them in full)."""
@@ -121,7 +124,7 @@ class InputBatch:
         """Validate the whole plan, then update states. Returns (state, num_scheduled) per
         scheduled request in plan order. Raises ValueError on an inconsistent plan,
         leaving the states untouched."""
-        self._validate(plan)
+        cached = self._validate(plan)
         grammars = self._grammars(plan)  # Before any state changes: compiling may fail.
         for rid in plan.finished_seq_ids:
             self._forget(rid)
@@ -131,10 +134,10 @@ class InputBatch:
             st = RequestState(r.seq_id, list(r.token_ids), r.num_prompt_tokens, r.sampling,
                               list(r.block_ids), r.num_computed_tokens, list(r.draft_token_ids),
                               row=self.block_tables.add(r.block_ids), grammar=grammars.get(r.seq_id))
+            self.sampling.write(st.row, r.sampling, r.num_prompt_tokens)
             self.states[r.seq_id] = st
             rows.append((st, r.num_scheduled_tokens))
-        for c in plan.cached_requests:
-            st = self.states[c.seq_id]
+        for c, st in zip(plan.cached_requests, cached):
             if c.new_block_ids:  # NOTE: most decode rows get no new block in a step
                 st.block_ids.extend(c.new_block_ids)
                 self.block_tables.extend(st.row, c.new_block_ids)
@@ -153,46 +156,48 @@ class InputBatch:
         return {r.seq_id: self.grammars.matcher_for(r.sampling.structured_output, r.token_ids[r.num_prompt_tokens:])
                 for r in constrained}
 
-    def _validate(self, plan: StepPlan) -> None:
+    def _validate(self, plan: StepPlan) -> list[RequestState]:
+        """Raises ValueError where the plan is inconsistent; else returns the cached rows'
+        states, in plan order."""
         seen: set[int] = set()
         finished = set(plan.finished_seq_ids)
         steps = plan.num_steps
         if steps < 1:
             raise ValueError(f"step {plan.step_id}: num_steps must be >= 1, got {steps}")
+        check = self._check_row
         for r in plan.new_requests:
-            self._check_row(r.seq_id, seen, r.block_ids, len(r.block_ids), len(r.token_ids),
-                            r.num_computed_tokens, r.num_scheduled_tokens, steps, len(r.draft_token_ids))
+            check(r.seq_id, seen, r.block_ids, len(r.block_ids), len(r.token_ids), r.num_computed_tokens,
+                  r.num_scheduled_tokens, steps, len(r.draft_token_ids))
             if r.draft_token_ids and r.sampling.structured_output is not None:
                 raise ValueError(f"request {r.seq_id}: drafts for a constrained sample (the scheduler drafts none)")
             if not 0 <= r.num_prompt_tokens <= len(r.token_ids):
                 raise ValueError(f"request {r.seq_id}: num_prompt_tokens {r.num_prompt_tokens} "
                                  f"outside 0..{len(r.token_ids)}")
         new_ids = {r.seq_id for r in plan.new_requests}
+        cached = []
         for c in plan.cached_requests:
             st = self.states.get(c.seq_id)
-            if c.seq_id in new_ids or st is None or c.seq_id in finished:
+            if st is None or c.seq_id in new_ids or c.seq_id in finished:
                 raise ValueError(f"cached request {c.seq_id!r} is unknown to this worker")
-            if (steps == 1 and c.num_scheduled_tokens == 1 and not c.new_block_ids and not c.draft_token_ids
-                    and c.seq_id not in seen and 0 <= c.num_computed_tokens < len(st.token_ids)
-                    and c.num_computed_tokens < min(self.max_model_len, self.block_size * len(st.block_ids))):
-                # NOTE: a one-token decode on a table the worker holds: _check_row's checks
-                # reduce to these (its own slow path names whichever fails).
-                seen.add(c.seq_id)
-                continue
-            self._check_row(c.seq_id, seen, c.new_block_ids, len(st.block_ids) + len(c.new_block_ids),
-                            len(st.token_ids), c.num_computed_tokens, c.num_scheduled_tokens, steps,
-                            len(c.draft_token_ids))
+            check(c.seq_id, seen, c.new_block_ids, len(st.block_ids) + len(c.new_block_ids), len(st.token_ids),
+                  c.num_computed_tokens, c.num_scheduled_tokens, steps, len(c.draft_token_ids))
             if c.draft_token_ids and st.grammar is not None:
                 raise ValueError(f"request {c.seq_id}: drafts for a constrained sample (the scheduler drafts none)")
+            cached.append(st)
+        return cached
 
     def _check_row(self, rid: int, seen: set[int], block_ids: list[int], table_len: int,
-                   num_tokens: int, computed: int, scheduled: int, steps: int, drafts: int = 0) -> None:
+                   num_tokens: int, computed: int, scheduled: int, steps: int, drafts: int) -> None:
+        """Every rule a scheduled row's counts and blocks obey. NOTE: called for each row of
+        every step (most of them plain decodes): each rule is a comparison or two, and the
+        common row skips the branches' bodies."""
         if rid in seen:
             raise ValueError(f"request {rid!r} is scheduled twice in one step")
         seen.add(rid)
-        bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
-        if bad:
-            raise ValueError(f"request {rid!r}: block ids {bad[:5]} outside 0..{self.num_blocks - 1}")
+        if block_ids:  # (most cached rows get no new block in a step)
+            bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
+            if bad:
+                raise ValueError(f"request {rid!r}: block ids {bad[:5]} outside 0..{self.num_blocks - 1}")
         end = computed + scheduled
         if scheduled < 1 or computed < 0:
             raise ValueError(f"request {rid!r}: bad token counts computed={computed} scheduled={scheduled}")
@@ -226,93 +231,82 @@ class InputBatch:
 
         `prev_sampled`: [S'] long on the device, the sampled ids of the last step launched
         and not read back; an input token still a placeholder of that step is taken from
-        it on the device (no host round trip)."""
+        it on the device (no host round trip).
+
+        The leading plain decode rows (most rows of a step) are read as columns: a few
+        attribute reads a row, numpy for the rest. The other rows take the general path."""
         # NOTE: decode rows (1 token, or drafts being verified) first: the attention backend batches them.
-        rows = sorted(rows, key=lambda r: r[1] != 1 and not r[0].draft_token_ids)
+        if [n for _, n in rows].count(1) != len(rows):
+            rows = sorted(rows, key=lambda r: r[1] != 1 and not r[0].draft_token_ids)
+        D = _num_plain_decodes(rows)
+        plain = [st for st, _ in rows[:D]]
+        rest = _GeneralRows(self.block_size, first_token=D)
+        for st, n in rows[D:]:
+            rest.add(st, n)
+        # Plain decode row i: token i of the step, its last known token, at position pos[i], sampled.
+        pos = np.array([st.num_computed_tokens for st in plain], dtype=np.int64)  # [D]
+        table_rows = np.array([st.row for st in plain] + rest.table_rows, dtype=np.int64)  # [N]
+        input_ids, positions, slot_mapping, logit_indices = self._index_tensors(plain, pos, table_rows, rest,
+                                                                                prev_sampled)
+        seq_lens = (pos + 1).tolist() + rest.seq_lens
         bs = self.block_size
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        query_lens, seq_lens, tables, table_rows = [], [], [], []
-        sample_idx, sample_states, sample_offsets = [], [], []
-        prompt_idx, prompt_rows = [], []  # Positions whose next token is prompt, for prompt logprobs.
-        fill_dst, fill_src = [], []  # input_ids[fill_dst] = prev_sampled[fill_src]
-        for st, n in rows:
-            c = st.num_computed_tokens
-            table = st.block_ids
-            if st.placeholder is not None and c <= st.placeholder.position < c + n:
-                fill_dst.append(len(ids) + st.placeholder.position - c)
-                fill_src.append(st.placeholder.index)
-            if n == 1 and c + 1 == len(st.token_ids) and c >= st.num_prompt_tokens - 1 and not st.draft_token_ids:
-                # NOTE: the plain decode row (most rows of a step): the general path's
-                # bookkeeping for one token and no prompt logprobs, without its slices and ranges.
-                sample_idx.append(len(ids))
-                ids.append(st.token_ids[c])
-                pos.append(c)
-                slots.append(table[c // bs] * bs + c % bs)
-                query_lens.append(1)
-                seq_lens.append(c + 1)
-                tables.append(table)
-                table_rows.append(st.row)
-                sample_states.append(st)
-                sample_offsets.append(0)
-                continue
-            if st.draft_token_ids:
-                ids.extend(st.token_ids[c:] + st.draft_token_ids)
-                for j, p in enumerate(range(c, c + n)):
-                    pos.append(p)
-                    slots.append(table[p // bs] * bs + p % bs)
-                    query_lens.append(1)
-                    seq_lens.append(p + 1)
-                    tables.append(table)
-                    table_rows.append(st.row)
-                    sample_idx.append(len(ids) - n + j)
-                    sample_states.append(st)
-                    sample_offsets.append(j)
-                continue
-            count = min(c + n, st.num_prompt_tokens - 1) - c
-            if st.sampling.prompt_logprobs is not None and count > 0:
-                prompt_idx.extend(range(len(ids), len(ids) + count))
-                prompt_rows.append(PromptRows(st, c + 1, count))
-            ids.extend(st.token_ids[c : c + n])
-            pos.extend(range(c, c + n))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + n))
-            query_lens.append(n)
-            seq_lens.append(c + n)
-            tables.append(table)
-            table_rows.append(st.row)
-            if c + n == len(st.token_ids):
-                sample_idx.append(len(ids) - 1)
-                sample_states.append(st)
-                sample_offsets.append(0)
-        # NOTE: the seven index lists go to the device as one host tensor, one copy.
-        T, S, P, F = len(ids), len(sample_idx), len(prompt_idx), len(fill_dst)
-        packed = torch.tensor(ids + pos + slots + sample_idx + prompt_idx + fill_dst + fill_src,
-                              dtype=torch.long).to(self.device, non_blocking=True)
-        input_ids, positions, slot_mapping, logit_indices, dst, src = packed.split([T, T, T, S + P, F, F])
-        sample_indices = logit_indices[:S]
+        # [rows, widest table this step] int32: one gather from the kept tables, one copy
+        padded = self.block_tables.padded(table_rows, cdiv(max(seq_lens), bs) if seq_lens else 0)
+        meta = self.attention_backend.build_metadata([1] * D + rest.query_lens, seq_lens,
+                                                     [st.block_ids for st in plain] + rest.tables, slot_mapping, bs,
+                                                     padded.to(self.device, non_blocking=True))
+        sample_states = plain + rest.sample_states
+        return StepInputs(input_ids=input_ids, positions=positions, meta=meta,
+                          sample_indices=logit_indices[: len(sample_states)], sample_states=sample_states,
+                          sample_offsets=[0] * D + rest.sample_offsets, logit_indices=logit_indices,
+                          sampling=self._sampling_rows(sample_states, pos, table_rows[:D], rest),
+                          prompt_rows=rest.prompt_rows)
+
+    def _index_tensors(self, plain: list[RequestState], pos: np.ndarray, table_rows: np.ndarray,
+                       rest: _GeneralRows, prev_sampled: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """(input_ids [T], positions [T], slot_mapping [T], logit_indices [S + P]) long on
+        the device, the plain decode rows' ahead of the rest's; input tokens still
+        placeholders taken from prev_sampled there."""
+        D = len(plain)
+        # [D]: the index in prev_sampled of a plain row's token still a placeholder, else -1
+        in_flight = np.array([ph.index if (ph := st.placeholder) is not None and ph.position == st.num_computed_tokens
+                              else -1 for st in plain], dtype=np.int64)
+        fill_dst = np.flatnonzero(in_flight >= 0)
+        # NOTE: the seven index columns go to the device as one host tensor, one copy.
+        columns = [
+            [st.token_ids[-1] for st in plain], rest.ids,  # input ids [T]
+            pos, rest.pos,  # positions [T]
+            self.block_tables.slots(table_rows[:D], pos), rest.slots,  # slot mapping [T]
+            np.arange(D), rest.sample_idx, rest.prompt_idx,  # logit indices [S + P]
+            fill_dst, rest.fill_dst, in_flight[fill_dst], rest.fill_src,  # placeholders: dst [F], src [F]
+        ]
+        T, F = D + len(rest.ids), len(fill_dst) + len(rest.fill_dst)
+        SP = D + len(rest.sample_idx) + len(rest.prompt_idx)
+        packed = torch.from_numpy(np.concatenate([np.asarray(c, dtype=np.int64) for c in columns]))
+        input_ids, positions, slot_mapping, logit_indices, dst, src = packed.to(self.device, non_blocking=True).split(
+            [T, T, T, SP, F, F])
         if F:
             if prev_sampled is None:
                 raise RuntimeError(f"{F} input tokens are placeholders of a step that is not in flight")
             input_ids.index_copy_(0, dst, prev_sampled.index_select(0, src))  # on the device, no sync
-        # [rows, widest table this step] int32: one gather from the kept tables, one copy
-        padded = self.block_tables.padded(table_rows, cdiv(max(seq_lens), bs) if seq_lens else 0)
-        meta = self.attention_backend.build_metadata(query_lens, seq_lens, tables, slot_mapping, bs,
-                                                     padded.to(self.device, non_blocking=True))
-        # NOTE: position j of a row verifying drafts samples as the plain decode of its
-        # (num_output_tokens + j)-th token would: a seeded request draws the same token,
-        # and a penalized one (or one with multi-token bad words) sees drafts[:j] as
-        # output (the only copy of a history made).
-        sampling = SamplingRows.from_params(
-            [st.sampling for st in sample_states],
-            [st.num_output_tokens + j for st, j in zip(sample_states, sample_offsets)],
-            [st.token_ids + st.draft_token_ids[:j] if j and st.sampling.needs_history else st.token_ids
-             for st, j in zip(sample_states, sample_offsets)],
-            [st.num_prompt_tokens for st in sample_states],
+        return input_ids, positions, slot_mapping, logit_indices
+
+    def _sampling_rows(self, sample_states: list[RequestState], pos: np.ndarray, plain_rows: np.ndarray,
+                       rest: _GeneralRows) -> SamplingRows:
+        """The sampled rows' settings (the D plain decode rows', then the rest's), gathered
+        from the table. NOTE: position j of a row verifying drafts samples as the plain
+        decode of its (num_output_tokens + j)-th token would: a seeded request draws the
+        same token, and a penalized one (or one with multi-token bad words) sees
+        drafts[:j] as output (the only copy of a history made)."""
+        states, offsets = rest.sample_states, rest.sample_offsets
+        plain = sample_states[: len(plain_rows)]
+        return self.sampling.gather(
+            np.concatenate([plain_rows, np.array([st.row for st in states], dtype=np.int64)]),
+            np.concatenate([pos + 1, np.array([len(st.token_ids) + j for st, j in zip(states, offsets)],
+                                              dtype=np.int64)]),
+            [st.token_ids for st in plain] + [st.token_ids + st.draft_token_ids[:j] if j and st.sampling.needs_history
+                                              else st.token_ids for st, j in zip(states, offsets)],
             self._token_bitmask(sample_states))
-        return StepInputs(input_ids=input_ids, positions=positions, meta=meta, sample_indices=sample_indices,
-                          sample_states=sample_states, sample_offsets=sample_offsets, sampling=sampling,
-                          logit_indices=logit_indices, prompt_rows=prompt_rows)
 
     def _token_bitmask(self, states: list[RequestState]) -> TokenBitmask | None:
         """The constrained rows' allowed tokens (TokenBitmask: their indices among the S
@@ -321,3 +315,72 @@ class InputBatch:
         if self.grammars is None or all(st.grammar is None for st in states):
             return None
         return self.grammars.fill_bitmask([st.grammar for st in states])
+
+
+def _num_plain_decodes(rows: list[tuple[RequestState, int]]) -> int:
+    """How many rows from the first are plain decodes: one token, the last known one, so
+    sampled and past the prompt (no prompt logprobs). NOTE: one token means no drafts (a
+    row verifying d drafts is scheduled 1 + d tokens: _check_row)."""
+    for i, (st, n) in enumerate(rows):
+        if n != 1 or st.num_computed_tokens + 1 != len(st.token_ids):
+            return i
+    return len(rows)
+
+
+class _GeneralRows:
+    """The lists of a step's rows other than the leading plain decodes, appended row by
+    row: prefill chunks, rows verifying drafts, prompt logprobs. Token indices count from
+    `first_token` (the plain decode rows' tokens come first)."""
+
+    def __init__(self, block_size: int, first_token: int):
+        self.bs, self.first = block_size, first_token
+        self.ids: list[int] = []  # [T']
+        self.pos: list[int] = []  # [T']
+        self.slots: list[int] = []  # [T']
+        self.query_lens: list[int] = []  # [N']
+        self.seq_lens: list[int] = []  # [N']
+        self.tables: list[list[int]] = []  # [N']
+        self.table_rows: list[int] = []  # [N']
+        self.sample_idx: list[int] = []  # [S']
+        self.sample_states: list[RequestState] = []  # [S']
+        self.sample_offsets: list[int] = []  # [S']
+        self.prompt_idx: list[int] = []  # [P]: positions whose next token is prompt, for prompt logprobs
+        self.prompt_rows: list[PromptRows] = []
+        self.fill_dst: list[int] = []  # [F']: input_ids[fill_dst] = prev_sampled[fill_src]
+        self.fill_src: list[int] = []  # [F']
+
+    def add(self, st: RequestState, n: int) -> None:
+        """Row `st`, computing n tokens from its num_computed_tokens."""
+        bs, c, table = self.bs, st.num_computed_tokens, st.block_ids
+        start = self.first + len(self.ids)  # this row's first token in the step
+        if st.placeholder is not None and c <= st.placeholder.position < c + n:
+            self.fill_dst.append(start + st.placeholder.position - c)
+            self.fill_src.append(st.placeholder.index)
+        if st.draft_token_ids:
+            self.ids.extend(st.token_ids[c:] + st.draft_token_ids)
+            for j, p in enumerate(range(c, c + n)):
+                self.pos.append(p)
+                self.slots.append(table[p // bs] * bs + p % bs)
+                self.query_lens.append(1)
+                self.seq_lens.append(p + 1)
+                self.tables.append(table)
+                self.table_rows.append(st.row)
+                self.sample_idx.append(start + j)
+                self.sample_states.append(st)
+                self.sample_offsets.append(j)
+            return
+        count = min(c + n, st.num_prompt_tokens - 1) - c
+        if st.sampling.prompt_logprobs is not None and count > 0:
+            self.prompt_idx.extend(range(start, start + count))
+            self.prompt_rows.append(PromptRows(st, c + 1, count))
+        self.ids.extend(st.token_ids[c : c + n])
+        self.pos.extend(range(c, c + n))
+        self.slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + n))
+        self.query_lens.append(n)
+        self.seq_lens.append(c + n)
+        self.tables.append(table)
+        self.table_rows.append(st.row)
+        if c + n == len(st.token_ids):
+            self.sample_idx.append(start + n - 1)
+            self.sample_states.append(st)
+            self.sample_offsets.append(0)

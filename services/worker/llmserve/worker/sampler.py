@@ -64,8 +64,8 @@ class TokenBitmask:
 
 @dataclass(frozen=True)
 class SamplingRows:
-    """One step's sampled rows' settings, as the sampler reads them: the worker's one
-    conversion of SamplingParams (`from_params`, called by InputBatch.build_inputs). A
+    """One step's sampled rows' settings, as the sampler reads them: gathered from the
+    worker's SamplingTable (InputBatch.build_inputs), or built by `from_params`. A
     setting the sampler uses is one column here, named as the field; ROW_STATE are the
     rows' state, not settings. On the host; the sampler moves what it needs to the
     logits' device."""
@@ -102,28 +102,13 @@ class SamplingRows:
                     token_ids: Sequence[Sequence[int]] | None = None,
                     num_prompt_tokens: Sequence[int] | None = None,
                     token_bitmask: TokenBitmask | None = None) -> SamplingRows:
-        def floats(name: str) -> torch.Tensor:
-            return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32)
-
-        return cls(
-            temperature=floats("temperature"),
-            top_p=floats("top_p"),
-            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
-            seed=[p.seed for p in params],
-            logprobs=[p.logprobs for p in params],
-            output_index=list(output_index),
-            min_p=floats("min_p"),
-            repetition_penalty=floats("repetition_penalty"),
-            frequency_penalty=floats("frequency_penalty"),
-            presence_penalty=floats("presence_penalty"),
-            logit_bias=[p.logit_bias for p in params],
-            min_tokens=torch.tensor([p.min_tokens for p in params], dtype=torch.long),
-            stop_token_ids=[p.stop_token_ids for p in params],
-            bad_words_token_ids=[p.bad_words_token_ids for p in params],
-            token_ids=list(token_ids) if token_ids is not None else [()] * len(params),
-            num_prompt_tokens=list(num_prompt_tokens) if num_prompt_tokens is not None else [0] * len(params),
-            token_bitmask=token_bitmask,
-        )
+        """The rows of `params`, in order (a SamplingTable holding just them)."""
+        prompt = list(num_prompt_tokens) if num_prompt_tokens is not None else [0] * len(params)
+        table = SamplingTable(len(params))
+        for row, (p, n) in enumerate(zip(params, prompt)):
+            table.write(row, p, n)
+        return table.gather(range(len(params)), np.add(output_index, prompt, dtype=np.int64), token_ids,
+                            token_bitmask)
 
     def __len__(self) -> int:
         return len(self.seed)
@@ -138,6 +123,65 @@ class SamplingRows:
             column = getattr(self, f.name)
             picked[f.name] = column[index] if isinstance(column, torch.Tensor) else [column[i] for i in rows]
         return SamplingRows(**picked)
+
+
+_FLOAT_SETTINGS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+_LONG_SETTINGS = ("top_k", "min_tokens")
+
+
+class SamplingTable:
+    """The sampling settings of the requests a worker holds, one row each (InputBatch's
+    rows), written once when a request arrives: a step's SamplingRows gathers its sampled
+    rows' columns (one index per dtype), not each row's SamplingParams again (vLLM V1's
+    persistent batch). The worker's one conversion of SamplingParams.
+
+        floats  [6, capacity] float32   row r: temperature, top_p, min_p, the penalties of the request in row r
+        longs   [3, capacity] int64     top_k, min_tokens, and its prompt length (row state, fixed per request)
+        objects [5, capacity] object    seed, logprobs, logit_bias, stop ids, bad words (Python values)
+    """
+
+    FLOATS: ClassVar[tuple[str, ...]] = _FLOAT_SETTINGS
+    LONGS: ClassVar[tuple[str, ...]] = _LONG_SETTINGS
+    # Every other setting of SamplingRows, kept as the Python values the sampler reads.
+    OBJECTS: ClassVar[tuple[str, ...]] = tuple(f.name for f in fields(SamplingRows) if f.name not in
+                                               SamplingRows.ROW_STATE | {*_FLOAT_SETTINGS, *_LONG_SETTINGS})
+
+    def __init__(self, capacity: int = 64):
+        self._floats = np.zeros((len(self.FLOATS), capacity), np.float32)
+        self._longs = np.zeros((len(self.LONGS) + 1, capacity), np.int64)  # (+ the prompt lengths)
+        self._objects = np.full((len(self.OBJECTS), capacity), None, dtype=object)
+
+    def write(self, row: int, params: SamplingParams, num_prompt_tokens: int) -> None:
+        """Row `row` holds `params`, for a request of this prompt length, from now on
+        (the table grown to hold it)."""
+        while row >= self._floats.shape[1]:
+            self._grow()
+        self._floats[:, row] = [getattr(params, name) for name in self.FLOATS]
+        self._longs[:, row] = [*(getattr(params, name) for name in self.LONGS), num_prompt_tokens]
+        for i, name in enumerate(self.OBJECTS):
+            self._objects[i, row] = getattr(params, name)  # (one element: a tuple is stored as it is)
+
+    def gather(self, rows: Sequence[int], num_known: np.ndarray, token_ids: Sequence[Sequence[int]] | None = None,
+               token_bitmask: TokenBitmask | None = None) -> SamplingRows:
+        """SamplingRows of these rows, in this order (a row may repeat: a row verifying
+        drafts samples at each). num_known: [S] int64, the tokens before each sample
+        (prompt, outputs, and a draft row's drafts before it); token_ids: each sample's
+        history, read by the sampler for the rows with a penalty or a multi-token bad
+        word (None: no row reads it)."""
+        index = np.asarray(rows, dtype=np.int64)  # [S]
+        floats = torch.from_numpy(self._floats[:, index])  # [6, S]: each column a contiguous row of it
+        longs = self._longs[:, index]  # [3, S]
+        prompt = longs[-1]
+        return SamplingRows(
+            **dict(zip(self.FLOATS, floats)), **dict(zip(self.LONGS, torch.from_numpy(longs[:-1]))),
+            **dict(zip(self.OBJECTS, self._objects[:, index].tolist())),
+            output_index=(num_known - prompt).tolist(),
+            token_ids=list(token_ids) if token_ids is not None else [()] * len(index),
+            num_prompt_tokens=prompt.tolist(), token_bitmask=token_bitmask)
+
+    def _grow(self) -> None:
+        self._floats, self._longs, self._objects = (np.concatenate([t, np.full_like(t, fill)], axis=1) for t, fill in
+                                                    ((self._floats, 0), (self._longs, 0), (self._objects, None)))
 
 
 @dataclass

@@ -26,6 +26,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 
 import torch
@@ -184,7 +185,7 @@ class SimulatedRunner:
         """As ModelRunner.launch: the plan's host work, its step queued on the device."""
         if plan.swap_in or plan.swap_out or plan.copies:
             raise ValueError("a simulated worker holds no KV cache: it cannot swap or copy blocks")
-        if any(r.draft_token_ids for r in plan.new_requests) or any(c.draft_token_ids for c in plan.cached_requests):
+        if any(map(attrgetter("draft_token_ids"), (*plan.new_requests, *plan.cached_requests))):
             raise ValueError("a simulated worker does not verify speculative drafts")
         while len(self._unfinished) > 1:
             self.finish(self._unfinished[0])
@@ -235,7 +236,7 @@ class SimulatedRunner:
         step_phases.add("prepare", time.perf_counter() - start)
         step_phases.add("device", self.step_s)
         step_phases.add("steps", 1)
-        if any(n > 1 for _, n in rows) and any(n == 1 for _, n in rows):
+        if 0 < [n for _, n in rows].count(1) < len(rows):  # (every row computes n >= 1 tokens)
             step_phases.add("mixed_steps", 1)
         return step
 

@@ -15,6 +15,7 @@ including this step's. Decode rows (1 query token) come first, prefill/chunk row
 from __future__ import annotations
 
 import abc
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -45,8 +46,6 @@ class AttentionMetadata:
     num_decodes: int  # Rows 0..num_decodes-1 are decodes; their tokens are 0..num_decodes-1.
     # Decode rows, batched: one gather of [B, max_blocks] blocks and one masked SDPA.
     decode_block_table: torch.Tensor | None  # [B, max_blocks] long, padded with block 0
-    decode_mask: torch.Tensor | None  # [B, 1, 1, max_blocks*block_size] bool
-    prefills: list[PrefillSeq]
     decode_seq_lens: torch.Tensor | None = None  # [B] long: context length of each decode row
     # window W -> the decode rows' window blocks ([B, n] long) and mask ([B, 1, 1, n * block_size]
     # bool), built by the first windowed layer of the step (torch gather path only).
@@ -60,12 +59,10 @@ class AttentionMetadata:
 def row_layout(query_lens: list[int]) -> tuple[list[int], int]:
     """(query_start_loc [N + 1], number of leading decode rows) for a step whose rows are
     ordered decodes (1 query token) first, as the input batch builds them."""
-    qsl = [0]
-    for n in query_lens:
-        qsl.append(qsl[-1] + n)
-    num_decodes = 0
-    while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
-        num_decodes += 1
+    qsl = [0, *itertools.accumulate(query_lens)]
+    num_decodes = len(query_lens)
+    if qsl[-1] != num_decodes or 0 in query_lens:  # (else every row is one token: no scan)
+        num_decodes = next(i for i, n in enumerate(query_lens) if n != 1)
     return qsl, num_decodes
 
 

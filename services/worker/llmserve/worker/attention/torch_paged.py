@@ -7,8 +7,9 @@ rows); the torch code stays as their fallback and test reference."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -20,11 +21,32 @@ from llmserve.worker.attention.backend import AttentionBackend, AttentionMetadat
 @dataclass
 class TorchPagedMetadata(AttentionMetadata):
     """The prefill rows again as the tensors the C++ prefill kernel reads (None without
-    prefill rows); their tokens are num_decodes .. num_tokens-1."""
+    prefill rows); their tokens are num_decodes .. num_tokens-1. The decode mask and the
+    prefill rows' PrefillSeq are the torch fallbacks' only: built on first use and kept
+    for the step's other layers (where the C++ kernels load, never)."""
 
     prefill_block_table: torch.Tensor | None = None  # [P, max_blocks] long, padded with block 0
     prefill_query_start: torch.Tensor | None = None  # [P + 1] long, from the first prefill token
     prefill_seq_lens: torch.Tensor | None = None  # [P] long
+    _decode_mask: torch.Tensor | None = field(default=None, repr=False)
+    _prefills: list[PrefillSeq] | None = field(default=None, repr=False)
+
+    @property
+    def decode_mask(self) -> torch.Tensor | None:
+        """[B, 1, 1, max_blocks * block_size] bool (True = visible); None without decode rows."""
+        if self._decode_mask is None and self.num_decodes:
+            key_pos = torch.arange(self.decode_block_table.shape[1] * self.block_size, device=self.slot_mapping.device)
+            self._decode_mask = (key_pos[None, :] < self.decode_seq_lens[:, None])[:, None, None, :]
+        return self._decode_mask
+
+    @property
+    def prefills(self) -> list[PrefillSeq]:
+        """The prefill rows, one SDPA each (the fallback of the C++ prefill kernel)."""
+        if self._prefills is None:
+            qsl, dev = self.query_start_loc, self.slot_mapping.device
+            self._prefills = [_prefill_seq(qsl[i], qsl[i + 1], self.seq_lens[i], self.block_tables[i], self.block_size,
+                                           dev) for i in range(self.num_decodes, len(self.seq_lens))]
+        return self._prefills
 
 
 class TorchPagedAttention(AttentionBackend):
@@ -34,27 +56,21 @@ class TorchPagedAttention(AttentionBackend):
         """Tensors land on slot_mapping's device."""
         dev = slot_mapping.device
         qsl, num_decodes = row_layout(query_lens)
-        dec_table = dec_mask = None
+        lens = torch.from_numpy(np.array(seq_lens, dtype=np.int64)).to(dev)  # [N]
+        meta = TorchPagedMetadata(slot_mapping=slot_mapping, query_start_loc=qsl, seq_lens=list(seq_lens),
+                                  block_tables=block_tables, block_size=block_size, num_decodes=num_decodes,
+                                  decode_block_table=None)
         if num_decodes:
-            dec_table, dec_mask = _decode_tensors(block_tables[:num_decodes], seq_lens[:num_decodes], block_size, dev,
-                                                  None if padded_tables is None else padded_tables[:num_decodes])
-        prefills = [
-            _prefill_seq(qsl[i], qsl[i + 1], seq_lens[i], block_tables[i], block_size, dev)
-            for i in range(num_decodes, len(query_lens))
-        ]
-        meta = TorchPagedMetadata(
-            slot_mapping=slot_mapping, query_start_loc=qsl, seq_lens=list(seq_lens),
-            block_tables=block_tables, block_size=block_size, num_decodes=num_decodes,
-            decode_block_table=dec_table, decode_mask=dec_mask, prefills=prefills,
-            decode_seq_lens=torch.tensor(seq_lens[:num_decodes], dtype=torch.long, device=dev) if num_decodes else None,
-        )
-        if prefills:
+            meta.decode_block_table = _padded_table(block_tables[:num_decodes], seq_lens[:num_decodes], block_size,
+                                                    dev, None if padded_tables is None else padded_tables[:num_decodes])
+            meta.decode_seq_lens = lens[:num_decodes]
+        if num_decodes < len(query_lens):
             padded = None if padded_tables is None else padded_tables[num_decodes:]
             meta.prefill_block_table = _padded_table(block_tables[num_decodes:], seq_lens[num_decodes:], block_size,
                                                      dev, padded)
             meta.prefill_query_start = torch.tensor([n - num_decodes for n in qsl[num_decodes:]], dtype=torch.long,
                                                     device=dev)
-            meta.prefill_seq_lens = torch.tensor(seq_lens[num_decodes:], dtype=torch.long, device=dev)
+            meta.prefill_seq_lens = lens[num_decodes:]
         return meta
 
     def forward(self, q, k, v, kv_cache, meta: TorchPagedMetadata, kv_stored: bool = False) -> torch.Tensor:
@@ -203,20 +219,11 @@ def _write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_map
 def _padded_table(tables: list[list[int]], seq_lens: list[int], block_size: int, device: torch.device,
                   padded: torch.Tensor | None = None) -> torch.Tensor:
     """The rows' blocks as [B, max_blocks] long, padded with block 0."""
-    max_blocks = max(cdiv(n, block_size) for n in seq_lens)
+    max_blocks = cdiv(max(seq_lens), block_size)
     if padded is not None:  # [B, >= max_blocks] int32, kept by the input batch
         return padded[:, :max_blocks].long()
     rows = [t[:max_blocks] + [0] * (max_blocks - min(len(t), max_blocks)) for t in tables]
     return torch.tensor(rows, dtype=torch.long, device=device)
-
-
-def _decode_tensors(tables: list[list[int]], seq_lens: list[int], block_size: int, device: torch.device,
-                    padded: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    table = _padded_table(tables, seq_lens, block_size, device, padded)  # [B, max_blocks]
-    max_blocks = table.shape[1]
-    key_pos = torch.arange(max_blocks * block_size, device=device)
-    mask = key_pos[None, :] < torch.tensor(seq_lens, device=device)[:, None]  # [B, L]
-    return table, mask[:, None, None, :]
 
 
 def _prefill_seq(start: int, end: int, seq_len: int, table: list[int], block_size: int,

@@ -82,7 +82,7 @@ class TritonPagedAttention(AttentionBackend):
         return TritonAttentionMetadata(
             slot_mapping=slot_mapping, query_start_loc=qsl, seq_lens=list(seq_lens), block_tables=block_tables,
             block_size=block_size, num_decodes=num_decodes,
-            decode_block_table=None, decode_mask=None, prefills=[],
+            decode_block_table=None,
             block_table=block_table,
             seq_lens_t=to_device_async(torch.tensor(seq_lens, dtype=torch.int32), dev),
             cu_seqlens_q=to_device_async(torch.tensor(qsl, dtype=torch.int32), dev),
