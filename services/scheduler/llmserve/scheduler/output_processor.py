@@ -39,6 +39,10 @@ class OutputProcessor:
         self.live = live
         self.worker = worker
         self.counters = counters
+        # A request's only sample fits the pool while blocks_to_hold_at_most([it]) does:
+        # max(its table, its tokens' blocks) + 1 <= every block.
+        self._max_table_alone = kv.num_total_blocks - 1
+        self._max_tokens_alone = (kv.num_total_blocks - 1) * kv.block_size
 
     def apply(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
         """Apply a step's sampled tokens (see Scheduler.update_from_output)."""
@@ -180,8 +184,12 @@ class OutputProcessor:
         if (is_eos or token_id in sampling.stop_token_ids) and sample.num_output_tokens > sampling.min_tokens:
             sample.stop_token_id = token_id
             return RequestStatus.FINISHED_STOPPED
-        if sample.num_output_tokens >= sampling.max_tokens or sample.num_tokens >= self.max_model_len:
+        num_tokens = sample.num_tokens
+        if sample.num_output_tokens >= sampling.max_tokens or num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
+        if (len(sample.request.samples) == 1 and len(sample.block_table or sample.cpu_table) <= self._max_table_alone
+                and num_tokens <= self._max_tokens_alone):
+            return None  # NOTE: _outgrows_cache's bound for one sample, inlined: checked once per token
         return self._outgrows_cache(sample)
 
     def _outgrows_cache(self, sample: Sample) -> RequestStatus | None:
@@ -189,12 +197,8 @@ class OutputProcessor:
         # NOTE: the next step needs KV for all num_tokens tokens of every live sample.
         # Failing here, rather than in schedule(), keeps the running loop free of
         # requests that could only preempt everyone and then themselves, forever.
-        samples, kv = sample.request.samples, self.kv
-        if len(samples) == 1:  # NOTE: blocks_to_hold_at_most([sample]) <= the pool, inlined (once per token)
-            if (len(sample.block_table or sample.cpu_table) < kv.num_total_blocks
-                    and sample.num_tokens <= (kv.num_total_blocks - 1) * kv.block_size):
-                return None
-        elif kv.blocks_to_hold_at_most(samples) <= kv.num_total_blocks:
+        samples = sample.request.samples
+        if self.kv.blocks_to_hold_at_most(samples) <= self.kv.num_total_blocks:
             return None  # NOTE: the common case, decided without walking every block table
         num_blocks = self.kv.blocks_to_run(samples)
         what = f"{sample.num_tokens} tokens" if len(samples) == 1 else f"{len(samples)} samples"
