@@ -41,12 +41,14 @@ class AbortRequests(_message.Message):
     def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RouterMessage(_message.Message):
-    __slots__ = ("add", "abort")
+    __slots__ = ("add", "abort", "consumed")
     ADD_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
     add: AddRequest
     abort: AbortRequests
-    def __init__(self, add: _Optional[_Union[AddRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequests, _Mapping]] = ...) -> None: ...
+    consumed: int
+    def __init__(self, add: _Optional[_Union[AddRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequests, _Mapping]] = ..., consumed: _Optional[int] = ...) -> None: ...
 
 class RequestOutput(_message.Message):
     __slots__ = ("request_id", "new_token_ids", "logprobs", "finish_reason", "num_cached_tokens", "error", "stop_token_id", "index", "error_code", "retry_after_ms", "prompt_logprobs")
@@ -75,12 +77,14 @@ class RequestOutput(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., error: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., index: _Optional[int] = ..., error_code: _Optional[int] = ..., retry_after_ms: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
 
 class SchedulerUpdate(_message.Message):
-    __slots__ = ("outputs", "saturated")
+    __slots__ = ("outputs", "saturated", "acknowledge")
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     SATURATED_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGE_FIELD_NUMBER: _ClassVar[int]
     outputs: _containers.RepeatedCompositeFieldContainer[RequestOutput]
     saturated: bool
-    def __init__(self, outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ..., saturated: _Optional[bool] = ...) -> None: ...
+    acknowledge: bool
+    def __init__(self, outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ..., saturated: _Optional[bool] = ..., acknowledge: _Optional[bool] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("address", "info", "rank", "tp_size", "pp_size")

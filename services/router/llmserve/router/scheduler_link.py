@@ -3,13 +3,17 @@
 Adds and aborts go out on one long-lived bidirectional stream; the reader task hands
 each request's outputs to that request's own queue, so streams stay isolated
 (vLLM's per-request output queues, over gRPC instead of ZMQ). The queues live on the
-requests' records (placements.py): the link keeps no table of its own.
+requests' records (placements.py): the link keeps no table of its own. The reader
+acknowledges what it has handed over when an update asks (RouterMessage.consumed): the
+scheduler sends a lagging router fewer updates, each merging several steps, rather than
+queueing them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -111,6 +115,7 @@ class SchedulerLink:
 
     async def _read_forever(self, call) -> None:
         reason = "scheduler closed the session"
+        acks = Acknowledger(lambda message: self._locked_write(call, message))
         try:
             while True:
                 update = await call.read()
@@ -123,6 +128,7 @@ class SchedulerLink:
                     queue = self.placements.queue_of(out_pb.request_id, self)
                     if queue is not None:
                         queue.put_nowait(wire.request_output_from_pb(out_pb))
+                acks.read_one(update.acknowledge)
         except grpc.aio.AioRpcError as err:
             reason = f"scheduler unavailable: {err.code().name} {err.details()}"
         except asyncio.CancelledError:
@@ -155,13 +161,13 @@ class SchedulerLink:
         (its client went away); a write cut halfway would leave the stream that every
         request shares unusable, so the write runs as a task of its own and a cancelled
         caller only stops waiting for it (its abort, written next, follows it in order)."""
-        task = asyncio.ensure_future(self._locked_write(message))
+        task = asyncio.ensure_future(self._locked_write(self._call, message))
         task.add_done_callback(_retrieve)
         await asyncio.shield(task)
 
-    async def _locked_write(self, message: scheduler_pb2.RouterMessage) -> None:
+    async def _locked_write(self, call, message: scheduler_pb2.RouterMessage) -> None:
         async with self._write_lock:
-            await self._call.write(message)
+            await call.write(message)
 
     async def abort(self, request_ids: list[str]) -> None:
         """Ends these requests in the scheduler (their KV blocks freed); their outputs
@@ -190,6 +196,38 @@ class SchedulerLink:
         if self._call is not None:
             self._call.cancel()
         await self._channel.close()
+
+
+class Acknowledger:
+    """Returns the scheduler's credits on one Session call: the count of updates read so
+    far (RouterMessage.consumed), written after an update that asks for it. At most one
+    such write is in flight, as a task of its own: the reader never waits behind a slow
+    write, and the count a write takes when it starts covers every update read before it."""
+
+    def __init__(self, write: Callable[[scheduler_pb2.RouterMessage], Awaitable[None]]):
+        self._write = write  # Serialized with the call's other writes.
+        self.read = 0  # Updates read on the call.
+        self._owed = False  # An update read since the last write began asked for one.
+        self._writing: asyncio.Task | None = None
+
+    def read_one(self, acknowledge: bool) -> None:
+        """One more update was read and handed to its requests; `acknowledge`: it asks
+        for the count."""
+        self.read += 1
+        self._owed = self._owed or acknowledge
+        if self._owed and self._writing is None:
+            self._writing = asyncio.ensure_future(self._send())
+            self._writing.add_done_callback(_retrieve)
+
+    async def _send(self) -> None:
+        # NOTE: never cancelled: a write cut halfway cancels the call. It ends with the
+        # call, whose reader reports why.
+        try:
+            while self._owed:
+                self._owed = False
+                await self._write(scheduler_pb2.RouterMessage(consumed=self.read))
+        finally:
+            self._writing = None
 
 
 def _retrieve(task: asyncio.Task) -> None:
