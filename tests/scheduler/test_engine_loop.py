@@ -232,14 +232,14 @@ async def test_a_halted_engine_fails_live_requests_turns_not_serving_and_refuses
     await asyncio.wait_for(loop_task, 5)
     outputs = []
     while not session.updates.empty():
-        outputs += session.updates.get_nowait().outputs
+        outputs += (await session.next_update()).outputs
     assert sorted(o.index for o in outputs) == [0, 1]
     assert all(o.error_code == ErrorCode.UNAVAILABLE and "a bug in the policy" in o.error for o in outputs)
     assert (await server.health.Check(_health_request(), None)).status == NOT_SERVING
     assert not engine.core.has_unfinished_requests() and engine.state is EngineState.HALTED
     assert engine.halted == "EngineHalted: building step failed: a bug in the policy"
     servicer.add(session, wire.add_request_to_pb("later", [1, 2], SamplingParams(max_tokens=2)))
-    [refused] = session.updates.get_nowait().outputs
+    [refused] = (await session.next_update()).outputs
     assert refused.error_code == ErrorCode.UNAVAILABLE and "engine halted" in refused.error
     assert isinstance(refused, scheduler_pb2.RequestOutput)
 

@@ -243,7 +243,7 @@ async def test_a_session_drops_a_worker_whose_step_goes_unanswered():
         await asyncio.sleep(0.01)
     ends = []
     while not session.updates.empty():
-        ends += [o for o in session.updates.get_nowait().outputs if o.finish_reason]
+        ends += [o for o in (await session.next_update()).outputs if o.finish_reason]
     assert sorted(o.request_id for o in ends) == ["a", "b", "c"]
     for out in ends:
         assert out.error_code == ErrorCode.UNAVAILABLE

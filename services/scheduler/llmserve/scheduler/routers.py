@@ -49,7 +49,9 @@ class RouterSession:
 
     def __init__(self):
         self.id = next(self._ids)
-        self.updates: asyncio.Queue[scheduler_pb2.SchedulerUpdate | None] = asyncio.Queue()
+        # What waits for writing: an update, a step's outputs (converted when written: off
+        # the engine step's critical path), or None, the end.
+        self.updates: asyncio.Queue[scheduler_pb2.SchedulerUpdate | list[RequestOutput] | None] = asyncio.Queue()
         self.sent = 0  # Updates taken for writing.
         # Updates the router said it consumed; None until it first says so (a router of
         # an earlier release never does: its session is not throttled).
@@ -74,18 +76,20 @@ class RouterSession:
         a credit; every update queued meanwhile goes out merged into it: outputs in
         order, `saturated` as the last one that set it (MergeFrom's rules). It asks for
         an acknowledgement once half the credits are spent."""
-        update = None if self._ended else await self.updates.get()
-        if update is None:
+        first = None if self._ended else await self.updates.get()
+        if first is None:
             return None
         while self._throttled():
             self._credit.clear()
             await self._credit.wait()
+        update = scheduler_pb2.SchedulerUpdate()
+        _merge_into(update, first)
         while not self.updates.empty():
             later = self.updates.get_nowait()
             if later is None:
                 self._ended = True
                 break
-            update.MergeFrom(later)
+            _merge_into(update, later)
         self.sent += 1
         update.acknowledge = self._unacknowledged() >= CREDITS // 2
         return update
@@ -97,12 +101,23 @@ class RouterSession:
         return self.consumed is not None and not self._ending and self._unacknowledged() >= CREDITS
 
     def send(self, output: RequestOutput) -> None:
-        self.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=[wire.request_output_to_pb(output)]))
+        self.updates.put_nowait([output])
 
     def refuse(self, request_id: str, code: ErrorCode, error: str, retry_after_ms: int = 0) -> None:
         """Ends a request that was never queued."""
         self.send(RequestOutput(request_id, finish_reason=FinishReason.ERROR, error=error, error_code=code,
                                 retry_after_ms=retry_after_ms))
+
+
+def _merge_into(update: scheduler_pb2.SchedulerUpdate, item: scheduler_pb2.SchedulerUpdate | list[RequestOutput]) -> None:
+    """Appends a queued item to the update being written: a step's outputs, converted
+    now (by the session's writer, while the engine loop awaits its next plan's send), or
+    an update (MergeFrom: outputs appended, `saturated` taken where set)."""
+    if isinstance(item, list):
+        with step_phases.timed("dispatch"):
+            update.outputs.extend([wire.request_output_to_pb(out) for out in item])
+    else:
+        update.MergeFrom(item)
 
 
 def owned_by_router(core: Scheduler, request_id: str) -> Request | None:
@@ -163,26 +178,30 @@ class RouterHub:
 
     def _dispatch(self, core: Scheduler, outputs: list[RequestOutput]) -> None:
         ended = {r.request_id: r for r in core.take_ended()}
-        per_session: dict[int, tuple[RouterSession, list]] = {}
+        # NOTE: once per output of a step (hundreds): lookups bound once, no held-token
+        # bookkeeping without --stream-interval.
+        find, output = core.get_request, self.telemetry.output
+        push = self.coalescer.push if self.coalescer.interval > 1 else None
+        per_session: dict[RouterSession, list[RequestOutput]] = {}
         finished: list[Request] = []
         for out in outputs:
-            request = ended.get(out.request_id) or core.get_request(out.request_id)
-            if request is None or request.stream.owner is None:
+            request = ended.get(out.request_id) or find(out.request_id)
+            if request is None or (session := request.stream.owner) is None:
                 continue
-            self.telemetry.output(request, out)
-            out = self.coalescer.push(out, request.stream)
-            if out is None:
+            output(request, out)
+            if push is not None and (out := push(out, request.stream)) is None:
                 continue  # Held until the sample's next N tokens or its end.
-            session = request.stream.owner
-            per_session.setdefault(session.id, (session, []))[1].append(wire.request_output_to_pb(out))
+            if (outs := per_session.get(session)) is None:
+                outs = per_session[session] = []
+            outs.append(out)
             if out.finished:
                 finished.append(request)
         # NOTE: after the loop: several samples of one request may end in one step.
         for request in finished:
             if request.is_finished:
                 self.coalescer.forget(request.stream)
-        for session, pbs in per_session.values():
-            session.updates.put_nowait(scheduler_pb2.SchedulerUpdate(outputs=pbs))
+        for session, outs in per_session.items():
+            session.updates.put_nowait(outs)
 
     def publish_saturation(self, saturated: bool) -> None:
         """Tells every router when the core's saturation changes (it drops with the queue,
