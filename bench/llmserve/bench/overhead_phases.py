@@ -21,7 +21,8 @@ What each phase covers (every figure is host time summed over the run ÷ device 
                filling their placeholders
     update     scheduler: Scheduler.update_from_output (tokens appended, stops,
                finished requests, freed blocks)
-    dispatch   scheduler: RouterHub.dispatch (outputs onto their routers' streams)
+    dispatch   scheduler: RouterHub.dispatch (outputs onto their routers' streams) and
+               the session writers' protobuf conversion of them (off the step's path)
 
 In the serial loop every phase is on the critical path; in the pipelined loop the
 scheduler's phases overlap the worker's step, and device-busy shows what is left.
