@@ -9,22 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from opentelemetry.metrics import NoOpMeter
-
 from llmserve.contract import wire
 from llmserve.contract.outputs import FinishReason, RequestOutput, TokenLogprobs
-from llmserve.contract.security import SecurityOptions
 from llmserve.internal.v1 import scheduler_pb2
 from llmserve.router.generation import Generation
-from llmserve.router.replicas import ReplicaSet
-from llmserve.router.routing import make_policy
 from llmserve.router.sample_stream import SampleDelta
 from llmserve.router.tool_parsers import ToolCallDelta
-from llmserve.router.validation import ServedModel
-from llmserve.telemetry import RouterMetrics
 from llmserve.v1 import generation_pb2 as pb
 
-from .fake_scheduler import VOCAB, FakeSchedulerBase, start_fake
+from .fake_scheduler import FakeSchedulerBase, generation_at, start_fake
 
 TEXTS = ["Streaming text, one token at a time: déjà vu 🙂 and STOP here, then more words follow.",
          "A second sample says something else entirely, with émojis 🎉 and numbers 12345 too."]
@@ -66,17 +59,10 @@ class SteppingScheduler(FakeSchedulerBase):
 @contextlib.asynccontextmanager
 async def generation_over(fake: SteppingScheduler, tokenizer):
     server, port = await start_fake(fake)
-    replicas = ReplicaSet(f"127.0.0.1:{port}", SecurityOptions(insecure=True), 1 << 22, make_policy("round-robin"))
-    generation = Generation(tokenizer, replicas, RouterMetrics(NoOpMeter("test")))
-    generation.served = ServedModel(name="m", max_model_len=256, vocab_size=VOCAB, max_prompt_bytes=1 << 16)
     try:
-        await replicas.start(connect_timeout_s=10)
-        async with asyncio.timeout(10):
-            while not replicas.routable():
-                await asyncio.sleep(0.01)
-        yield generation
+        async with generation_at(port, tokenizer) as generation:
+            yield generation
     finally:
-        await replicas.close()
         await server.stop(grace=None)
 
 

@@ -14,19 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from opentelemetry.metrics import NoOpMeter
-
-from llmserve.contract.security import SecurityOptions
 from llmserve.internal.v1 import scheduler_pb2
 from llmserve.router.generation import Generation
-from llmserve.router.replicas import ReplicaSet
-from llmserve.router.routing import make_policy
 from llmserve.router.scheduler_link import Acknowledger
-from llmserve.router.validation import ServedModel
-from llmserve.telemetry import RouterMetrics
 from llmserve.v1 import generation_pb2 as pb
 
-from .fake_scheduler import VOCAB
+from .fake_scheduler import generation_at
 from .hub_scheduler import STEP_S
 from .test_coalescing import joined
 
@@ -48,22 +41,6 @@ async def hub_scheduler(samples: list[list[int]]):
     finally:
         process.kill()
         await process.wait()
-
-
-@contextlib.asynccontextmanager
-async def generation_at(port: int, tokenizer):
-    """A router's Generation over the scheduler at `port`, once it is routable."""
-    replicas = ReplicaSet(f"127.0.0.1:{port}", SecurityOptions(insecure=True), 1 << 22, make_policy("round-robin"))
-    generation = Generation(tokenizer, replicas, RouterMetrics(NoOpMeter("test")))
-    generation.served = ServedModel(name="m", max_model_len=256, vocab_size=VOCAB, max_prompt_bytes=1 << 16)
-    try:
-        await replicas.start(connect_timeout_s=10)
-        async with asyncio.timeout(10):
-            while not replicas.routable():
-                await asyncio.sleep(0.01)
-        yield generation
-    finally:
-        await replicas.close()
 
 
 async def consume(generation: Generation, request_id: str, block_s: float):
