@@ -117,14 +117,14 @@ async def test_a_step_that_cannot_be_sent_fails_its_requests_and_the_loop_goes_o
 async def test_a_result_that_cannot_be_applied_fails_that_steps_requests_by_public_id():
     worker = ScriptedWorker()
     h = Harness(worker)
-    apply_tokens = h.core.outputs._append_tokens
+    output = h.core.outputs._output  # (every path that applies a sample's tokens ends there)
 
-    def broken_for_x(sample, sampled):
+    def broken_for_x(sample, *args):
         if sample.request.request_id == "x":
             raise KeyError("a bug while applying x's tokens")
-        return apply_tokens(sample, sampled)
+        return output(sample, *args)
 
-    h.core.outputs._append_tokens = broken_for_x
+    h.core.outputs._output = broken_for_x
     h.add("x", n=2)
     await h.run_until_idle()
     h.add("y")

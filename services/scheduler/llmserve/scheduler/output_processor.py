@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
+from llmserve.contract.outputs import ErrorCode, RequestOutput
 from llmserve.contract.plan import PromptLogprobs, SampledToken, StepPlan, StepResult
 from llmserve.scheduler.block_audit import holders_by_block
 from llmserve.scheduler.kv_cache_manager import KVCacheManager
@@ -80,12 +80,14 @@ class OutputProcessor:
 
     def _apply_tokens(self, plan: StepPlan, result: StepResult, sampling: set[Sample]) -> list[RequestOutput]:
         """One output per sample the plan sampled for that is still running and got some."""
+        num_drafts = plan.num_drafts()
+        if plan.num_steps <= 1 and not num_drafts:
+            return self._apply_one_token_each(result.sampled, sampling)
         # A multi-step result lists each sample once per step run, step by step; a
         # speculative row lists its accepted drafts and one sampled token, in order.
         per_sample: dict[int, list[SampledToken]] = {}
         for sampled in result.sampled:
             per_sample.setdefault(sampled.seq_id, []).append(sampled)
-        num_drafts = plan.num_drafts()
         outputs = []
         for seq_id, sampled in per_sample.items():
             sample = self.live.sample(seq_id)
@@ -100,6 +102,20 @@ class OutputProcessor:
             if drafts:
                 self._count_drafts(sample, drafts, len(sampled) - 1)
             outputs.append(self._append_tokens(sample, sampled))
+        return outputs
+
+    def _apply_one_token_each(self, tokens: list[SampledToken], sampling: set[Sample]) -> list[RequestOutput]:
+        """_apply_tokens for a one-step plan without drafts: at most one token per sample
+        (the common step), without grouping the result by sample first."""
+        outputs = []
+        live, running = self.live, RequestStatus.RUNNING
+        for token in tokens:
+            sample = live.sample(token.seq_id)
+            if sample is None or sample not in sampling or sample.status is not running:
+                logger.debug("ignoring token for %s", token.seq_id)
+                continue
+            sampling.discard(sample)  # (a stray second token for it is dropped, as grouping would)
+            outputs.append(self._append_token(sample, token))
         return outputs
 
     def _add_prompt_logprobs(self, chunks: list[PromptLogprobs]) -> None:
@@ -131,27 +147,35 @@ class OutputProcessor:
         first output carries the prompt logprobs where asked."""
         first = not sample.output_token_ids
         new_token_ids, logprobs, status = self._take_tokens(sample, sampled)
-        if len(sampled) > 1 or status is None:
+        return self._output(sample, new_token_ids, logprobs, status, first, len(sampled) > 1)
+
+    def _append_token(self, sample: Sample, token: SampledToken) -> RequestOutput:
+        """_append_tokens for one token (the common row), without the run's loop."""
+        first = not sample.output_token_ids
+        status = self._take(sample, token.token_id)
+        return self._output(sample, [token.token_id], [] if token.logprobs is None else [token.logprobs], status,
+                            first, False)
+
+    def _output(self, sample: Sample, new_token_ids: list[int], logprobs: list, status: RequestStatus | None,
+                first: bool, ran_several: bool) -> RequestOutput:
+        """The sample's output for the tokens just appended; finishes it on `status`."""
+        if ran_several or status is None:
             # Blocks the run filled (before a finish frees them), or the block a pipelined
             # plan filled ending in this token's placeholder (a no-op in a serial loop).
             self.kv.prefix.cache_full_blocks(sample)
             self.kv.release_outside_window(sample)  # a run's further steps moved its window on
+        # NOTE: only the fields that differ from their defaults are passed (0.4 against 0.7 us
+        # an output at batch 256, on the step's critical path); an end sets the rest.
+        output = RequestOutput(request_id=sample.request.request_id, index=sample.index, new_token_ids=new_token_ids,
+                               logprobs=logprobs, num_cached_tokens=sample.request.num_cached_tokens)
+        if first:
+            output.prompt_logprobs = list(sample.request.prompt_logprobs)
         if status is not None:
             self.queues.running.remove(sample)
             self._finish(sample, status, sample.error)
-        return RequestOutput(
-            request_id=sample.request.request_id,
-            index=sample.index,
-            new_token_ids=new_token_ids,
-            logprobs=logprobs,
-            # (still running when no token stopped it: the caller checked)
-            finish_reason=status.finish_reason if status is not None else FinishReason.NONE,
-            num_cached_tokens=sample.request.num_cached_tokens,
-            stop_token_id=sample.stop_token_id,
-            error=sample.error,
-            error_code=sample.error_code,
-            prompt_logprobs=list(sample.request.prompt_logprobs) if first else [],
-        )
+            output.finish_reason, output.stop_token_id = status.finish_reason, sample.stop_token_id
+            output.error, output.error_code = sample.error, sample.error_code
+        return output
 
     def _take_tokens(self, sample: Sample, sampled: list[SampledToken]) -> tuple[list, list, RequestStatus | None]:
         """Append a step's token, or a multi-step run's tokens in order: each token after
@@ -162,15 +186,19 @@ class OutputProcessor:
         for i, token in enumerate(sampled):
             if i:
                 sample.num_computed_tokens += 1
-            sample.output_token_ids.append(token.token_id)
             new_token_ids.append(token.token_id)
             if token.logprobs is not None:
                 logprobs.append(token.logprobs)
-            self.counters.generation_tokens_total += 1
-            status = self._stop_status(sample, token.token_id)
+            status = self._take(sample, token.token_id)
             if status is not None:
                 return new_token_ids, logprobs, status
         return new_token_ids, logprobs, None
+
+    def _take(self, sample: Sample, token_id: int) -> RequestStatus | None:
+        """Append one token to the sample; the finished status it causes, or None."""
+        sample.output_token_ids.append(token_id)
+        self.counters.generation_tokens_total += 1
+        return self._stop_status(sample, token_id)
 
     def _stop_status(self, sample: Sample, token_id: int) -> RequestStatus | None:
         """The finished status the token just appended causes, or None.
