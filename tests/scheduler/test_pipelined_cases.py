@@ -88,7 +88,9 @@ def test_an_abort_with_a_step_in_flight_ignores_its_token_and_frees_the_blocks_a
             await loop._step()
         assert len(loop._in_flight) == 1
         free = core.kv.num_free_blocks
-        recorder.run.record(core.abort_requests(["a"]))  # The plan in flight samples for it.
+        # The plan in flight samples for it. Delivered as the service does: after the
+        # outputs the loop holds.
+        loop.deliver(core.abort_requests(["a"]))
         assert core.kv.num_free_blocks > free
         while await loop._step():
             pass
@@ -176,3 +178,52 @@ def test_forked_samples_writing_a_shared_block_wait_for_the_real_tokens():
     assert not core.can_schedule_ahead(plan), "a copy-on-write must see the real tokens"
     plan = core.schedule()
     assert core.can_schedule_ahead(plan), "each sample now writes its own block"
+
+
+class LoggingWorker(DeferredWorker):
+    """A DeferredWorker that logs each plan it is sent."""
+
+    def __init__(self, worker: FakeWorker):
+        super().__init__(worker)
+        self.log: list[tuple] = []
+
+    async def send(self, plan: StepPlan) -> None:
+        await super().send(plan)
+        self.log.append(("sent", plan.step_id))
+
+
+def test_a_steps_outputs_go_out_once_the_plan_after_next_is_sent_and_before_anything_else():
+    core, loop, recorder = pipelined(worker_cls=LoggingWorker)
+    log = loop.worker.log
+    delivered = recorder.deliver
+    recorder.deliver = lambda outputs: (log.append(("delivered", [o.new_token_ids[0] for o in outputs
+                                                                  if o.new_token_ids])), delivered(outputs))
+    core.add_request("a", [1, 2, 3, 4, 5], params(4))
+    drain(loop)
+    tokens = recorder.run.tokens[("a", 0)]
+    assert tokens == lone_run_tokens([1, 2, 3, 4, 5], 4, eos=10_000)
+    # Step k samples token k; its output is delivered once plan k + 2 is written: the
+    # only host work between a result and the next plan is the update.
+    sent_then_delivered = [event for event in log if event[0] == "sent" or event[1]]
+    assert sent_then_delivered == [("sent", 0), ("sent", 1), ("sent", 2), ("delivered", [tokens[0]]),
+                                   ("sent", 3), ("delivered", [tokens[1]]),
+                                   ("delivered", [tokens[2]]), ("delivered", [tokens[3]])]
+    assert_clean(core, recorder)
+
+
+def test_what_the_owner_delivers_goes_after_the_outputs_the_loop_holds():
+    core, loop, recorder = pipelined()
+    core.add_request("a", [1, 2, 3, 4, 5], params(30))
+
+    async def go():
+        for _ in range(3):
+            await loop._step()
+        assert loop._held, "step 0's output waits for the plan after next"
+        held = list(loop._held)
+        loop.deliver(core.abort_requests(["a"]))
+        assert recorder.run.outputs[-2:-1] == held and recorder.run.finish[("a", 0)] is FinishReason.ABORT
+        assert loop._held is None
+        while await loop._step():
+            pass
+    asyncio.run(go())
+    assert_clean(core, recorder)

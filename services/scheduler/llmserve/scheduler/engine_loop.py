@@ -20,12 +20,14 @@ The loop reports to one narrow interface, StepObserver (outputs to deliver, a st
 start and end); how it stopped is what run() raises, not a callback.
 
 With async_scheduling (SchedulerConfig) the loop is pipelined: it plans step N+1 while
-the worker runs step N, sends it, and only then applies N's result and dispatches its
-outputs, so the worker finds its next plan queued when it finishes one:
+the worker runs step N, sends it, and only then applies N's result, so the worker finds
+its next plan queued when it finishes one. N's outputs are delivered once N+2 is sent,
+so that between N's result and N+2's plan (the step's critical path) only the update
+runs; they still go before anything else is delivered or applied.
 
     serial:     schedule N | run N ......... | apply N | schedule N+1 | run N+1 ...
-    pipelined:  schedule N | send N | schedule N+1 | send N+1 | apply N | schedule N+2 ...
-                                    (worker runs N)      (worker runs N+1)
+    pipelined:  schedule N | send N | schedule N+1 | send N+1 | apply N | schedule N+2 | send N+2 | deliver N ...
+                                    (worker runs N)      (worker runs N+1 ...................)
 
 The tokens N samples are placeholders in N+1 (Sample.num_pending_tokens): the worker
 computes them from its own copy. A sequence that ends at N has its N+1 token ignored
@@ -91,7 +93,7 @@ class StepObserver(Protocol):
         """A non-empty plan is about to be sent (it may add trace contexts); its span."""
 
     def step_finished(self, plan: StepPlan, result: StepResult, span: object, seconds: float) -> None:
-        """The plan's result was applied (and its outputs delivered)."""
+        """The plan's result was applied (its outputs delivered, or held: see EngineLoop)."""
 
 
 class EngineHalted(RuntimeError):
@@ -108,6 +110,24 @@ class EngineLoop:
         # NOTE: an executor with execute() only (a test double) gets the serial loop.
         self.pipelined = core.config.async_scheduling and callable(getattr(worker, "receive", None))
         self._in_flight: deque[_InFlight] = deque()  # Oldest first; at most two (pipelined).
+        # A step's outputs applied but not delivered yet (pipelined: until the next plan is
+        # sent); None when no delivery is owed. Any delivery sends them first.
+        self._held: list[RequestOutput] | None = None
+        # perf_counter() when the last result was read, until the next plan is sent: the
+        # critical path `bench overhead` reports (pipelined loop only).
+        self._result_read_at: float | None = None
+
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        """Outputs to the observer, after the ones held (a request's outputs keep their
+        order): the owner's own deliveries (aborts, failures) go through here too."""
+        if self._held is not None:
+            outputs, self._held = self._held + outputs, None
+        self.observer.deliver(outputs)
+
+    def release_held(self) -> None:
+        """Delivers the held outputs, if a delivery is owed."""
+        if self._held is not None:
+            self.deliver([])
 
     async def run(self) -> None:
         """Steps until cancelled; raises WorkerLost when the worker is lost, and
@@ -149,6 +169,8 @@ class EngineLoop:
             await self._finish_oldest()  # A serial step: N+1 needs N's real tokens.
         plan, span, start = self._plan()
         if plan is None:
+            self._result_read_at = None  # (no plan followed it: nothing was waiting for one)
+            self.release_held()
             if not self._in_flight:
                 return False
             await self._finish_oldest()
@@ -156,13 +178,19 @@ class EngineLoop:
         entry = _InFlight(plan, span, start)
         self._in_flight.append(entry)
         entry.result = await self._send(plan)
+        if self._result_read_at is not None:
+            step_phases.add("critical", time.perf_counter() - self._result_read_at)
+            step_phases.add("critical_steps", 1)
+            self._result_read_at = None
+        self.release_held()  # The previous step's outputs: this plan is on its way.
         if entry.result is not None:
             # Unsent: the worker never saw it, so nothing may be planned on top of it.
             while self._in_flight:
                 await self._finish_oldest()
         elif len(self._in_flight) > 1:
-            # NOTE: N+1 is sent first: applying N and dispatching its outputs overlap N+1.
-            await self._finish_oldest()
+            # NOTE: N+1 is sent first: applying N overlaps N+1, and N's outputs are held
+            # until N+2 is sent (the next _step).
+            await self._finish_oldest(hold=True)
         return True
 
     def _plan(self) -> tuple[StepPlan | None, object, float]:
@@ -178,7 +206,7 @@ class EngineLoop:
         except Exception as err:
             raise EngineHalted(f"ending requests past their deadline failed: {err}") from err
         if expired:
-            self.observer.deliver(expired)
+            self.deliver(expired)
         try:
             with step_phases.timed("schedule"):
                 plan = core.schedule()
@@ -202,8 +230,9 @@ class EngineLoop:
             return _unsent(plan, err)
         return None
 
-    async def _finish_oldest(self) -> None:
-        """Waits for the oldest plan in flight's result, applies it and dispatches its outputs."""
+    async def _finish_oldest(self, hold: bool = False) -> None:
+        """Waits for the oldest plan in flight's result, applies it and delivers its
+        outputs (`hold`: keeps them for the next delivery)."""
         entry = self._in_flight[0]
         if entry.result is None:
             try:
@@ -215,6 +244,8 @@ class EngineLoop:
                 logger.exception("step %d's result could not be read", entry.plan.step_id)
                 entry.result = StepResult(entry.plan.step_id, error=f"internal error: step {entry.plan.step_id}'s "
                                                                     f"result could not be read: {err}")
+            if step_phases.enabled():
+                self._result_read_at = time.perf_counter()
         self._in_flight.popleft()
         if entry.result.error:
             # The plan behind it was built as if this one ran (its rows compute the
@@ -226,7 +257,7 @@ class EngineLoop:
         if entry.after is not None and not entry.result.error:
             entry.result = StepResult(entry.plan.step_id, error=f"internal error: step {entry.plan.step_id} "
                                                                 f"followed step {entry.after}, which failed")
-        self._apply(entry.plan, entry.result)
+        self._apply(entry.plan, entry.result, hold)
         self.observer.step_finished(entry.plan, entry.result, entry.span, time.perf_counter() - entry.start)
 
     def _end_spans(self) -> None:
@@ -251,8 +282,12 @@ class EngineLoop:
         self.observer.step_finished(plan, result, span, time.perf_counter() - start)
         return True
 
-    def _apply(self, plan: StepPlan, result: StepResult) -> None:
-        """Applies the result; a failure fails the plan's requests, and only them."""
+    def _apply(self, plan: StepPlan, result: StepResult, hold: bool = False) -> None:
+        """Applies the result and delivers its outputs (`hold`: holds them); a failure
+        fails the plan's requests, and only them."""
+        # NOTE: the held outputs go first: what their delivery does (an abort on a client's
+        # word) must land before this result is applied, as in the serial loop.
+        self.release_held()
         try:
             with step_phases.timed("update"):
                 outputs = self.core.update_from_output(plan, result)
@@ -265,7 +300,10 @@ class EngineLoop:
         if result.error:
             self.num_failed_steps += 1
             logger.error("step %d failed: %s", plan.step_id, result.error)
-        self.observer.deliver(outputs)
+        if hold:
+            self._held = outputs  # (none held: released above)
+        else:
+            self.deliver(outputs)
 
 
 def _end(span) -> None:

@@ -118,7 +118,7 @@ class EngineSession:
         request, displaced = self.core.submit(request_id, prompt_token_ids, sampling, n=n, priority=priority,
                                               deadline=deadline)
         request.stream.owner = owner
-        self.deliver(displaced)
+        self.loop.deliver(displaced)
         self._work.set()
         # A multi-step run in flight ends after its current step, so this request's prompt
         # waits for one decode step, not for the whole run.
@@ -129,7 +129,7 @@ class EngineSession:
         """Aborts the routers' requests among `request_ids` (others are ignored)."""
         live = [r for r in request_ids if owned_by_router(self.core, r) is not None]
         if live:
-            self.deliver(self.core.abort_requests(live))
+            self.loop.deliver(self.core.abort_requests(live))
             self._work.set()  # The worker must drop their state at the next step.
 
     def router_request_ids(self, owner: RouterSession | None = None) -> list[str]:
@@ -138,13 +138,14 @@ class EngineSession:
                 if r.stream.owner is not None and (owner is None or r.stream.owner is owner)]
 
     def fail_router_requests(self, error: str) -> None:
-        self.deliver(self.core.fail_requests(self.router_request_ids(), error, ErrorCode.UNAVAILABLE))
+        self.loop.deliver(self.core.fail_requests(self.router_request_ids(), error, ErrorCode.UNAVAILABLE))
 
     # --- StepObserver (engine_loop.py) --------------------------------------------
 
     def deliver(self, outputs: list[RequestOutput]) -> None:
         """Outputs to their routers (the readiness step's to its probe), then saturation
-        and the cache's block events."""
+        and the cache's block events. NOTE: the session's own deliveries go through
+        self.loop.deliver, which sends the outputs the loop holds first."""
         for out in outputs:
             if out.request_id == READINESS_REQUEST_ID and out.finished and self._probe is not None:
                 if not self._probe.done():
@@ -241,7 +242,7 @@ class EngineSession:
         await self.server.set_serving(False)
         if self._probe is not None and not self._probe.done():
             self._probe.set_result(f"worker lost: {reason}")
-        self.deliver(self.core.fail_requests(self.router_request_ids(), f"worker lost: {reason}",
+        self.loop.deliver(self.core.fail_requests(self.router_request_ids(), f"worker lost: {reason}",
                                              ErrorCode.UNAVAILABLE))
         self.forget_cached_blocks()  # The worker's KV went with it.
         for task in (self._loop_task, self._step_watch):
@@ -251,6 +252,7 @@ class EngineSession:
 
     async def close(self) -> None:
         """Shutdown: the routers' requests are aborted; the loop and the link stop."""
+        self.loop.release_held()  # (outputs of requests that ended at the last step)
         self.abort(self.router_request_ids())
         for task in (self._loop_task, self._step_watch):
             if task is not None:

@@ -4,9 +4,12 @@ by sequence id (from workers' results): two indexes onto the same records.
 This is the scheduler process's one request table: the service keeps no other (a
 request's owner and stream state live on its record, request.StreamState). A request
 that just ended is out of the table but still handed over (take_ended), so whoever
-delivers its end output can reach its record:
+delivers its end output can reach its record, even one step later (a pipelined engine
+loop delivers a step's outputs once it has planned and sent the next):
 
-    add ──▶ _requests[id] ── last sample ends ──▶ _ended ── take_ended() / schedule() ──▶ gone
+    add ──▶ _requests[id] ── last sample ends ──▶ _ended ──┬─ take_ended() ──▶ gone
+                                                          └─ schedule() ──▶ _ended_before
+    _ended_before ── take_ended() / the next schedule() ──▶ gone
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ class LiveRequests:
         """No requests yet."""
         self._requests: dict[str, Request] = {}  # By public id.
         self._samples: dict[int, Sample] = {}  # By sequence id.
-        self._ended: list[Request] = []  # Out of _requests since the last take_ended().
+        self._ended: list[Request] = []  # Out of _requests since the last take_ended() or age_ended().
+        self._ended_before: list[Request] = []  # _ended at the last age_ended(), not taken since.
         self.num_roots = 0  # Live samples that are roots (of n > 1 requests, not forked yet).
 
     def __bool__(self) -> bool:
@@ -45,8 +49,15 @@ class LiveRequests:
 
     def take_ended(self) -> list[Request]:
         """The requests whose last sample ended since the last call, in end order."""
-        ended, self._ended = self._ended, []
+        ended = self._ended_before + self._ended if self._ended_before else self._ended
+        self._ended, self._ended_before = [], []
         return ended
+
+    def age_ended(self) -> None:
+        """Once per step: the ended records nobody took for a whole step are dropped (a
+        caller that never takes them, such as the in-process engine, keeps none for long);
+        those that ended since the last step stay one more."""
+        self._ended_before, self._ended = self._ended, []
 
     def add(self, request: Request, samples: list[Sample]) -> None:
         """Register a new request with its first samples (its public id is free)."""

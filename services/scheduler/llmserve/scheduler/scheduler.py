@@ -220,8 +220,8 @@ class Scheduler:
         return self.live.requests()
 
     def take_ended(self) -> list[Request]:
-        """The records of the requests that ended since the last call (or since the last
-        schedule()), in end order: their end outputs name them by public id only, and
+        """The records of the requests that ended since the last call (at most since the
+        schedule() before the last), in end order: their end outputs name them by public id only, and
         the table no longer has them."""
         return self.live.take_ended()
 
@@ -262,9 +262,9 @@ class Scheduler:
         An empty plan need not be sent to the worker: its finished_seq_ids are
         listed again in the next plan.
         """
-        # NOTE: records nobody took since the last step are dropped here, so a caller that
-        # never takes them (the in-process engine) does not keep every request forever.
-        self.live.take_ended()
+        # NOTE: records nobody took for a step are dropped here, so a caller that never takes
+        # them (the in-process engine) does not keep every request forever.
+        self.live.age_ended()
         admitted = self.counters.requests_admitted, self.counters.prompt_tokens_total
         scheduled = self.policy.choose()
         self.admission.drain.record(self.clock(), self.counters.requests_admitted - admitted[0],
