@@ -40,6 +40,11 @@ def test_smoke_every_phase_is_measured_and_the_tokens_are_the_simulated_ones(tmp
         # Host work the step path cannot skip: each of these is measured, not defaulted.
         for phase in ("schedule", "encode", "transport", "prepare", "update", "dispatch"):
             assert f["host_ms_per_step"][phase] > 0, phase
+        # From a result to the next plan written: measured by the pipelined loop only.
+        if r["loop"] == "pipelined":
+            assert 0 < f["critical_ms"] < f["wall_ms_per_step"] * 10, f["critical_ms"]
+        else:
+            assert math.isnan(f["critical_ms"])
     mixed = [r for r in report["results"] if r["scenario"].startswith("mixed")]
     assert all(r["figures"]["mixed_steps"] >= 1 for r in mixed)  # Prefill chunks did ride with decodes.
     decode8 = next(r for r in report["results"] if r["scenario"] == "decode-8")
@@ -63,7 +68,8 @@ def test_steady_state_counts_steps_while_every_decoder_runs():
 
 def test_phases_come_from_the_two_services_snapshots():
     before = ({"schedule": 1.0, "encode": 0.1, "round_trip": 2.0, "update": 0.5, "dispatch": 0.2}, {"steps": 10})
-    after = ({"schedule": 1.1, "encode": 0.12, "round_trip": 2.5, "update": 0.55, "dispatch": 0.22},
+    after = ({"schedule": 1.1, "encode": 0.12, "round_trip": 2.5, "update": 0.55, "dispatch": 0.22,
+              "critical": 0.03, "critical_steps": 60},
              {"steps": 110, "plans": 100, "encode": 0.03, "execute": 0.4, "queued": 0.01, "prepare": 0.05,
               "sync": 0.01, "device": 0.2})
     f = phase_figures((before[0], after[0]), (before[1], after[1]), step_ms=2.0, wall_s=0.5)
@@ -73,6 +79,8 @@ def test_phases_come_from_the_two_services_snapshots():
     # The round trip less both ends' protobuf work, the worker's execute time and its queue wait.
     assert ms["transport"] == pytest.approx((0.5 - 0.02 - 0.03 - 0.4 - 0.01) * 10)
     assert f["host_ms_per_step_total"] == pytest.approx(sum(ms.values()))
+    assert f["critical_ms"] == pytest.approx(0.5)  # Per step it was measured for, not per step run.
+    assert math.isnan(phase_figures((before[0], before[0]), (before[1], after[1]), 2.0, 0.5)["critical_ms"])
     assert "transport" in format_table([{"step_ms": 2.0, "loop": "serial", "scenario": "x", "figures": f,
                                          "tokens_ok": True, "bad_requests": 0}])
 

@@ -26,9 +26,17 @@ What each phase covers (every figure is host time summed over the run ÷ device 
 
 In the serial loop every phase is on the critical path; in the pipelined loop the
 scheduler's phases overlap the worker's step, and device-busy shows what is left.
+
+    critical   pipelined loop only: the scheduler's mean time from a step's decoded result
+               to the next plan written (update, expire + schedule, the plan's encode,
+               the write, and whatever else the event loop ran meanwhile): the host path
+               the device waits for whenever it exceeds the step in flight. Not a phase
+               (it overlaps them), so not in the host total.
 """
 
 from __future__ import annotations
+
+import math
 
 PHASES = ("schedule", "encode", "transport", "prepare", "sync", "update", "dispatch")
 
@@ -62,11 +70,12 @@ def phase_figures(scheduler: tuple[dict, dict], worker: tuple[dict, dict], step_
         "host_ms_per_step": per_step,
         "host_ms_per_step_total": sum(per_step.values()),
         "wall_ms_per_step": 1000.0 * wall_s / steps if steps else float("nan"),
+        "critical_ms": 1000.0 * s("critical") / critical_steps if (critical_steps := s("critical_steps")) else math.nan,
     }
 
 
-HEADER = ("step ms", "loop", "scenario", "steps", "wall s", "busy %", "steady %", *PHASES, "host", "wall/step",
-          "tokens")
+HEADER = ("step ms", "loop", "scenario", "steps", "wall s", "busy %", "steady %", *PHASES, "host", "critical",
+          "wall/step", "tokens")
 
 
 def table_rows(results: list[dict]) -> list[tuple[str, ...]]:
@@ -74,10 +83,19 @@ def table_rows(results: list[dict]) -> list[tuple[str, ...]]:
     for r in results:
         f = r["figures"]
         rows.append((f"{r['step_ms']:g}", r["loop"], r["scenario"], str(f["steps"]), f"{f['wall_s']:.2f}",
-                     f"{100 * f['device_busy']:.1f}", f"{100 * f.get('steady_busy', float('nan')):.1f}", *(f"{f['host_ms_per_step'][p]:.3f}" for p in PHASES),
-                     f"{f['host_ms_per_step_total']:.3f}", f"{f['wall_ms_per_step']:.3f}",
+                     _percent(f["device_busy"]), _percent(f.get("steady_busy", math.nan)),
+                     *(f"{f['host_ms_per_step'][p]:.3f}" for p in PHASES), f"{f['host_ms_per_step_total']:.3f}",
+                     _ms(f.get("critical_ms", math.nan)), f"{f['wall_ms_per_step']:.3f}",
                      "ok" if r["tokens_ok"] else f"BAD ({r['bad_requests']})"))
     return rows
+
+
+def _ms(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:.3f}"
+
+
+def _percent(fraction: float) -> str:
+    return "—" if math.isnan(fraction) else f"{100 * fraction:.1f}"
 
 
 def format_table(results: list[dict]) -> str:
