@@ -27,11 +27,11 @@ What each phase covers (every figure is host time summed over the run ÷ device 
 In the serial loop every phase is on the critical path; in the pipelined loop the
 scheduler's phases overlap the worker's step, and device-busy shows what is left.
 
-    critical   pipelined loop only: the scheduler's mean time from a step's decoded result
-               to the next plan written (update, expire + schedule, the plan's encode,
-               the write, and whatever else the event loop ran meanwhile): the host path
-               the device waits for whenever it exceeds the step in flight. Not a phase
-               (it overlaps them), so not in the host total.
+    critical   pipelined loop only: the scheduler's mean wall time from a step's decoded
+               result to the next plan built (update, expire + schedule; the plan's encode
+               and write follow): with them, the host path the device waits for whenever
+               it exceeds the step in flight. Not a phase (it overlaps them), so not in
+               the host total.
 """
 
 from __future__ import annotations

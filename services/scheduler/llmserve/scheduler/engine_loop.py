@@ -113,7 +113,7 @@ class EngineLoop:
         # A step's outputs applied but not delivered yet (pipelined: until the next plan is
         # sent); None when no delivery is owed. Any delivery sends them first.
         self._held: list[RequestOutput] | None = None
-        # perf_counter() when the last result was read, until the next plan is sent: the
+        # perf_counter() when the last result was read, until the next plan is built: the
         # critical path `bench overhead` reports (pipelined loop only).
         self._result_read_at: float | None = None
 
@@ -168,8 +168,8 @@ class EngineLoop:
         if self._in_flight and not self.core.can_schedule_ahead(self._in_flight[-1].plan):
             await self._finish_oldest()  # A serial step: N+1 needs N's real tokens.
         plan, span, start = self._plan()
+        self._count_critical(plan is not None)
         if plan is None:
-            self._result_read_at = None  # (no plan followed it: nothing was waiting for one)
             self.release_held()
             if not self._in_flight:
                 return False
@@ -178,10 +178,6 @@ class EngineLoop:
         entry = _InFlight(plan, span, start)
         self._in_flight.append(entry)
         entry.result = await self._send(plan)
-        if self._result_read_at is not None:
-            step_phases.add("critical", time.perf_counter() - self._result_read_at)
-            step_phases.add("critical_steps", 1)
-            self._result_read_at = None
         self.release_held()  # The previous step's outputs: this plan is on its way.
         if entry.result is not None:
             # Unsent: the worker never saw it, so nothing may be planned on top of it.
@@ -192,6 +188,15 @@ class EngineLoop:
             # until N+2 is sent (the next _step).
             await self._finish_oldest(hold=True)
         return True
+
+    def _count_critical(self, planned: bool) -> None:
+        """`bench overhead`'s critical path: from the last result read to the next plan
+        built (its encode and write follow; nothing when no plan followed)."""
+        if self._result_read_at is not None:
+            if planned:
+                step_phases.add("critical", time.perf_counter() - self._result_read_at)
+                step_phases.add("critical_steps", 1)
+            self._result_read_at = None
 
     def _plan(self) -> tuple[StepPlan | None, object, float]:
         """Ends expired requests and builds the next plan: (None, ...) when there is
