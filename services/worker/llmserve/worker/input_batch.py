@@ -240,7 +240,7 @@ class InputBatch:
             rows = sorted(rows, key=lambda r: r[1] != 1 and not r[0].draft_token_ids)
         D = _num_plain_decodes(rows)
         plain = [st for st, _ in rows[:D]]
-        rest = _GeneralRows(self.block_size, first_token=D)
+        rest = _GeneralRows(first_token=D)
         for st, n in rows[D:]:
             rest.add(st, n)
         # Plain decode row i: token i of the step, its last known token, at position pos[i], sampled.
@@ -276,7 +276,8 @@ class InputBatch:
         columns = [
             [st.token_ids[-1] for st in plain], rest.ids,  # input ids [T]
             pos, rest.pos,  # positions [T]
-            self.block_tables.slots(table_rows[:D], pos), rest.slots,  # slot mapping [T]
+            self.block_tables.slots(np.concatenate([table_rows[:D], np.asarray(rest.token_rows, dtype=np.int64)]),
+                                    np.concatenate([pos, np.asarray(rest.pos, dtype=np.int64)])),  # slot mapping [T]
             np.arange(D), rest.sample_idx, rest.prompt_idx,  # logit indices [S + P]
             fill_dst, rest.fill_dst, in_flight[fill_dst], rest.fill_src,  # placeholders: dst [F], src [F]
         ]
@@ -332,11 +333,11 @@ class _GeneralRows:
     row: prefill chunks, rows verifying drafts, prompt logprobs. Token indices count from
     `first_token` (the plain decode rows' tokens come first)."""
 
-    def __init__(self, block_size: int, first_token: int):
-        self.bs, self.first = block_size, first_token
+    def __init__(self, first_token: int):
+        self.first = first_token
         self.ids: list[int] = []  # [T']
         self.pos: list[int] = []  # [T']
-        self.slots: list[int] = []  # [T']
+        self.token_rows: list[int] = []  # [T']: each token's block-table row (its slot: BlockTables.slots)
         self.query_lens: list[int] = []  # [N']
         self.seq_lens: list[int] = []  # [N']
         self.tables: list[list[int]] = []  # [N']
@@ -351,16 +352,16 @@ class _GeneralRows:
 
     def add(self, st: RequestState, n: int) -> None:
         """Row `st`, computing n tokens from its num_computed_tokens."""
-        bs, c, table = self.bs, st.num_computed_tokens, st.block_ids
+        c, table = st.num_computed_tokens, st.block_ids
         start = self.first + len(self.ids)  # this row's first token in the step
         if st.placeholder is not None and c <= st.placeholder.position < c + n:
             self.fill_dst.append(start + st.placeholder.position - c)
             self.fill_src.append(st.placeholder.index)
         if st.draft_token_ids:
             self.ids.extend(st.token_ids[c:] + st.draft_token_ids)
+            self.token_rows.extend([st.row] * n)
             for j, p in enumerate(range(c, c + n)):
                 self.pos.append(p)
-                self.slots.append(table[p // bs] * bs + p % bs)
                 self.query_lens.append(1)
                 self.seq_lens.append(p + 1)
                 self.tables.append(table)
@@ -375,7 +376,7 @@ class _GeneralRows:
             self.prompt_rows.append(PromptRows(st, c + 1, count))
         self.ids.extend(st.token_ids[c : c + n])
         self.pos.extend(range(c, c + n))
-        self.slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + n))
+        self.token_rows.extend([st.row] * n)
         self.query_lens.append(n)
         self.seq_lens.append(c + n)
         self.tables.append(table)
