@@ -46,8 +46,9 @@ class RunnerConfig:
                                 help="int8: int8 weights (symmetric, one scale per output row) for the "
                                      "layers' linear projections, quantized at load from the same checkpoint, "
                                      "and activations quantized per 64 columns on the fly where the CPU has "
-                                     "AVX-512 VNNI (W8A8; else weight-only); int8-weight-only: never quantize "
-                                     "activations; embeddings, norms and the LM head keep --dtype")
+                                     "AVX-512 VNNI (W8A8, the LM head too; else weight-only); int8-weight-only: "
+                                     "never quantize activations; embeddings and norms keep --dtype, and so does "
+                                     "the LM head but under W8A8")
     max_model_len: int | None = setting(None, help="cap on prompt + completion tokens", unset="the model's own")
     attention_backend: str = setting("auto", choices=("auto", "torch", "triton"),
                                      help="paged attention kernels (auto: triton on CUDA, torch on CPU)")
