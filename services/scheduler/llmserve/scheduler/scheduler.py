@@ -221,8 +221,8 @@ class Scheduler:
 
     def take_ended(self) -> list[Request]:
         """The records of the requests that ended since the last call (at most since the
-        schedule() before the last), in end order: their end outputs name them by public id only, and
-        the table no longer has them."""
+        schedule() before the last), in end order: their end outputs name them by public
+        id only, and the table no longer has them."""
         return self.live.take_ended()
 
     def get_sample(self, seq_id: int) -> Sample | None:

@@ -47,8 +47,8 @@ class RunnerConfig:
                                      "layers' linear projections, quantized at load from the same checkpoint, "
                                      "and activations quantized per 64 columns on the fly where the CPU has "
                                      "AVX-512 VNNI (W8A8, the LM head too; else weight-only); int8-weight-only: "
-                                     "never quantize activations; embeddings and norms keep --dtype, and so does "
-                                     "the LM head but under W8A8")
+                                     "never quantize activations; embeddings and norms always keep --dtype, the "
+                                     "LM head unless W8A8 runs")
     max_model_len: int | None = setting(None, help="cap on prompt + completion tokens", unset="the model's own")
     attention_backend: str = setting("auto", choices=("auto", "torch", "triton"),
                                      help="paged attention kernels (auto: triton on CUDA, torch on CPU)")
