@@ -272,12 +272,13 @@ class InputBatch:
         in_flight = np.array([ph.index if (ph := st.placeholder) is not None and ph.position == st.num_computed_tokens
                               else -1 for st in plain], dtype=np.int64)
         fill_dst = np.flatnonzero(in_flight >= 0)
+        token_pos = np.concatenate([pos, np.asarray(rest.pos, dtype=np.int64)])  # [T]
         # NOTE: the seven index columns go to the device as one host tensor, one copy.
         columns = [
             [st.token_ids[-1] for st in plain], rest.ids,  # input ids [T]
-            pos, rest.pos,  # positions [T]
+            token_pos,  # positions [T]
             self.block_tables.slots(np.concatenate([table_rows[:D], np.asarray(rest.token_rows, dtype=np.int64)]),
-                                    np.concatenate([pos, np.asarray(rest.pos, dtype=np.int64)])),  # slot mapping [T]
+                                    token_pos),  # slot mapping [T]
             np.arange(D), rest.sample_idx, rest.prompt_idx,  # logit indices [S + P]
             fill_dst, rest.fill_dst, in_flight[fill_dst], rest.fill_src,  # placeholders: dst [F], src [F]
         ]
