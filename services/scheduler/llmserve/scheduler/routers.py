@@ -178,10 +178,8 @@ class RouterHub:
 
     def _dispatch(self, core: Scheduler, outputs: list[RequestOutput]) -> None:
         ended = {r.request_id: r for r in core.take_ended()}
-        # NOTE: once per output of a step (hundreds): lookups bound once, no held-token
-        # bookkeeping without --stream-interval.
-        find, output = core.get_request, self.telemetry.output
-        push = self.coalescer.push if self.coalescer.interval > 1 else None
+        # NOTE: once per output of a step (hundreds): lookups bound once.
+        find, output, push = core.get_request, self.telemetry.output, self.coalescer.push
         per_session: dict[RouterSession, list[RequestOutput]] = {}
         finished: list[Request] = []
         for out in outputs:
@@ -189,7 +187,7 @@ class RouterHub:
             if request is None or (session := request.stream.owner) is None:
                 continue
             output(request, out)
-            if push is not None and (out := push(out, request.stream)) is None:
+            if (out := push(out, request.stream)) is None:
                 continue  # Held until the sample's next N tokens or its end.
             if (outs := per_session.get(session)) is None:
                 outs = per_session[session] = []
