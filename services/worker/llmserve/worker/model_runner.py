@@ -28,6 +28,7 @@ from llmserve.worker.input_batch import PLACEHOLDER, InputBatch, Placeholder, Pr
 from llmserve.worker.launched_step import DeviceStep, HostIds, LaunchedStep, must_finish_first
 from llmserve.worker.layers.int8_weight import describe_quantization
 from llmserve.worker.distributed import DistInit, init_parallel
+from llmserve.worker.models.attribute_binding import bind_registered_attributes
 from llmserve.worker.models.decoder import head_dim_of, local_kv_heads, release_window
 from llmserve.worker.pipeline import forward_step
 from llmserve.worker.models.loader import load_config, load_model
@@ -108,6 +109,7 @@ class ModelRunner:
         self.attention_backend = backend_class(settings.attention_backend, self.device)
         self.attention_backend.check_block_size(block_size)
         install_backend(self.model, self.attention_backend)
+        bind_registered_attributes(self.model)  # the tree is final: its reads skip Module.__getattr__
         if self.device.type == "cpu":
             cpu_kernels.load()  # Build the CPU kernels at model load, not during the first request.
         self.sampler = Sampler(sampler_seed, self.device)
