@@ -95,3 +95,42 @@ def test_cpu_decode_kernel_window_softcap(dtype, tol, block_size, head_dim, wind
     for got in (out.float(), backend._decode_gather(q, cache, meta).float()):
         assert not got.isnan().any()
         assert (got - ref).norm() / ref.norm() <= tol
+
+
+@pytest.fixture
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not cpu_kernels.load(), reason="no C++ compiler for the CPU kernels")
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("block_size,head_dim", [(16, 64), (8, 64), (16, 96)])
+# 3 and 5 threads with 2 KV heads: the keys of each sequence are cut into chunks (some of
+# them empty for the 1- and 5-token sequences), merged after.
+@pytest.mark.parametrize("threads", [3, 5], indirect=True)
+# Window 100: the chunks cut the window's blocks, the first starting mid-block; window 7: too
+# few blocks to cut.
+@pytest.mark.parametrize("window,softcap", [(None, None), (100, None), (100, 3.0), (7, 3.0)])
+@pytest.mark.parametrize("seq_lens", [[1, 17, 40, 129, 5], [300]])
+def test_cpu_decode_kernel_key_chunks_match_dense(dtype, tol, block_size, head_dim, threads, window, softcap,
+                                                  seq_lens):
+    kvh, g = 2, 3
+    q, cache, tables = paged_case(seq_lens, kvh, g, head_dim, block_size, dtype, seed=7)
+    ref = windowed_reference(q, cache, tables, seq_lens, window, softcap, head_dim**-0.5)
+    if window:
+        for t, n in zip(tables, seq_lens):
+            for blk in t[: max(0, n - window) // block_size]:
+                cache[:, blk] = float("nan")
+    meta = TorchPagedAttention.build_metadata([1] * len(seq_lens), seq_lens, tables,
+                                              torch.zeros(len(seq_lens), dtype=torch.long), block_size)
+    out = cpu_kernels.paged_attention_decode(q, cache, meta.decode_block_table, meta.decode_seq_lens,
+                                             head_dim**-0.5, window, softcap).float()
+    assert not out.isnan().any()
+    assert (out - ref).norm() / ref.norm() <= tol
+    torch.set_num_threads(1)  # one item per sequence and its whole keys: the same sums, unchunked
+    single = cpu_kernels.paged_attention_decode(q, cache, meta.decode_block_table, meta.decode_seq_lens,
+                                                head_dim**-0.5, window, softcap).float()
+    assert (out - single).norm() / single.norm() <= tol / 4

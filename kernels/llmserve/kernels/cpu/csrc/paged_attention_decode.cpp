@@ -17,8 +17,11 @@
 //   len 11, W 6, block 4:  | 0 1 2 3 | 4 5 6 7 | 8 9 10 . |
 //                                      ^ blk0 = 1, base = 4; start = 5 (skip 1 row): keys 5..10
 //
-// Work item = one sequence, all its heads (when there are enough sequences). A block's K (and V) for all KV heads is one
-// contiguous run of block_size * KVH * D elements, so each is streamed front to back
+// Work item = one sequence, all its heads (when there are enough sequences; fewer than 2
+// per thread: one sequence and KV head, and where that still loads the threads unevenly,
+// e.g. one sequence's 3 KV heads on 2 threads, each sequence's keys are also cut into
+// chunks whose partial softmax sums are merged at the end, see key_chunks). A block's K
+// (and V) for all KV heads is one contiguous run of block_size * KVH * D elements, so each is streamed front to back
 // once per step; per-head work items would read it as 256-byte pieces at a KVH-fold
 // stride, which the hardware prefetchers turn into wasted bandwidth. While a block is
 // processed, the next block's rows are prefetched one row per row computed (blocks are
@@ -171,6 +174,23 @@ inline int64_t first_block(int64_t len, int64_t window, int64_t block_size) {
   return window > 0 ? std::max<int64_t>(0, len - window) / block_size : 0;
 }
 
+// How many chunks to cut each sequence's keys into, so that `items` work items (one per
+// sequence, or per sequence and KV head) keep `threads` threads evenly busy (flash-
+// decoding): with c chunks a thread's share is ceil(items * c / threads) / c items' work;
+// the smallest share wins, the fewest chunks on a tie. A chunk spans at least 2 blocks of
+// the longest sequence's visible keys, and there are at most 8. One sequence with 3 KV
+// heads on 2 threads: c = 2 (3 + 3 half-heads, 1.5 heads of work each, not 2 + 1).
+inline int64_t key_chunks(int64_t items, int64_t threads, int64_t longest_visible_blocks) {
+  const int64_t most = std::clamp<int64_t>(longest_visible_blocks / 2, 1, 8);
+  int64_t best = 1;
+  int64_t best_units = (items + threads - 1) / threads;  // the share is units / c chunk-sized pieces
+  for (int64_t c = 2; c <= most; ++c) {
+    const int64_t units = (items * c + threads - 1) / threads;
+    if (units * best < best_units * c) best = c, best_units = units;
+  }
+  return best;
+}
+
 // HEAD_DIM > 0 fixes the head size at compile time (fully unrolled inner loops);
 // 0 reads it from `head_dim`.
 template <typename T, int64_t HEAD_DIM>
@@ -181,33 +201,56 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
   const int64_t g = H / KVH;
   const int64_t row = KVH * D;                            // elements per token slot
   const int64_t v_offset = num_blocks * block_size * row;  // kv[1] starts here
+  const int64_t threads = at::get_num_threads();
   // Few sequences (a lone long decode): one item per (sequence, KV head) so every
   // thread has work, at the cost of the strided reads described above.
-  const int64_t splits = B < 2 * at::get_num_threads() ? KVH : 1;
+  const int64_t splits = B < 2 * threads ? KVH : 1;
   const int64_t heads_per_item = KVH / splits;
-  at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
+  int64_t longest = 0;  // visible blocks of the longest sequence
+  for (int64_t b = 0; b < B; ++b)
+    longest = std::max(longest, (seq_lens[b] + block_size - 1) / block_size - first_block(seq_lens[b], window,
+                                                                                              block_size));
+  const int64_t chunks = key_chunks(B * splits, threads, longest);
+  // With chunks > 1 an item leaves its heads' unnormalized sums, score max and exp-sum
+  // here, merged below: item i's query head j (of heads_per_item * g) at i * item_heads + j.
+  const int64_t item_heads = heads_per_item * g;
+  std::vector<float> part_acc, part_max, part_sum;
+  if (chunks > 1) {
+    part_acc.resize(B * splits * chunks * item_heads * D);
+    part_max.resize(B * splits * chunks * item_heads);
+    part_sum.resize(B * splits * chunks * item_heads);
+  }
+  at::parallel_for(0, B * splits * chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(H * D), acc(H * D), scores;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / splits;
-      const int64_t kh0 = (item % splits) * heads_per_item, kh1 = kh0 + heads_per_item;
+      const int64_t chunk = item % chunks, b = item / chunks / splits;
+      const int64_t kh0 = (item / chunks % splits) * heads_per_item, kh1 = kh0 + heads_per_item;
       const int64_t len = seq_lens[b];
       const int64_t* table = tables + b * max_blocks;
       const int64_t start = window > 0 ? std::max<int64_t>(0, len - window) : 0;  // first visible key
-      const int64_t blk0 = start / block_size, base = blk0 * block_size;
-      const int64_t span = len - base;  // scores kept per head: keys base..len-1
+      const int64_t blk0 = start / block_size, n_blocks = (len + block_size - 1) / block_size;
+      // This item's blocks [lo, hi): its share of the visible ones.
+      const int64_t lo = blk0 + (n_blocks - blk0) * chunk / chunks;
+      const int64_t hi = blk0 + (n_blocks - blk0) * (chunk + 1) / chunks;
+      float* p_acc = chunks > 1 ? part_acc.data() + item * item_heads * D : nullptr;
+      if (lo == hi) {  // (more chunks than this short sequence has blocks): weight 0 in the merge
+        if (chunks > 1) std::fill(part_sum.begin() + item * item_heads, part_sum.begin() + (item + 1) * item_heads, 0.f);
+        continue;
+      }
+      const int64_t base = lo * block_size;  // scores kept per head: keys base..min(len, hi * block_size)-1
+      const int64_t span = std::min(len, hi * block_size) - base;
       scores.assign(H * span, 0.f);
       const T* qb = q + b * H * D;
       // The tiled path scales each score; the row-at-a-time path scales q once.
       const float q_scale = kTiled<T, HEAD_DIM> ? 1.f : scale;
-      for (int64_t i = 0; i < H * D; ++i) qf[i] = static_cast<float>(qb[i]) * q_scale;
-      const int64_t n_blocks = (len + block_size - 1) / block_size;
-      // Pass 1: scores[h][p - base] = q_h . k_p (h over all query heads, k of its KV head).
-      for (int64_t blk = blk0; blk < n_blocks; ++blk) {
+      for (int64_t i = kh0 * g * D; i < kh1 * g * D; ++i) qf[i] = static_cast<float>(qb[i]) * q_scale;
+      // Pass 1: scores[h][p - base] = q_h . k_p (h over the item's query heads, k of its KV head).
+      for (int64_t blk = lo; blk < hi; ++blk) {
         // Rows t0..n-1 of this block are keys in the window; `first` indexes their scores.
         const T* blk_ptr = kv + table[blk] * block_size * row;
         // What this pass reads next: the following K block, or the first V block.
-        const T* next = blk + 1 < n_blocks ? kv + table[blk + 1] * block_size * row
-                                           : kv + v_offset + table[blk0] * block_size * row;
+        const T* next = blk + 1 < hi ? kv + table[blk + 1] * block_size * row
+                                     : kv + v_offset + table[lo] * block_size * row;
         const int64_t first = blk * block_size - base, n = std::min(block_size, len - blk * block_size);
         const int64_t t0 = std::max<int64_t>(0, start - blk * block_size);
         prefetch_rows(next, n, block_size, row);
@@ -247,9 +290,10 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
           }
         }
       }
-      // Softmax per query head over the window's keys (skip..span-1); the rows before
-      // them keep weight 0 (and are never read).
-      const int64_t skip = start - base;
+      // Softmax per query head over the item's visible keys (skip..span-1); the rows before
+      // them keep weight 0 (and are never read). A chunk keeps its weights unnormalized
+      // and leaves their max and sum for the merge.
+      const int64_t skip = std::max<int64_t>(0, start - base);
       for (int64_t h = kh0 * g; h < kh1 * g; ++h) {
         float* sh = scores.data() + h * span;
         if (softcap > 0.f)
@@ -257,20 +301,25 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
         const float m = *std::max_element(sh + skip, sh + span);
         float sum = 0.f;
         for (int64_t p = skip; p < span; ++p) sum += (sh[p] = std::exp(sh[p] - m));
+        if (chunks > 1) {
+          part_max[item * item_heads + h - kh0 * g] = m;
+          part_sum[item * item_heads + h - kh0 * g] = sum;
+          continue;
+        }
         const float inv = 1.f / sum;
         for (int64_t p = skip; p < span; ++p) sh[p] *= inv;
       }
       // Pass 2: out_h = sum_p softmax_h[p] * v_p
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t blk = blk0; blk < n_blocks; ++blk) {
+      std::fill(acc.begin() + kh0 * g * D, acc.begin() + kh1 * g * D, 0.f);
+      for (int64_t blk = lo; blk < hi; ++blk) {
         // As in pass 1, but rows before t0 are skipped by offsetting the block's rows.
         const int64_t t0 = std::max<int64_t>(0, start - blk * block_size);
         const int64_t n = std::min(block_size, len - blk * block_size) - t0;
         const int64_t first = blk * block_size - base + t0;
         const T* blk_ptr = kv + v_offset + table[blk] * block_size * row + t0 * row;
         // Next: the following V block, or the next sequence's first K block.
-        const T* next = blk + 1 < n_blocks ? kv + v_offset + table[blk + 1] * block_size * row
-                        : splits == 1 && b + 1 < end && seq_lens[b + 1] > 0
+        const T* next = blk + 1 < hi ? kv + v_offset + table[blk + 1] * block_size * row
+                        : splits * chunks == 1 && b + 1 < end && seq_lens[b + 1] > 0
                             ? kv + tables[(b + 1) * max_blocks + first_block(seq_lens[b + 1], window, block_size)] *
                                        block_size * row
                             : nullptr;
@@ -302,7 +351,37 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
           }
         }
       }
-      for (int64_t i = kh0 * g * D; i < kh1 * g * D; ++i) out[b * H * D + i] = static_cast<T>(acc[i]);
+      if (chunks > 1)
+        std::copy(acc.begin() + kh0 * g * D, acc.begin() + kh1 * g * D, p_acc);
+      else
+        for (int64_t i = kh0 * g * D; i < kh1 * g * D; ++i) out[b * H * D + i] = static_cast<T>(acc[i]);
+    }
+  });
+  if (chunks == 1) return;
+  // Merge each query head's chunks: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) sum_c,
+  // M the largest chunk max (empty chunks, sum 0, take no part).
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> merged(D);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const int64_t first_item = (b * splits + h / item_heads) * chunks, j = h % item_heads;
+      float m = std::numeric_limits<float>::lowest();
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t at = (first_item + c) * item_heads + j;
+        if (part_sum[at] > 0.f) m = std::max(m, part_max[at]);
+      }
+      std::fill(merged.begin(), merged.end(), 0.f);
+      float total = 0.f;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t at = (first_item + c) * item_heads + j;
+        if (part_sum[at] == 0.f) continue;
+        const float w = std::exp(part_max[at] - m);
+        total += w * part_sum[at];
+        const float* a = part_acc.data() + at * D;
+        for (int64_t d = 0; d < D; ++d) merged[d] += w * a[d];
+      }
+      const float inv = 1.f / total;
+      for (int64_t d = 0; d < D; ++d) out[bh * D + d] = static_cast<T>(merged[d] * inv);
     }
   });
 }
