@@ -5,6 +5,7 @@ the gRPC stack and HF transformers."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -37,6 +38,9 @@ def test_bench_throughput_smoke(tmp_path):
     cpuinfo = open("/proc/cpuinfo").read().replace("\n", " ")
     for flag in ("avx512f", "avx512_vnni"):
         assert (flag in isa) == (f" {flag} " in cpuinfo)
+    family, model = re.search(r"cpu family\s*:\s*(\d+)", cpuinfo), re.search(r" model\s*:\s*(\d+)", cpuinfo)
+    expected = f"family {family[1]} model {model[1]}" if family else None
+    assert report["machine"]["cpu_family_model"] == expected
     engine, grpc_run, hf = (report["results"][k] for k in ("engine", "grpc", "hf"))
     assert engine["output_tokens"] == report["workload"]["output_tokens"] == hf["output_tokens"]
     # Two interleaved rounds; each system reports its median round and every round's figure.

@@ -27,18 +27,27 @@ def machine_info() -> dict:
 
     cpu = platform.processor() or platform.machine()
     flags: set[str] = set()
+    family = model = None
     try:
         first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
         for line in first_cpu.splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name":
+                cpu = value
+            elif key == "flags":
+                flags = set(value.split())
+            elif key == "cpu family":
+                family = value
+            elif key == "model":
+                model = value
     except OSError:
         pass
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "cpu": cpu,
+        # A virtual machine may name only the vendor ("AMD EPYC"): family and model tell the
+        # core generation apart (AMD 25 = Zen 3/4, 26 = Zen 5; Intel 6 model 143 = Sapphire Rapids).
+        "cpu_family_model": f"family {family} model {model}" if family is not None else None,
         "cores": os.cpu_count(),
         # The matrix instruction sets decide the bf16 and int8 figures (AMX: bf16 far above
         # float32; AVX-512 BF16 alone: measured below float32 on the same cores).
@@ -59,7 +68,8 @@ def host_line(machine: dict) -> str:
     """The CPU a run measured, for the lines it prints: model, cores and CPU_FLAGS present."""
     isa = machine.get("cpu_matrix_isa") or []
     amx = "" if any(f.startswith("amx") for f in isa) else "; no AMX"
-    return f"host: {machine['cpu']} ({machine['cores']} cores): {' '.join(isa) or 'no AVX2'}{amx}"
+    generation = f"{machine['cpu_family_model']}, " if machine.get("cpu_family_model") else ""
+    return f"host: {machine['cpu']} ({generation}{machine['cores']} cores): {' '.join(isa) or 'no AVX2'}{amx}"
 
 
 def write_json(report: dict, path: str | Path) -> None:
