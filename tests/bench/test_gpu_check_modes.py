@@ -15,6 +15,7 @@ from llmserve.bench.decode_graphs import compare_decode, graph_and_eager_runners
 from llmserve.bench import flops
 from llmserve.bench.flops import ModelFlops, measure_matmul_peak, measure_memory_bandwidth
 from llmserve.bench.kv_sizing import check_kv_sizing
+from llmserve.kernels import cpu as cpu_kernels
 from llmserve.bench.random_model import PRESETS, make_random_model, parameter_shapes
 from llmserve.worker.config import RunnerConfig
 from llmserve.worker.layers.packed_weight import onednn_packing_available
@@ -133,6 +134,22 @@ def test_cpu_matmul_peak_is_the_faster_of_torch_mm_and_onednn(dtype, monkeypatch
     monkeypatch.setattr(flops, "best_rate", fake_rate)
     assert measure_matmul_peak(dtype, size=64, seconds=0.02, device="cpu") == 2e12
     assert timed == [((64, 64), dtype, 2 * 64**3)] * 2
+
+
+@pytest.mark.skipif(not cpu_kernels.w8a8_supported(), reason="no AVX-512 VNNI: no W8A8 kernel")
+def test_cpu_matmul_peak_under_w8a8_times_int8_products(monkeypatch):
+    """Under W8A8 the products run in int8 (~2x bfloat16's rate): its peak is int8's, from
+    our kernel and torch's int8 matmul, not the activations' dtype's."""
+    timed = []
+
+    def fake_rate(work, amount, device, seconds, reps=1):
+        timed.append(work().dtype)
+        return 1e12 * len(timed)
+
+    monkeypatch.setattr(flops, "best_rate", fake_rate)
+    peak = measure_matmul_peak(torch.bfloat16, size=64, seconds=0.02, device="cpu", quantization="int8")
+    # our W8A8 kernel (bfloat16 out), then torch._int_mm (int32 out)
+    assert timed == [torch.bfloat16, torch.int32] and peak == 2e12
 
 
 @pytest.mark.gpu

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from llmserve.bench.decode_graphs import SPARE_TOKENS, time_modes
-from llmserve.bench.flops import ModelBytes, ModelFlops
+from llmserve.bench.flops import ModelBytes
 from llmserve.bench.profile_step import decode_kv_blocks
 from llmserve.bench.report import machine_info, write_json
 
@@ -31,16 +31,12 @@ VARIANTS = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "i
 
 def step_bytes(config, name: str, batch: int, context: int) -> int:
     """Bytes one decode step of variant `name` reads: the linear weights, the LM head, and
-    the K/V of `batch` sequences of `context` tokens (in the activations' dtype). int8
-    weights are one byte each (their float32 scales, 4 bytes a row, are left out); the LM
-    head is int8 only under W8A8 (embedding.py). The activations, by a rough count ~7% of
-    an int8 step's bytes at batch 16 (SmolLM2-135M, context 256), are left out too."""
+    the K/V of `batch` sequences of `context` tokens (ModelBytes: int8 weights one byte
+    each). The activations, by a rough count ~7% of an int8 step's bytes at batch 16
+    (SmolLM2-135M, context 256), are left out."""
     dtype, quantization = VARIANTS[name]
-    model_bytes = ModelBytes.from_config(config, getattr(torch, dtype))
-    flops = ModelFlops.from_config(config)
-    linear = flops.linear_params if quantization != "none" else model_bytes.linear_bytes
-    head = flops.lm_head_params if quantization == "int8" else model_bytes.lm_head_bytes
-    return linear + head + model_bytes.kv_bytes_per_token * batch * context
+    model_bytes = ModelBytes.from_config(config, getattr(torch, dtype), quantization)
+    return model_bytes.linear_bytes + model_bytes.lm_head_bytes + model_bytes.kv_bytes_per_token * batch * context
 
 
 def roofline_over_bfloat16(config, name: str, batch: int, context: int) -> float:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from llmserve.bench.clock import best_rate
+from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker.layers.packed_weight import onednn_packing_available
 
 
@@ -55,11 +56,16 @@ class ModelBytes:
     kv_bytes_per_token: int  # K and V of one token over all layers.
 
     @classmethod
-    def from_config(cls, cfg, dtype: torch.dtype) -> "ModelBytes":
+    def from_config(cls, cfg, dtype: torch.dtype, quantization: str = "none") -> "ModelBytes":
+        """Weights and K/V in `dtype`, except with int8 `quantization`: its linear weights
+        are one byte each (their float32 scales, 4 bytes a row, left out), and so is the LM
+        head under W8A8 ("int8"; embedding.py); the K/V stays in `dtype`."""
         size = torch.finfo(dtype).bits // 8
         flops = ModelFlops.from_config(cfg)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return cls(linear_bytes=flops.linear_params * size, lm_head_bytes=flops.lm_head_params * size,
+        linear_size = 1 if quantization != "none" else size
+        head_size = 1 if quantization == "int8" else size
+        return cls(linear_bytes=flops.linear_params * linear_size, lm_head_bytes=flops.lm_head_params * head_size,
                    kv_bytes_per_token=2 * cfg.num_key_value_heads * head_dim * cfg.num_hidden_layers * size)
 
     def step_bytes(self, computed_tokens: int, logits_tokens: int, kv_tokens_read: int) -> int:
@@ -83,10 +89,12 @@ def measure_memory_bandwidth(nbytes: int = 2**30, seconds: float = 1.0, device: 
 
 
 def measure_matmul_peak(dtype: torch.dtype = torch.float32, size: int | None = None, seconds: float = 1.5,
-                        device: torch.device | str = "cpu") -> float:
+                        device: torch.device | str = "cpu", quantization: str = "none") -> float:
     """FLOP/s of a large square matmul on this device, now (best of several runs): on the
     CPU the faster of torch's matmul and oneDNN's linear with a weight packed ahead (the
-    engine's CPU products use either, by a timing per machine).
+    engine's CPU products use either, by a timing per machine). With W8A8 int8
+    (`quantization="int8"`, where the CPU has VNNI) the products run in int8: the faster
+    of torch's int8 matmul and our W8A8 kernel, ~2x bfloat16's peak.
 
     NOTE: torch.mm alone understated some CPUs: on a 2-core AMD EPYC (family 26, AVX-512)
     its float32 GEMM (MKL) ran at 204 GFLOP/s where oneDNN's reached 473, and runs then
@@ -100,11 +108,25 @@ def measure_matmul_peak(dtype: torch.dtype = torch.float32, size: int | None = N
     b = torch.randn(size, size, dtype=dtype, device=device)  # [size, size]
     if device.type == "cuda":
         return best_rate(lambda: torch.mm(a, b), 2 * size**3, device, seconds, reps=10)
+    if quantization == "int8" and cpu_kernels.w8a8_supported():
+        return _int8_peak(a, size, seconds)
     products = [lambda: torch.mm(a, b)]
     if onednn_packing_available() and dtype in (torch.float32, torch.bfloat16):
         packed = torch.ops.mkldnn._reorder_linear_weight(b, size)  # b as an [out, in] weight
         products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
     return max(best_rate(product, 2 * size**3, device, seconds / len(products)) for product in products)
+
+
+def _int8_peak(a: torch.Tensor, size: int, seconds: float) -> float:
+    """Multiply-adds x 2 per second of int8 products of a [size, size]: torch's int8 x int8
+    matmul and our W8A8 kernel (activations quantized on the fly), the faster one."""
+    q = torch.randint(-127, 128, (size, size), dtype=torch.int8)  # [size, size] weight
+    packed, scales = cpu_kernels.w8a8_pack_weight(q), torch.ones(size)  # [size] float32
+    products = [lambda: cpu_kernels.w8a8_linear(a, packed, scales)]
+    if hasattr(torch, "_int_mm"):
+        a8 = torch.randint(-127, 128, (size, size), dtype=torch.int8)  # [size, size] activations
+        products.append(lambda: torch._int_mm(a8, q.t()))
+    return max(best_rate(product, 2 * size**3, "cpu", seconds / len(products)) for product in products)
 
 
 def measure_peak_and_bandwidth(dtype: torch.dtype, device: torch.device | str, seconds: float = 1.0

@@ -93,10 +93,10 @@ def measure_offline(model_dir: Path, runner_settings: RunnerConfig, scheduling, 
                     calibrate_s: float = 1.0) -> dict:
     """This machine's ceiling for the workload and each sampling mode's figures: the report's
     body, also handed to `save` after each mode (a run stopped by a timeout keeps the modes done)."""
-    from llmserve.bench.throughput import engine_device_and_dtype
+    from llmserve.bench.throughput import engine_device_and_precision
     from llmserve.worker.model_runner import ModelRunner
 
-    device, dtype = engine_device_and_dtype(model_dir, runner_settings)
+    device, dtype, _ = engine_device_and_precision(model_dir, runner_settings)
     # NOTE: before the engine takes its share of the device's memory (then handed back).
     peak, bandwidth = measure_peak_and_bandwidth(dtype, device, calibrate_s)
     if device.type == "cuda":

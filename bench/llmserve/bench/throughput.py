@@ -84,10 +84,12 @@ def compile_pass(engine: RecordingEngine, requests: list[BenchRequest], scheduli
     return RecordingEngine(engine.runner, scheduling)
 
 
-def roofline(engine: RecordingEngine, peak_flops: float, bandwidth: float, dtype: torch.dtype, result: dict) -> dict:
-    """The run's roofline floor: per step max(FLOPs / peak, bytes / bandwidth), summed."""
+def roofline(engine: RecordingEngine, peak_flops: float, bandwidth: float, dtype: torch.dtype, result: dict,
+             quantization: str = "none") -> dict:
+    """The run's roofline floor: per step max(FLOPs / peak, bytes / bandwidth), summed
+    (int8 weights counted at one byte each)."""
     flops = ModelFlops.from_config(engine.runner.config)
-    model_bytes = ModelBytes.from_config(engine.runner.config, dtype)
+    model_bytes = ModelBytes.from_config(engine.runner.config, dtype, quantization)
     floor = sum(max(flops.step_flops(s.num_scheduled_tokens, s.num_sampled, s.attention_pairs) / peak_flops,
                     model_bytes.step_bytes(s.num_scheduled_tokens, s.num_sampled, s.kv_tokens_read) / bandwidth)
                 for s in engine.steps)
@@ -210,16 +212,18 @@ def _tls_cost(rounds: dict[str, list[dict]]) -> list[float]:
     return [b["output_tokens_per_s"] / a["output_tokens_per_s"] for a, b in pairs if "error" not in a and "error" not in b]
 
 
-def engine_device_and_dtype(model_dir: Path, runner: RunnerConfig) -> tuple[torch.device, torch.dtype]:
-    """Where the engine's runner will compute, and in which dtype (the runner's own rules:
-    auto = CUDA when there is one; its model's own dtype there; on the CPU, device.dtype_choice)."""
+def engine_device_and_precision(model_dir: Path, runner: RunnerConfig) -> tuple[torch.device, torch.dtype, str]:
+    """Where the engine's runner will compute, in which dtype and with which quantization
+    (the runner's own rules: auto = CUDA when there is one; its model's own dtype there; on
+    the CPU, device.dtype_choice, which may choose int8 for a checkpoint stored quantized)."""
     from llmserve.gguf_checkpoint import quantized_weight_type
-    from llmserve.worker.device import resolve_device, resolve_dtype
+    from llmserve.worker.device import dtype_choice, resolve_device
     from llmserve.worker.models.loader import load_config
 
     device = resolve_device(runner.device)
-    return device, resolve_dtype(runner.dtype, device, load_config(model_dir), runner.quantization,
-                                 quantized_weight_type(model_dir))
+    choice = dtype_choice(runner.dtype, device, load_config(model_dir), runner.quantization,
+                          quantized_weight_type(model_dir))
+    return device, choice.dtype, choice.quantization or runner.quantization
 
 
 @dataclass
@@ -232,8 +236,9 @@ class _Run:
     requests: list[BenchRequest]
     device: torch.device
     torch_dtype: torch.dtype
+    quantization: str
     llama_cpp_quants: list[str]
-    peak: float = 0.0  # FLOP/s of a matmul in torch_dtype
+    peak: float = 0.0  # FLOP/s of a matmul in torch_dtype (int8's under W8A8)
     bandwidth: float = 0.0  # bytes/s
 
     @property
@@ -246,18 +251,20 @@ def bench_throughput(args) -> int:
 
     model_dir = resolve_model_dir(args.model)
     requests = workload_from_args(args, model_dir)
-    device, torch_dtype = engine_device_and_dtype(model_dir, args.engine.worker.runner)
+    device, torch_dtype, quantization = engine_device_and_precision(model_dir, args.engine.worker.runner)
     quants = llama_cpp.chosen_quants(args, dtype_name(torch_dtype), args.engine.worker.runner.quantization)
     # Before the engine's minutes: a baseline that cannot run says so now.
     llama_cpp.LlamaCppBuild(Path(args.llama_cpp_dir)).check(model_dir.name, quants)
-    run = _Run(args, model_dir, requests, device, torch_dtype, quants)
+    run = _Run(args, model_dir, requests, device, torch_dtype, quantization, quants)
     report = {"kind": "throughput", "workload": {"name": args.workload, **summary(requests)},
-              "machine": machine_info(), "device": str(device), "dtype": run.dtype, "command": " ".join(args.argv),
+              "machine": machine_info(), "device": str(device), "dtype": run.dtype,
+              "quantization": quantization, "command": " ".join(args.argv),
               "rounds": args.repeat, "results": {}}
-    print(f"workload {args.workload}: {summary(requests)}; {run.dtype} on {device}; "
+    weights = "" if quantization == "none" else f" ({quantization} weights)"
+    print(f"workload {args.workload}: {summary(requests)}; {run.dtype}{weights} on {device}; "
           f"{host_line(report['machine'])}", flush=True)
     # NOTE: measured before the engine takes its share of the device's memory.
-    run.peak = measure_matmul_peak(torch_dtype, device=device)
+    run.peak = measure_matmul_peak(torch_dtype, device=device, quantization=quantization)
     run.bandwidth = measure_memory_bandwidth(device=device)
     report["matmul_peak_gflop_per_s"] = run.peak / 1e9
     report["memory_bandwidth_gb_per_s"] = run.bandwidth / 1e9
@@ -294,7 +301,7 @@ def _run_rounds(run: _Run) -> tuple[dict[str, list[dict]], int]:
             engine = RecordingEngine(engine.runner, scheduling)
         result = run_in_process(engine, run.requests)
         result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / run.peak
-        result.update(roofline(engine, run.peak, run.bandwidth, run.torch_dtype, result))
+        result.update(roofline(engine, run.peak, run.bandwidth, run.torch_dtype, result, run.quantization))
         rounds.setdefault("engine", []).append(result)
         _print_row(f"[{round_index + 1}] {_label('engine', run.args.hf_batch_size)}", result)
         this_round: dict[str, dict] = {}
@@ -338,7 +345,8 @@ def _print_summary(run: _Run, results: dict[str, dict], block_size: int) -> None
             if "error" not in result:
                 _print_row(_label(system, run.args.hf_batch_size), result)
     engine = results["engine"]
-    print(f"matmul peak ({run.dtype} on {run.device}): {run.peak / 1e9:.0f} GFLOP/s; engine achieved "
+    products = "int8 W8A8" if run.quantization == "int8" else run.dtype
+    print(f"matmul peak ({products} on {run.device}): {run.peak / 1e9:.0f} GFLOP/s; engine achieved "
           f"{engine['achieved_gflop_per_s']:.0f} GFLOP/s = MFU {100 * engine['mfu']:.0f}%", flush=True)
     print(f"roofline (memory {run.bandwidth / 1e9:.0f} GB/s): floor {engine['roofline_floor_seconds']:.1f} s, "
           f"engine at {100 * engine['roofline_fraction']:.0f}% of it; MFU at the floor "
