@@ -30,7 +30,8 @@ import torch
 logger = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp", _CSRC / "int8_linear.cpp",
-            _CSRC / "bf16_linear.cpp", _CSRC / "rotary_kv_write.cpp", _CSRC / "paged_attention_prefill.cpp"]
+            _CSRC / "bf16_linear.cpp", _CSRC / "rotary_kv_write.cpp", _CSRC / "paged_attention_prefill.cpp",
+            _CSRC / "argmax_rows.cpp"]
 
 
 def _build_dir() -> Path:
@@ -132,6 +133,11 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     x, residual = x.contiguous(), residual.contiguous()
     torch.ops.llmserve_cpu.fused_add_rms_norm_(x, residual, weight, eps)
     return x, residual
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [S, V] float32 (rows contiguous) -> [S] int64: each row's first largest value's index."""
+    return torch.ops.llmserve_cpu.argmax_rows(x)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

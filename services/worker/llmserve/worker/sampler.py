@@ -44,6 +44,7 @@ import torch
 
 from llmserve.contract.outputs import TokenLogprobs
 from llmserve.contract.sampling import SamplingParams
+from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker.device import to_device_async
 
 _GREEDY_EPS = 1e-5
@@ -209,9 +210,7 @@ class Sampler:
             _apply_token_bitmask(logits, rows.token_bitmask)
         logits = adjusted_logits(logits, rows)
         S, V = logits.shape
-        # Greedy for every row (random rows overwritten below). NOTE: max(dim) returns the
-        # first maximal index like argmax, and on CPU is faster over a large vocabulary.
-        tokens = logits.max(dim=-1).indices
+        tokens = greedy_ids(logits)  # Greedy for every row (random rows overwritten below).
         rand_rows = (rows.temperature > _GREEDY_EPS).nonzero()[:, 0].tolist()
         if rand_rows:
             index = to_device_async(torch.tensor(rand_rows), logits.device)
@@ -234,6 +233,16 @@ class Sampler:
                 g = torch.Generator(device=dev).manual_seed(seeded_generator_seed(seed, rows.output_index[i]))
                 noise[i].exponential_(generator=g)
         return noise.clamp_(min=1e-30)  # NOTE: a 0 draw would make 0/0 = nan win the argmax
+
+
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """logits [S, V] float32 -> [S] long: each row's first largest logit's id. On the CPU
+    one C++ pass over each row (torch's max(dim) took ~0.77 ms for 64 x 49,152 logits on a
+    2-core EPYC, ~3% of a batch-64 decode step); elsewhere max(dim), which returns the
+    first maximal index like argmax and ran faster than it."""
+    if logits.dtype == torch.float32 and logits.stride(-1) == 1 and cpu_kernels.usable_for(logits):
+        return cpu_kernels.argmax_rows(logits)
+    return logits.max(dim=-1).indices
 
 
 def _filtered_probs(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
