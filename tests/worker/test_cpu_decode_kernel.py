@@ -134,3 +134,22 @@ def test_cpu_decode_kernel_key_chunks_match_dense(dtype, tol, block_size, head_d
     single = cpu_kernels.paged_attention_decode(q, cache, meta.decode_block_table, meta.decode_seq_lens,
                                                 head_dim**-0.5, window, softcap).float()
     assert (out - single).norm() / single.norm() <= tol / 4
+
+
+@pytest.mark.skipif(not cpu_kernels.load(), reason="no C++ compiler for the CPU kernels")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_decode_kernel_reads_q_as_a_view_of_the_fused_projection(dtype):
+    """q is the first H heads of each row of qkv [B, (H + 2 KVH) * D]: read at that row
+    stride, not copied, with the same result as a contiguous q."""
+    seq_lens, kvh, g, head_dim, block_size = [1, 17, 40, 129, 5], 2, 3, 64, 16
+    q, cache, tables = paged_case(seq_lens, kvh, g, head_dim, block_size, dtype, seed=11)
+    B, H = q.shape[:2]
+    qkv = torch.randn(B, (H + 2 * kvh) * head_dim).to(dtype)
+    qkv[:, : H * head_dim] = q.reshape(B, -1)
+    view = qkv[:, : H * head_dim].view(B, H, head_dim)
+    assert not view.is_contiguous()
+    meta = TorchPagedAttention.build_metadata([1] * B, seq_lens, tables, torch.zeros(B, dtype=torch.long), block_size)
+    args = (cache, meta.decode_block_table, meta.decode_seq_lens, head_dim**-0.5)
+    got = cpu_kernels.paged_attention_decode(view, *args)
+    assert got.is_contiguous() and torch.equal(got, cpu_kernels.paged_attention_decode(q, *args))
+    assert (got.float() - dense_reference(q, cache, tables, seq_lens, block_size)).abs().max() < 0.05

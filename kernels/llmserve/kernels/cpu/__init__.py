@@ -95,10 +95,13 @@ def usable_for(x: torch.Tensor) -> bool:
 def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                            seq_lens: torch.Tensor, scale: float, window: int | None = None,
                            softcap: float | None = None) -> torch.Tensor:
-    """q [B, H, D], kv_cache [2, NB, BS, KVH, D], block_tables [B, max_blocks] int64, seq_lens [B] int64.
-    window W: each row attends to its last W keys only, and reads no block before them;
-    softcap c: scores -> c * tanh(scores / c). None = off."""
-    return torch.ops.llmserve_cpu.paged_attention_decode(q.contiguous(), kv_cache, block_tables, seq_lens, scale,
+    """q [B, H, D] (its rows at any stride: a view of the fused qkv output is read in place),
+    kv_cache [2, NB, BS, KVH, D], block_tables [B, max_blocks] int64, seq_lens [B] int64 ->
+    [B, H, D]. window W: each row attends to its last W keys only, and reads no block before
+    them; softcap c: scores -> c * tanh(scores / c). None = off."""
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+        q = q.contiguous()
+    return torch.ops.llmserve_cpu.paged_attention_decode(q, kv_cache, block_tables, seq_lens, scale,
                                                          window or 0, softcap or 0.0)
 
 

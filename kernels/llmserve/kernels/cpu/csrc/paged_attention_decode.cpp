@@ -1,7 +1,7 @@
 // Paged attention for decode on CPU: one query token per sequence, keys and values
 // read in place from the paged KV cache through the block table (no gather copy).
 //
-//   q        [B, H, D]                     one query per sequence
+//   q        [B, H, D]                     one query per sequence (rows at any stride)
 //   kv_cache [2, num_blocks, block_size, KVH, D]
 //   tables   [B, max_blocks] int64         physical block of each logical block
 //   seq_lens [B] int64                     tokens of context (incl. the new one)
@@ -196,7 +196,7 @@ inline int64_t key_chunks(int64_t items, int64_t threads, int64_t longest_visibl
 template <typename T, int64_t HEAD_DIM>
 void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t* seq_lens, T* out,
                    int64_t B, int64_t H, int64_t KVH, int64_t head_dim, int64_t num_blocks, int64_t block_size,
-                   int64_t max_blocks, float scale, int64_t window, float softcap) {
+                   int64_t max_blocks, float scale, int64_t window, float softcap, int64_t q_stride) {
   const int64_t D = HEAD_DIM > 0 ? HEAD_DIM : head_dim;
   const int64_t g = H / KVH;
   const int64_t row = KVH * D;                            // elements per token slot
@@ -240,7 +240,7 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
       const int64_t base = lo * block_size;  // scores kept per head: keys base..min(len, hi * block_size)-1
       const int64_t span = std::min(len, hi * block_size) - base;
       scores.assign(H * span, 0.f);
-      const T* qb = q + b * H * D;
+      const T* qb = q + b * q_stride;
       // The tiled path scales each score; the row-at-a-time path scales q once.
       const float q_scale = kTiled<T, HEAD_DIM> ? 1.f : scale;
       for (int64_t i = kh0 * g * D; i < kh1 * g * D; ++i) qf[i] = static_cast<float>(qb[i]) * q_scale;
@@ -389,20 +389,24 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& tables,
                                   const at::Tensor& seq_lens, double scale, int64_t window, double softcap) {
   TORCH_CHECK(q.dim() == 3 && kv_cache.dim() == 5 && kv_cache.size(0) == 2, "bad shapes");
-  TORCH_CHECK(q.is_contiguous() && kv_cache.is_contiguous() && tables.is_contiguous() && seq_lens.is_contiguous(),
-              "inputs must be contiguous");
+  // q may be a view of the fused qkv projection's output: its rows at any stride, each
+  // row's heads [H, D] contiguous (no copy per layer).
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && kv_cache.is_contiguous() && tables.is_contiguous() &&
+                  seq_lens.is_contiguous(),
+              "inputs must be contiguous (q: each row's heads)");
   TORCH_CHECK(tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong, "int64 tables/lens");
   TORCH_CHECK(q.scalar_type() == kv_cache.scalar_type(), "q and kv_cache dtypes differ");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t KVH = kv_cache.size(3);
   TORCH_CHECK(kv_cache.size(4) == D && H % KVH == 0, "head dims do not match");
   TORCH_CHECK(tables.size(0) == B && seq_lens.size(0) == B, "one table row and length per sequence");
-  auto out = at::empty_like(q);
+  auto out = at::empty({B, H, D}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention_decode", [&] {
     auto run = [&](auto kernel) {
       kernel(q.data_ptr<scalar_t>(), kv_cache.data_ptr<scalar_t>(), tables.data_ptr<int64_t>(),
              seq_lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), B, H, KVH, D, kv_cache.size(1),
-             kv_cache.size(2), tables.size(1), static_cast<float>(scale), window, static_cast<float>(softcap));
+             kv_cache.size(2), tables.size(1), static_cast<float>(scale), window, static_cast<float>(softcap),
+             q.stride(0));
     };
     if (D == 64) {
       run(decode_kernel<scalar_t, 64>);
