@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from llmserve.bench import flops
 from llmserve.bench.clock import best_rate, now
 from llmserve.bench.decode_graphs import compare_decode, graph_and_eager_runners
-from llmserve.bench import flops
 from llmserve.bench.flops import ModelFlops, measure_matmul_peak, measure_memory_bandwidth
 from llmserve.bench.kv_sizing import check_kv_sizing
-from llmserve.kernels import cpu as cpu_kernels
 from llmserve.bench.random_model import PRESETS, make_random_model, parameter_shapes
+from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker.config import RunnerConfig
 from llmserve.worker.layers.packed_weight import onednn_packing_available
 from tests.script_modules import load_script

@@ -41,4 +41,3 @@ def bind_registered_attributes(model: nn.Module) -> int:
         module.__dict__["_bound_names"] = frozenset(registered)
         bound += len(registered)
     return bound
-
