@@ -65,3 +65,29 @@ def test_profile_times_every_piece_of_a_decode_step(tiny_llama_dir):
                                        "scheduler: update_from_output()"}
     assert all(seconds > 0 for seconds in report["pieces_s"].values())
     assert report["forward_ops_s"] and report["plan_bytes"] > 0
+
+
+def test_the_layerwise_floor_adds_the_products_and_attention_bounds():
+    """One decode step whose products are compute-bound and whose attention is
+    memory-bound: the roofline floor overlaps them, the layer-by-layer floor adds them."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from llmserve.bench.flops import ModelBytes, ModelFlops
+    from llmserve.bench.throughput import roofline
+
+    config = SimpleNamespace(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                             num_hidden_layers=2, vocab_size=256, head_dim=16)
+    step = SimpleNamespace(num_scheduled_tokens=8, num_sampled=8, attention_pairs=8 * 100, kv_tokens_read=8 * 100)
+    engine = SimpleNamespace(runner=SimpleNamespace(config=config), steps=[step])
+    flops, model_bytes = ModelFlops.from_config(config), ModelBytes.from_config(config, torch.bfloat16)
+    peak, bandwidth = 4e9, 1e9
+    products = flops.product_flops(8, 8) / peak  # > the weights' bytes / bandwidth
+    attention = model_bytes.kv_bytes(8, 800) / bandwidth  # > its FLOPs / peak
+    assert products > model_bytes.weight_bytes(8) / bandwidth and attention > flops.attention_flops(800) / peak
+    got = roofline(engine, peak, bandwidth, torch.bfloat16, {"seconds": 1.0, "model_tflop": 1e-6})
+    assert got["layerwise_floor_seconds"] == pytest.approx(products + attention)
+    assert got["roofline_floor_seconds"] == pytest.approx(max(flops.step_flops(8, 8, 800) / peak,
+                                                              model_bytes.step_bytes(8, 8, 800) / bandwidth))
+    assert got["roofline_floor_seconds"] < got["layerwise_floor_seconds"]

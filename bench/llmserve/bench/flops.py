@@ -12,6 +12,12 @@ Roofline floor: a step cannot take less than max(FLOPs / peak, bytes / bandwidth
 bytes = every linear weight once + the LM head when logits are computed + the K/V of
 every attended token + the K/V written. Summed over a run's steps it is the time a
 perfect implementation would need on this machine for the same schedule.
+
+Layer-by-layer floor: the same, but with the products (linear layers and LM head: their
+FLOPs, their weights) and attention (its FLOPs, the K/V) each bound on its own and
+added, as an engine that runs a layer's products and its attention one after the other
+would be. Where the products are compute-bound and attention memory-bound (decode at
+tens of rows on a few CPU cores), this floor is well above the first.
 """
 
 from __future__ import annotations
@@ -45,8 +51,14 @@ class ModelFlops:
         )
 
     def step_flops(self, computed_tokens: int, logits_tokens: int, attention_pairs: int) -> int:
-        return (2 * self.linear_params * computed_tokens + 2 * self.lm_head_params * logits_tokens
-                + self.attention_flops_per_pair * attention_pairs)
+        return self.product_flops(computed_tokens, logits_tokens) + self.attention_flops(attention_pairs)
+
+    def product_flops(self, computed_tokens: int, logits_tokens: int) -> int:
+        """The linear layers' and the LM head's."""
+        return 2 * self.linear_params * computed_tokens + 2 * self.lm_head_params * logits_tokens
+
+    def attention_flops(self, attention_pairs: int) -> int:
+        return self.attention_flops_per_pair * attention_pairs
 
 
 @dataclass(frozen=True)
@@ -69,8 +81,14 @@ class ModelBytes:
                    kv_bytes_per_token=2 * cfg.num_key_value_heads * head_dim * cfg.num_hidden_layers * size)
 
     def step_bytes(self, computed_tokens: int, logits_tokens: int, kv_tokens_read: int) -> int:
-        return (self.linear_bytes + (self.lm_head_bytes if logits_tokens else 0)
-                + self.kv_bytes_per_token * (kv_tokens_read + computed_tokens))
+        return self.weight_bytes(logits_tokens) + self.kv_bytes(computed_tokens, kv_tokens_read)
+
+    def weight_bytes(self, logits_tokens: int) -> int:
+        return self.linear_bytes + (self.lm_head_bytes if logits_tokens else 0)
+
+    def kv_bytes(self, computed_tokens: int, kv_tokens_read: int) -> int:
+        """The K/V attention reads, and the K/V of the computed tokens written."""
+        return self.kv_bytes_per_token * (kv_tokens_read + computed_tokens)
 
 
 def measure_memory_bandwidth(nbytes: int = 2**30, seconds: float = 1.0, device: torch.device | str = "cpu") -> float:

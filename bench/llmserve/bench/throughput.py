@@ -87,16 +87,24 @@ def compile_pass(engine: RecordingEngine, requests: list[BenchRequest], scheduli
 def roofline(engine: RecordingEngine, peak_flops: float, bandwidth: float, dtype: torch.dtype, result: dict,
              quantization: str = "none") -> dict:
     """The run's roofline floor: per step max(FLOPs / peak, bytes / bandwidth), summed
-    (int8 weights counted at one byte each)."""
+    (int8 weights counted at one byte each); and its layer-by-layer floor, the products'
+    and attention's bounds added (flops.py)."""
     flops = ModelFlops.from_config(engine.runner.config)
     model_bytes = ModelBytes.from_config(engine.runner.config, dtype, quantization)
     floor = sum(max(flops.step_flops(s.num_scheduled_tokens, s.num_sampled, s.attention_pairs) / peak_flops,
                     model_bytes.step_bytes(s.num_scheduled_tokens, s.num_sampled, s.kv_tokens_read) / bandwidth)
                 for s in engine.steps)
+    serial = sum(max(flops.product_flops(s.num_scheduled_tokens, s.num_sampled) / peak_flops,
+                     model_bytes.weight_bytes(s.num_sampled) / bandwidth)
+                 + max(flops.attention_flops(s.attention_pairs) / peak_flops,
+                       model_bytes.kv_bytes(s.num_scheduled_tokens, s.kv_tokens_read) / bandwidth)
+                 for s in engine.steps)
     return {
         "roofline_floor_seconds": floor,
         "roofline_fraction": floor / result["seconds"],  # 1.0 = as fast as this machine allows
         "mfu_at_roofline": result["model_tflop"] * 1e12 / (floor * peak_flops),
+        "layerwise_floor_seconds": serial,
+        "layerwise_fraction": serial / result["seconds"],
     }
 
 
@@ -349,7 +357,8 @@ def _print_summary(run: _Run, results: dict[str, dict], block_size: int) -> None
     print(f"matmul peak ({products} on {run.device}): {run.peak / 1e9:.0f} GFLOP/s; engine achieved "
           f"{engine['achieved_gflop_per_s']:.0f} GFLOP/s = MFU {100 * engine['mfu']:.0f}%", flush=True)
     print(f"roofline (memory {run.bandwidth / 1e9:.0f} GB/s): floor {engine['roofline_floor_seconds']:.1f} s, "
-          f"engine at {100 * engine['roofline_fraction']:.0f}% of it; MFU at the floor "
+          f"engine at {100 * engine['roofline_fraction']:.0f}% of it (layer by layer: floor "
+          f"{engine['layerwise_floor_seconds']:.1f} s, {100 * engine['layerwise_fraction']:.0f}%); MFU at the floor "
           f"{100 * engine['mfu_at_roofline']:.0f}%; KV utilisation bound at block size {block_size}: "
           f"{100 * engine['kv_utilisation_bound']:.1f}%", flush=True)
 
