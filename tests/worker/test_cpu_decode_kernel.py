@@ -72,6 +72,20 @@ def windowed_reference(q, cache, tables, seq_lens, window, softcap, scale):
     return torch.stack(outs)
 
 
+def windowed_case(seq_lens, kvh, g, head_dim, block_size, dtype, seed, window, softcap):
+    """A paged case, its windowed reference, and its decode metadata; the blocks wholly
+    before a row's window are NaN (freed and reused), so a read of one shows."""
+    q, cache, tables = paged_case(seq_lens, kvh, g, head_dim, block_size, dtype, seed=seed)
+    ref = windowed_reference(q, cache, tables, seq_lens, window, softcap, head_dim**-0.5)
+    if window:
+        for t, n in zip(tables, seq_lens):
+            for blk in t[: max(0, n - window) // block_size]:
+                cache[:, blk] = float("nan")
+    meta = TorchPagedAttention.build_metadata([1] * len(seq_lens), seq_lens, tables,
+                                              torch.zeros(len(seq_lens), dtype=torch.long), block_size)
+    return q, cache, ref, meta
+
+
 @pytest.mark.skipif(not cpu_kernels.load(), reason="no C++ compiler for the CPU kernels")
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("block_size,head_dim", [(16, 64), (4, 16)])  # tiled, and a 4-row block past 16 rows
@@ -81,15 +95,8 @@ def test_cpu_decode_kernel_window_softcap(dtype, tol, block_size, head_dim, wind
     """Blocks wholly before a row's window are NaN (freed and reused): neither the kernel
     nor the gather path may read them."""
     kvh, g = 2, 3
-    q, cache, tables = paged_case(seq_lens, kvh, g, head_dim, block_size, dtype, seed=5)
-    ref = windowed_reference(q, cache, tables, seq_lens, window, softcap, head_dim**-0.5)
-    if window:
-        for t, n in zip(tables, seq_lens):
-            for blk in t[: max(0, n - window) // block_size]:
-                cache[:, blk] = float("nan")
+    q, cache, ref, meta = windowed_case(seq_lens, kvh, g, head_dim, block_size, dtype, 5, window, softcap)
     backend = TorchPagedAttention(kvh * g, head_dim, kvh, sliding_window=window, softcap=softcap)
-    meta = TorchPagedAttention.build_metadata([1] * len(seq_lens), seq_lens, tables,
-                                              torch.zeros(len(seq_lens), dtype=torch.long), block_size)
     out = cpu_kernels.paged_attention_decode(q, cache, meta.decode_block_table, meta.decode_seq_lens, backend.scale,
                                              window, softcap)
     for got in (out.float(), backend._decode_gather(q, cache, meta).float()):
@@ -118,14 +125,7 @@ def threads(request):
 def test_cpu_decode_kernel_key_chunks_match_dense(dtype, tol, block_size, head_dim, threads, window, softcap,
                                                   seq_lens):
     kvh, g = 2, 3
-    q, cache, tables = paged_case(seq_lens, kvh, g, head_dim, block_size, dtype, seed=7)
-    ref = windowed_reference(q, cache, tables, seq_lens, window, softcap, head_dim**-0.5)
-    if window:
-        for t, n in zip(tables, seq_lens):
-            for blk in t[: max(0, n - window) // block_size]:
-                cache[:, blk] = float("nan")
-    meta = TorchPagedAttention.build_metadata([1] * len(seq_lens), seq_lens, tables,
-                                              torch.zeros(len(seq_lens), dtype=torch.long), block_size)
+    q, cache, ref, meta = windowed_case(seq_lens, kvh, g, head_dim, block_size, dtype, 7, window, softcap)
     out = cpu_kernels.paged_attention_decode(q, cache, meta.decode_block_table, meta.decode_seq_lens,
                                              head_dim**-0.5, window, softcap).float()
     assert not out.isnan().any()
