@@ -36,6 +36,10 @@ class WorkerLink:
         # allows one write at a time, and the plan's write is done by then.
         self._interruptible: int | None = None
         self._interrupt_task: asyncio.Task | None = None
+        # While a multi-step plan is being written, an interrupt asked for waits for the
+        # write and follows it (a request that arrives then must not wait for the whole run).
+        self._writing_multi_step = False
+        self._interrupt_asked = False
         self._sent_at: dict[int, float] = {}  # step id -> when its send began (bench overhead's round trip)
 
     async def execute(self, plan: StepPlan) -> StepResult:
@@ -45,14 +49,19 @@ class WorkerLink:
     async def send(self, plan: StepPlan) -> None:
         """Write the plan; the worker runs plans in the order sent and answers each."""
         self._sent_at[plan.step_id] = time.perf_counter()
+        self._writing_multi_step = plan.num_steps > 1
         try:
             with step_phases.timed("encode"):
                 command = wire.plan_command_to_pb(plan)
             await self._call.write(command)
         except grpc.aio.AioRpcError as err:
             raise WorkerLost(f"worker {self.address}: {err.code().name} {err.details()}") from err
+        finally:
+            asked, self._interrupt_asked, self._writing_multi_step = self._interrupt_asked, False, False
         if plan.num_steps > 1:  # Written: an interrupt may follow it from now on.
             self._interruptible = plan.step_id
+            if asked:
+                self.interrupt()
 
     async def receive(self, plan: StepPlan) -> StepResult:
         """The result of `plan`, the oldest plan sent and not yet answered."""
@@ -79,8 +88,10 @@ class WorkerLink:
 
     def interrupt(self) -> None:
         """Cut the multi-step plan in flight short after the worker's current step (a new
-        request should not wait for the whole run). No-op when no such plan is in flight."""
+        request should not wait for the whole run). No-op when no such plan is in flight;
+        asked while one is being written, it is written right after the plan."""
         if self._interruptible is None:
+            self._interrupt_asked = self._interrupt_asked or self._writing_multi_step
             return
         command = wire.interrupt_command_to_pb(self._interruptible)
         self._interruptible = None
