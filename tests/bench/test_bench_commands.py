@@ -57,8 +57,9 @@ def test_bench_throughput_smoke(tmp_path):
     # Utilisation cannot beat its block-granularity ceiling; the roofline floor is real time.
     assert engine["kv_utilisation"] <= engine["kv_utilisation_bound"] + 1e-9
     assert engine["roofline_floor_seconds"] > 0 and 0 < engine["mfu_at_roofline"] <= 1
-    # Bounding products and attention apart, then adding, can only raise the floor.
-    assert engine["layerwise_floor_seconds"] >= engine["roofline_floor_seconds"]
+    # Bounding products and attention apart, then adding, can only raise the floor (equal
+    # where one resource bounds both: then only the float rounding of the sums differs).
+    assert engine["layerwise_floor_seconds"] >= engine["roofline_floor_seconds"] * (1 - 1e-9)
     assert report["memory_bandwidth_gb_per_s"] > 0
     assert engine["peak_blocks_in_use"] > 0 and report["matmul_peak_gflop_per_s"] > 0
     # Greedy: the same tokens whichever way they were produced.
