@@ -91,14 +91,15 @@ def roofline(engine: RecordingEngine, peak_flops: float, bandwidth: float, dtype
     and attention's bounds added (flops.py)."""
     flops = ModelFlops.from_config(engine.runner.config)
     model_bytes = ModelBytes.from_config(engine.runner.config, dtype, quantization)
-    floor = sum(max(flops.step_flops(s.num_scheduled_tokens, s.num_sampled, s.attention_pairs) / peak_flops,
-                    model_bytes.step_bytes(s.num_scheduled_tokens, s.num_sampled, s.kv_tokens_read) / bandwidth)
-                for s in engine.steps)
-    serial = sum(max(flops.product_flops(s.num_scheduled_tokens, s.num_sampled) / peak_flops,
-                     model_bytes.weight_bytes(s.num_sampled) / bandwidth)
-                 + max(flops.attention_flops(s.attention_pairs) / peak_flops,
-                       model_bytes.kv_bytes(s.num_scheduled_tokens, s.kv_tokens_read) / bandwidth)
-                 for s in engine.steps)
+    floor = serial = 0.0
+    for s in engine.steps:
+        product_flops = flops.product_flops(s.num_scheduled_tokens, s.num_sampled)
+        attention_flops = flops.attention_flops(s.attention_pairs)
+        weight_bytes = model_bytes.weight_bytes(s.num_sampled)
+        kv_bytes = model_bytes.kv_bytes(s.num_scheduled_tokens, s.kv_tokens_read)
+        floor += max((product_flops + attention_flops) / peak_flops, (weight_bytes + kv_bytes) / bandwidth)
+        serial += (max(product_flops / peak_flops, weight_bytes / bandwidth)
+                   + max(attention_flops / peak_flops, kv_bytes / bandwidth))
     return {
         "roofline_floor_seconds": floor,
         "roofline_fraction": floor / result["seconds"],  # 1.0 = as fast as this machine allows
