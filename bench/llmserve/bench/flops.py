@@ -132,7 +132,12 @@ def measure_matmul_peak(dtype: torch.dtype = torch.float32, size: int | None = N
     if onednn_packing_available() and dtype in (torch.float32, torch.bfloat16):
         packed = torch.ops.mkldnn._reorder_linear_weight(b, size)  # b as an [out, in] weight
         products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
-    return max(best_rate(product, 2 * size**3, device, seconds / len(products)) for product in products)
+    return _fastest(products, size, seconds)
+
+
+def _fastest(products: list, size: int, seconds: float) -> float:
+    """The best FLOP/s among CPU products of a [size, size] by a [size, size], `seconds` shared."""
+    return max(best_rate(product, 2 * size**3, "cpu", seconds / len(products)) for product in products)
 
 
 def _int8_peak(a: torch.Tensor, size: int, seconds: float) -> float:
@@ -144,7 +149,7 @@ def _int8_peak(a: torch.Tensor, size: int, seconds: float) -> float:
     if hasattr(torch, "_int_mm"):
         a8 = torch.randint(-127, 128, (size, size), dtype=torch.int8)  # [size, size] activations
         products.append(lambda: torch._int_mm(a8, q.t()))
-    return max(best_rate(product, 2 * size**3, "cpu", seconds / len(products)) for product in products)
+    return _fastest(products, size, seconds)
 
 
 def measure_peak_and_bandwidth(dtype: torch.dtype, device: torch.device | str, seconds: float = 1.0
