@@ -66,15 +66,16 @@ struct Bf16Tile {
   const char* block(int64_t b) const { return reinterpret_cast<const char*>(w + b * K * kBlockN); }
   int64_t block_bytes() const { return K * kBlockN * 2; }
 
-  template <int MT, int NB, bool P>
-  void run(int64_t m0, int64_t b0, llmserve_tiles::Lines ahead) const {
+  static constexpr bool kPrefetchAlone = false;
+
+  template <int MT, int NB, int C>
+  void run(int64_t m0, int64_t b0, llmserve_tiles::NextTile next) const {
     const int64_t K2 = K / 2;
-    llmserve_tiles::PrefetchStream prefetch(ahead, K2);
     __m512 acc[MT][NB];
     for (int m = 0; m < MT; ++m)
       for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
     for (int64_t k2 = 0; k2 < K2; ++k2) {
-      if constexpr (P) prefetch.step();
+      if (llmserve_tiles::issues_at<C>(k2)) next.issue();
       __m512i wv[NB];
       for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_si512(w + ((b0 + b) * K2 + k2) * 2 * kBlockN);
       for (int m = 0; m < MT; ++m) {

@@ -5,10 +5,10 @@
 // A tile is kRowTile rows x kTileBlocks blocks (4 x 48 columns: 12 accumulators plus the
 // weight and broadcast registers, well inside AVX-512's 32). Tiles of columns run in
 // parallel; inside one, its rows run in tiles of 4 while its weights stay in L1/L2.
-// Each kernel supplies the tile's arithmetic: `tile.template run<MT, NB, P>(m0, b0, ahead)`
-// writes rows [m0, m0 + MT) x blocks [b0, b0 + NB), prefetching the lines `ahead` names
-// as it goes when P (one row tile has nothing to prefetch: that case keeps the loop
-// without it); and `tile.block(b)`, `tile.block_bytes()`: where packed block b starts.
+// Each kernel supplies the tile's arithmetic: `tile.template run<MT, NB, C>(m0, b0, next)`
+// writes rows [m0, m0 + MT) x blocks [b0, b0 + NB), calling `next.issue()` at the steps
+// of its k loop that cadence C names; `tile.block(b)`, `tile.block_bytes()`: where packed
+// block b starts; `Tile::kPrefetchAlone`: whether a product of one row tile prefetches.
 //
 // Why the prefetch: with more than one row tile, only the first streams the tile's
 // weights from memory; the later ones read them from L2 while memory idles (at 16 rows
@@ -42,36 +42,57 @@ inline void store_row(c10::BFloat16* y, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
 
-// 64-byte lines to prefetch into L2: `lines` of them from `base`.
-struct Lines {
-  const char* base = nullptr;
-  int64_t lines = 0;
-};
+// How often a row tile issues its prefetches: every k step, every 4th (k = 0, 4, ...), or
+// never (nothing to prefetch: the loop keeps none of it).
+//
+// NOTE: every step when one row tile streams the tile alone: it runs at memory speed, and
+// its 3 lines a step issued as 12 every 4th step made 4-row int8 products from memory
+// 1.1-1.3x slower (`llmserve bench gemm`, SmolLM2-135M's shapes). Every 4th step when
+// row tiles share the lines: they are compute-bound, and bookkeeping in every step of the
+// innermost loop made GCC 12 spill the products' registers (the 4 x 3 int8 tile in L1:
+// 41% of VPDPBUSD's peak with a counter in every step, 87% without).
+enum Cadence { kNever = 0, kEveryStep = 1, kEvery4thStep = 4 };
 
-// `ahead`'s lines issued evenly over a loop of `iters` iterations, one `step()` each
-// (Bresenham-style: no division inside the loop).
-class PrefetchStream {
+// Whether a loop at cadence C issues at step k.
+template <int C>
+inline bool issues_at(int64_t k) {
+  return C == kEveryStep || (C == kEvery4thStep && k % 4 == 0);
+}
+
+// A row tile's share of the next column tile's weights, prefetched into L2 as it runs:
+// `lines` 64-byte lines from `base`, in address order, spread over `issues` calls of
+// `issue()`.
+//
+// NOTE: in address order, because order matters as much as count: the same lines taken
+// as 4 lines of each block in turn ran 1-16 row products 1.2-1.6x slower from memory (the
+// hardware prefetchers follow one ascending stream, not three).
+class NextTile {
  public:
-  PrefetchStream(Lines ahead, int64_t iters) : ahead_(ahead), iters_(std::max<int64_t>(iters, 1)) {}
-  inline void step() {
-    for (credit_ += ahead_.lines; credit_ >= iters_ && next_ < ahead_.lines; credit_ -= iters_, ++next_)
-      _mm_prefetch(ahead_.base + 64 * next_, _MM_HINT_T1);
+  NextTile() = default;
+  NextTile(const char* base, int64_t lines, int64_t issues)
+      : next_(base), left_(lines), per_issue_((lines + issues - 1) / std::max<int64_t>(issues, 1)) {}
+
+  inline void issue() {
+    const int64_t n = std::min(per_issue_, left_);
+    for (int64_t i = 0; i < n; ++i) _mm_prefetch(next_ + 64 * i, _MM_HINT_T1);
+    next_ += 64 * n;
+    left_ -= n;
   }
 
  private:
-  Lines ahead_;
-  int64_t iters_, credit_ = 0, next_ = 0;
+  const char* next_ = nullptr;
+  int64_t left_ = 0, per_issue_ = 0;
 };
 
-// Row tiles of column tile [b0, b0 + NB); row tile r prefetches `ahead(r)` when P.
-template <int NB, bool P, class Tile, class Ahead>
+// Row tiles of column tile [b0, b0 + NB); row tile r prefetches `ahead(r)` at cadence C.
+template <int NB, int C, class Tile, class Ahead>
 inline void run_rows(const Tile& tile, int64_t M, int64_t b0, const Ahead& ahead) {
   int64_t m0 = 0, r = 0;
-  for (; m0 + kRowTile <= M; m0 += kRowTile, ++r) tile.template run<kRowTile, NB, P>(m0, b0, ahead(r));
+  for (; m0 + kRowTile <= M; m0 += kRowTile, ++r) tile.template run<kRowTile, NB, C>(m0, b0, ahead(r));
   switch (M - m0) {
-    case 3: tile.template run<3, NB, P>(m0, b0, ahead(r)); break;
-    case 2: tile.template run<2, NB, P>(m0, b0, ahead(r)); break;
-    case 1: tile.template run<1, NB, P>(m0, b0, ahead(r)); break;
+    case 3: tile.template run<3, NB, C>(m0, b0, ahead(r)); break;
+    case 2: tile.template run<2, NB, C>(m0, b0, ahead(r)); break;
+    case 1: tile.template run<1, NB, C>(m0, b0, ahead(r)); break;
     default: break;
   }
 }
@@ -80,20 +101,24 @@ inline void run_rows(const Tile& tile, int64_t M, int64_t b0, const Ahead& ahead
 template <int NB, class Tile>
 inline void run_columns(const Tile& tile, int64_t M, int64_t b0, int64_t blocks) {
   const int64_t row_tiles = (M + kRowTile - 1) / kRowTile;
-  // The next column tile's lines (none when one row tile streams the weights itself),
-  // split into one part per row tile.
-  const int64_t next_blocks = row_tiles > 1 ? std::clamp<int64_t>(blocks - b0 - NB, 0, NB) : 0;
+  // The next column tile's lines (none when one row tile streams the weights itself,
+  // unless the kernel asks: Tile::kPrefetchAlone), split into one part per row tile.
+  const bool prefetch = row_tiles > 1 || Tile::kPrefetchAlone;
+  const int64_t next_blocks = prefetch ? std::clamp<int64_t>(blocks - b0 - NB, 0, NB) : 0;
   const int64_t lines = next_blocks * tile.block_bytes() / 64;
   const int64_t part = (lines + row_tiles - 1) / row_tiles;
   const char* next = next_blocks ? tile.block(b0 + NB) : nullptr;
-  auto ahead = [&](int64_t r) {
+  const int64_t steps = tile.block_bytes() / 64;  // a k step reads one line of each block
+  auto ahead = [&](int64_t r, int64_t every) {
     const int64_t first = std::min(r * part, lines);
-    return Lines{next + 64 * first, std::min(part, lines - first)};
+    return NextTile(next + 64 * first, std::min(part, lines - first), (steps + every - 1) / every);
   };
-  if (row_tiles > 1) {
-    run_rows<NB, true>(tile, M, b0, ahead);
+  if (lines == 0) {
+    run_rows<NB, kNever>(tile, M, b0, [](int64_t) { return NextTile{}; });
+  } else if (row_tiles == 1) {
+    run_rows<NB, kEveryStep>(tile, M, b0, [&](int64_t r) { return ahead(r, 1); });
   } else {
-    run_rows<NB, false>(tile, M, b0, ahead);
+    run_rows<NB, kEvery4thStep>(tile, M, b0, [&](int64_t r) { return ahead(r, 4); });
   }
 }
 

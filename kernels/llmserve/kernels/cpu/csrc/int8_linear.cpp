@@ -101,6 +101,67 @@ void quantize_group(const T* src, int8_t* dst, float* x_scale, int32_t* comp) {
   *comp = 128 * _mm512_reduce_add_epi32(sum);
 }
 
+// acc += the 16 int32 dot products of u's and x's 4-byte groups (VPDPBUSD), in place (for
+// the tiles below 4 x 3; the NOTE below says why not _mm512_dpbusd_epi32).
+inline void dpbusd_in_place(__m512i& acc, __m512i u, __m512i x) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(x));
+}
+
+// The full 4 x 3 tile's products over S steps of the k loop (1 or 4), in assembly:
+//   dot[m][b] += sum_{j<S} VPDPBUSD(block b's line j, broadcast of row m's bytes 4j..4j+3)
+// w: block b0's line at the first step, the next blocks `block_bytes` apart; x: row m0's
+// 4 bytes at the first step, the next rows `row_bytes` apart.
+//
+// NOTE: in C++ with intrinsics GCC 12 keeps this loop's 12 sums and 3 weight vectors in
+// only 16 of the 32 vector registers: it copies each sum around the intrinsic, or spills
+// the weights to the stack and reloads them for every row (the GPR pressure of the
+// surrounding loop decides which). Either way the tile ran at 53-71% of VPDPBUSD's peak
+// with its data in L1 or L2; written out, a step is 12 products, 3 loads and 4
+// broadcasts (on a Zen 5 EPYC: 92% of the peak in L1; 64-row products from L2 at 1.5-1.7
+// int8 TOP/s on 2 cores, from 1.1).
+//
+// Scratch: zmm28-30 the step's 3 weight vectors, zmm31 the broadcast row, rax row 3's
+// address (named as clobbers, not operands: the 12 sums in and out already take 24 of
+// asm's 30 operands; the two "m" operands say which memory it reads, with no "memory"
+// clobber, which would make GCC reload the tile's fields after every block).
+#define LLMSERVE_W8A8_ROW(X, D0, D1, D2)                                                     \
+  "vpbroadcastd " X ", %%zmm31\n\t"                                                           \
+  "vpdpbusd %%zmm31, %%zmm28, %[" D0 "]\n\t"                                                  \
+  "vpdpbusd %%zmm31, %%zmm29, %[" D1 "]\n\t"                                                  \
+  "vpdpbusd %%zmm31, %%zmm30, %[" D2 "]\n\t"
+#define LLMSERVE_W8A8_STEP(W, X)                                                             \
+  "vmovdqu64 " W "(%[w]), %%zmm28\n\t"                                                        \
+  "vmovdqu64 " W "(%[w],%[ws],1), %%zmm29\n\t"                                                \
+  "vmovdqu64 " W "(%[w],%[ws],2), %%zmm30\n\t"                                                \
+  LLMSERVE_W8A8_ROW(X "(%[x])", "d00", "d01", "d02")                                          \
+  LLMSERVE_W8A8_ROW(X "(%[x],%[xs],1)", "d10", "d11", "d12")                                  \
+  LLMSERVE_W8A8_ROW(X "(%[x],%[xs],2)", "d20", "d21", "d22")                                  \
+  LLMSERVE_W8A8_ROW(X "(%%rax)", "d30", "d31", "d32")
+#define LLMSERVE_W8A8_ROW3 "lea (%[x],%[xs],2), %%rax\n\tadd %[xs], %%rax\n\t"  // rax: row 3
+#define LLMSERVE_W8A8_OPERANDS                                                                   \
+  : [d00] "+v"(dot[0][0]), [d01] "+v"(dot[0][1]), [d02] "+v"(dot[0][2]), [d10] "+v"(dot[1][0]), \
+    [d11] "+v"(dot[1][1]), [d12] "+v"(dot[1][2]), [d20] "+v"(dot[2][0]), [d21] "+v"(dot[2][1]), \
+    [d22] "+v"(dot[2][2]), [d30] "+v"(dot[3][0]), [d31] "+v"(dot[3][1]), [d32] "+v"(dot[3][2])  \
+  : [w] "r"(w), [ws] "r"(block_bytes), [x] "r"(x), [xs] "r"(row_bytes),                             \
+    "m"(*reinterpret_cast<const char(*)[]>(w)), "m"(*reinterpret_cast<const char(*)[]>(x))         \
+  : "rax", "zmm28", "zmm29", "zmm30", "zmm31"
+
+template <int S>
+inline void w8a8_tile_4x3_steps(__m512i (&dot)[4][3], const uint8_t* w, int64_t block_bytes, const int8_t* x,
+                                int64_t row_bytes) {
+  static_assert(S == 1 || S == 4);
+  if constexpr (S == 1) {
+    __asm__(LLMSERVE_W8A8_ROW3 LLMSERVE_W8A8_STEP("0", "0") LLMSERVE_W8A8_OPERANDS);
+  } else {
+    __asm__(LLMSERVE_W8A8_ROW3 LLMSERVE_W8A8_STEP("0", "0") LLMSERVE_W8A8_STEP("64", "4")
+                LLMSERVE_W8A8_STEP("128", "8") LLMSERVE_W8A8_STEP("192", "12") LLMSERVE_W8A8_OPERANDS);
+  }
+}
+#undef LLMSERVE_W8A8_ROW
+#undef LLMSERVE_W8A8_STEP
+#undef LLMSERVE_W8A8_ROW3
+#undef LLMSERVE_W8A8_OPERANDS
+
 // x [M, K] -> xq [M, K] int8, x_scale [M, G], comp [M, G] = 128 * sum of the group's xq.
 template <typename T>
 void quantize_activations(const T* x, int64_t M, int64_t K, int8_t* xq, float* x_scale, int32_t* comp) {
@@ -127,51 +188,54 @@ struct W8A8Tile {
   const char* block(int64_t b) const { return reinterpret_cast<const char*>(w + b * K * kBlockN); }
   int64_t block_bytes() const { return K * kBlockN; }
 
-  // The next column tile's weights [b0 + NB, b0 + 2 NB), for a product of one row tile.
-  // NOTE: gemm_tiles.h prefetches only when several row tiles share a column tile, but at
-  // 2-4 rows the hardware prefetcher alone leaves memory idle: 4 rows took 1.3-1.5x as long
-  // as 8 rows; with this prefetch the products at 2-4 rows run 1.1-1.6x faster (1 row: the
-  // same within noise), decode steps 1.1-1.2x (docs/benchmarks.md).
-  llmserve_tiles::Lines next_tile(int64_t b0, int64_t nb) const {
-    const int64_t next_blocks = std::clamp<int64_t>(N / kBlockN - b0 - nb, 0, nb);
-    if (next_blocks == 0) return {};
-    return {block(b0 + nb), next_blocks * block_bytes() / 64};
-  }
+  // A product of one row tile prefetches the next column tile too.
+  // NOTE: at 2-4 rows the hardware prefetcher alone leaves memory idle: 4 rows took
+  // 1.3-1.5x as long as 8 rows; with this prefetch the products at 2-4 rows run 1.1-1.6x
+  // faster (1 row: the same within noise), decode steps 1.1-1.2x (docs/benchmarks.md).
+  static constexpr bool kPrefetchAlone = true;
 
-  template <int MT, int NB, bool P>
-  void run(int64_t m0, int64_t b0, llmserve_tiles::Lines ahead) const {
+  template <int MT, int NB, int C>
+  void run(int64_t m0, int64_t b0, llmserve_tiles::NextTile next) const {
     const int64_t G = K / kGroup, K4 = K / 4;
-    // P: several row tiles, each prefetching its share (gemm_tiles.h); else this one, all of it.
-    llmserve_tiles::PrefetchStream prefetch(P ? ahead : next_tile(b0, NB), K4);
-    __m512 acc[MT][NB];
-    for (int m = 0; m < MT; ++m)
-      for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
+    // The float sums live in L1, not registers: touched once per group, they would hold 12
+    // of the 32 vector registers beside the group's 12 integer sums (4-row products from
+    // L2 ran 1.2x faster so; 16-256 rows the same).
+    alignas(64) float acc[MT][NB][kBlockN] = {};
     for (int64_t g = 0; g < G; ++g) {
       __m512i dot[MT][NB];
       for (int m = 0; m < MT; ++m)
         for (int b = 0; b < NB; ++b) dot[m][b] = _mm512_setzero_si512();
-      for (int64_t k4 = g * (kGroup / 4); k4 < (g + 1) * (kGroup / 4); ++k4) {
-        prefetch.step();
-        __m512i wv[NB];
-        for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_si512(w + ((b0 + b) * K4 + k4) * 64);
-        for (int m = 0; m < MT; ++m) {
-          int32_t four;
-          std::memcpy(&four, xq + (m0 + m) * K + 4 * k4, 4);
-          const __m512i xv = _mm512_set1_epi32(four);
-          for (int b = 0; b < NB; ++b) dot[m][b] = _mm512_dpbusd_epi32(dot[m][b], wv[b], xv);
+      if constexpr (MT == 4 && NB == 3) {
+        constexpr int S = C == llmserve_tiles::kEveryStep ? 1 : 4;  // kGroup / 4 steps: a multiple of 4
+        for (int64_t k4 = g * (kGroup / 4); k4 < (g + 1) * (kGroup / 4); k4 += S) {
+          if constexpr (C != llmserve_tiles::kNever) next.issue();
+          w8a8_tile_4x3_steps<S>(dot, w + (b0 * K4 + k4) * 64, K4 * 64, xq + m0 * K + 4 * k4, K);
+        }
+      } else {
+        for (int64_t k4 = g * (kGroup / 4); k4 < (g + 1) * (kGroup / 4); ++k4) {
+          if (llmserve_tiles::issues_at<C>(k4)) next.issue();
+          __m512i wv[NB];
+          for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_si512(w + ((b0 + b) * K4 + k4) * 64);
+          for (int m = 0; m < MT; ++m) {
+            int32_t four;
+            std::memcpy(&four, xq + (m0 + m) * K + 4 * k4, 4);
+            const __m512i xv = _mm512_set1_epi32(four);
+            for (int b = 0; b < NB; ++b) dpbusd_in_place(dot[m][b], wv[b], xv);
+          }
         }
       }
       for (int m = 0; m < MT; ++m) {
         const __m512i c = _mm512_set1_epi32(comp[(m0 + m) * G + g]);
         const __m512 s = _mm512_set1_ps(x_scale[(m0 + m) * G + g]);
         for (int b = 0; b < NB; ++b)
-          acc[m][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[m][b], c)), s, acc[m][b]);
+          _mm512_store_ps(acc[m][b], _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[m][b], c)), s,
+                                                     _mm512_load_ps(acc[m][b])));
       }
     }
     for (int b = 0; b < NB; ++b) {
       const __m512 ws = _mm512_loadu_ps(w_scale + (b0 + b) * kBlockN);
       for (int m = 0; m < MT; ++m)
-        llmserve_tiles::store_row(y + (m0 + m) * N + (b0 + b) * kBlockN, _mm512_mul_ps(acc[m][b], ws));
+        llmserve_tiles::store_row(y + (m0 + m) * N + (b0 + b) * kBlockN, _mm512_mul_ps(_mm512_load_ps(acc[m][b]), ws));
     }
   }
 };
