@@ -70,11 +70,12 @@ AVAILABLE_BFLOAT16_GEMMS = [k for k, ok in (("tiles", tiles_available()), ("oned
 
 
 @pytest.mark.parametrize("kind", AVAILABLE_BFLOAT16_GEMMS)
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 16, 33, 64, 200])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 7, 12, 14, 16, 33, 64, 200])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_packed_bfloat16_matches_dense(kind, rows, with_bias, bfloat16_gemm_set):
     bfloat16_gemm_set(kind)
-    # 80 output channels: one full 48-channel tile of ours, then 2 blocks of 16 on their own.
+    # 80 output channels: one full 48-channel tile of ours, then 2 blocks of 16 on their own;
+    # rows in tiles of 8 and every remainder (1-7) after them.
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(80, 48, generator=gen).bfloat16()
     x = torch.randn(rows, 48, generator=gen).bfloat16()

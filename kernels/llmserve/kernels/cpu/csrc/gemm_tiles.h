@@ -2,13 +2,15 @@
 // bf16_linear.cpp): y [M, N] = x [M, K] @ W.T with W packed in blocks of 16 output
 // channels, so that one 64-byte load feeds a whole block.
 //
-// A tile is kRowTile rows x kTileBlocks blocks (4 x 48 columns: 12 accumulators plus the
-// weight and broadcast registers, well inside AVX-512's 32). Tiles of columns run in
-// parallel; inside one, its rows run in tiles of 4 while its weights stay in L1/L2.
+// A tile is Tile::kRowTile rows x kTileBlocks blocks of 16 columns, its sums held in
+// registers (int8: 4 x 48, 12 integer sums; bfloat16: 8 x 48, 24 float sums, plus the
+// 3 weight vectors and a broadcast row: 28 of AVX-512's 32 registers). Tiles of columns
+// run in parallel; inside one, its rows run in row tiles while its weights stay in L1/L2.
 // Each kernel supplies the tile's arithmetic: `tile.template run<MT, NB, C>(m0, b0, next)`
 // writes rows [m0, m0 + MT) x blocks [b0, b0 + NB), calling `next.issue()` at the steps
 // of its k loop that cadence C names; `tile.block(b)`, `tile.block_bytes()`: where packed
-// block b starts; `Tile::kPrefetchAlone`: whether a product of one row tile prefetches.
+// block b starts; `Tile::kRowTile`: the rows of a full tile (its row loop's unit);
+// `Tile::kLonePrefetchRows`: from how many rows one row tile alone prefetches.
 //
 // Why the prefetch: with more than one row tile, only the first streams the tile's
 // weights from memory; the later ones read them from L2 while memory idles (at 16 rows
@@ -29,7 +31,6 @@
 namespace llmserve_tiles {
 
 constexpr int64_t kBlockN = 16;     // output channels per 512-bit accumulator
-constexpr int64_t kRowTile = 4;     // rows sharing each loaded weight vector
 constexpr int64_t kTileBlocks = 3;  // blocks per full tile
 
 inline void store_row(float* y, __m512 v) { _mm512_storeu_ps(y, v); }
@@ -85,25 +86,35 @@ class NextTile {
 };
 
 // Row tiles of column tile [b0, b0 + NB); row tile r prefetches `ahead(r)` at cadence C.
+template <int MT, int NB, int C, class Tile>
+inline void run_last_rows(const Tile& tile, int64_t rows, int64_t m0, int64_t b0, const NextTile& next) {
+  if constexpr (MT > 0) {
+    if (rows == MT) {
+      tile.template run<MT, NB, C>(m0, b0, next);
+    } else {
+      run_last_rows<MT - 1, NB, C>(tile, rows, m0, b0, next);
+    }
+  }
+}
+
 template <int NB, int C, class Tile, class Ahead>
 inline void run_rows(const Tile& tile, int64_t M, int64_t b0, const Ahead& ahead) {
+  constexpr int RT = Tile::kRowTile;
   int64_t m0 = 0, r = 0;
-  for (; m0 + kRowTile <= M; m0 += kRowTile, ++r) tile.template run<kRowTile, NB, C>(m0, b0, ahead(r));
-  switch (M - m0) {
-    case 3: tile.template run<3, NB, C>(m0, b0, ahead(r)); break;
-    case 2: tile.template run<2, NB, C>(m0, b0, ahead(r)); break;
-    case 1: tile.template run<1, NB, C>(m0, b0, ahead(r)); break;
-    default: break;
-  }
+  for (; m0 + RT <= M; m0 += RT, ++r) tile.template run<RT, NB, C>(m0, b0, ahead(r));
+  if (M > m0) run_last_rows<RT - 1, NB, C>(tile, M - m0, m0, b0, ahead(r));
 }
 
 // Rows [0, M) of column tile [b0, b0 + NB) of a product with `blocks` blocks in all.
 template <int NB, class Tile>
 inline void run_columns(const Tile& tile, int64_t M, int64_t b0, int64_t blocks) {
-  const int64_t row_tiles = (M + kRowTile - 1) / kRowTile;
-  // The next column tile's lines (none when one row tile streams the weights itself,
-  // unless the kernel asks: Tile::kPrefetchAlone), split into one part per row tile.
-  const bool prefetch = row_tiles > 1 || Tile::kPrefetchAlone;
+  const int64_t row_tiles = (M + Tile::kRowTile - 1) / Tile::kRowTile;
+  // The next column tile's lines, split into one part per row tile.
+  // NOTE: one row tile prefetches too, from Tile::kLonePrefetchRows rows: with the
+  // hardware prefetchers alone memory idled while it computed (from memory, bfloat16
+  // products at 4-8 rows and int8 at 1-4 ran 1.1-1.6x slower without; bfloat16 at 1 row
+  // 1.02-1.15x faster without).
+  const bool prefetch = row_tiles > 1 || M >= Tile::kLonePrefetchRows;
   const int64_t next_blocks = prefetch ? std::clamp<int64_t>(blocks - b0 - NB, 0, NB) : 0;
   const int64_t lines = next_blocks * tile.block_bytes() / 64;
   const int64_t part = (lines + row_tiles - 1) / row_tiles;

@@ -188,11 +188,8 @@ struct W8A8Tile {
   const char* block(int64_t b) const { return reinterpret_cast<const char*>(w + b * K * kBlockN); }
   int64_t block_bytes() const { return K * kBlockN; }
 
-  // A product of one row tile prefetches the next column tile too.
-  // NOTE: at 2-4 rows the hardware prefetcher alone leaves memory idle: 4 rows took
-  // 1.3-1.5x as long as 8 rows; with this prefetch the products at 2-4 rows run 1.1-1.6x
-  // faster (1 row: the same within noise), decode steps 1.1-1.2x (docs/benchmarks.md).
-  static constexpr bool kPrefetchAlone = true;
+  static constexpr int kRowTile = 4;  // 12 integer sums in registers, 12 float sums in L1 (run())
+  static constexpr int kLonePrefetchRows = 1;
 
   template <int MT, int NB, int C>
   void run(int64_t m0, int64_t b0, llmserve_tiles::NextTile next) const {
