@@ -33,3 +33,16 @@ def test_the_override_still_wins(monkeypatch):
         assert packed_weight.float32_gemm() == "dense"
     finally:
         packed_weight.float32_gemm.cache_clear()
+
+
+def test_a_change_to_our_kernels_times_the_choice_again(tmp_path, monkeypatch):
+    # A timing of our kernels belongs to the build it timed: edited sources measure anew.
+    monkeypatch.setenv("LLMSERVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(packed_weight.cpu_kernels, "source_key", lambda: "sources-a")
+    monkeypatch.setattr(packed_weight, "_time_float32_gemms", lambda: {"mkl": 0.5, "onednn": 2.0})
+    assert packed_weight.measured_float32_gemm() == "mkl"
+    monkeypatch.setattr(packed_weight, "_time_float32_gemms", lambda: {"mkl": 9.0, "onednn": 1.0})
+    assert packed_weight.measured_float32_gemm() == "mkl"  # the same build: remembered
+    monkeypatch.setattr(packed_weight.cpu_kernels, "source_key", lambda: "sources-b")
+    assert packed_weight.measured_float32_gemm() == "onednn"
+    assert len(list((tmp_path / "cpu-gemm").glob("float32-gemm-*.json"))) == 2

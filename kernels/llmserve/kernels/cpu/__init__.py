@@ -34,14 +34,19 @@ _SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp", _CS
             _CSRC / "argmax_rows.cpp"]
 
 
+@lru_cache(maxsize=1)
+def source_key() -> str:
+    """A digest of the kernels' sources: what a build, and a timing of it, belong to."""
+    return hashlib.sha1(b"".join(s.read_bytes() for s in sorted(_CSRC.iterdir()))).hexdigest()[:10]
+
+
 def _build_dir() -> Path:
     # -march=native code is only valid on the CPU it was built for: key the cache on it,
     # and on the sources, so an edited kernel is rebuilt rather than loaded stale.
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
     cpu_key = hashlib.sha1(flags.split("\nflags", 1)[-1].split("\n", 1)[0].encode()).hexdigest()[:10]
-    src_key = hashlib.sha1(b"".join(s.read_bytes() for s in sorted(_CSRC.iterdir()))).hexdigest()[:10]
     root = Path(os.environ.get("LLMSERVE_CACHE", Path.home() / ".cache" / "llmserve"))
-    path = root / "torch_extensions" / f"{torch.__version__}-{cpu_key}-{src_key}"
+    path = root / "torch_extensions" / f"{torch.__version__}-{cpu_key}-{source_key()}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -4,11 +4,11 @@ them fastest, then held only in that layout (the dense copy is released).
   float32:  MKL's packed-GEMM format (cblas_sgemm_pack / sgemm_compute, through
             torch's `mkl::_mkl_linear`) or oneDNN's blocked layout, whichever multiplies
             decode-sized products faster on this machine: timed once per machine (CPU
-            flags + torch version) and kept in the cache directory, so every process of
-            a machine uses the same one. (MKL wins on the Intel Xeons measured so far,
-            oneDNN on the AMD EPYCs, where MKL takes slower kernels; a rule by vendor name
-            would break on the next CPU that differs.) LLMSERVE_CPU_FP32_GEMM = mkl |
-            onednn | dense overrides the choice.
+            flags, torch version, our kernels' sources) and kept in the cache directory,
+            so every process of a machine uses the same one. (MKL wins on the Intel
+            Xeons measured so far, oneDNN on the AMD EPYCs, where MKL takes slower
+            kernels; a rule by vendor name would break on the next CPU that differs.)
+            LLMSERVE_CPU_FP32_GEMM = mkl | onednn | dense overrides the choice.
   bfloat16: oneDNN's blocked layout (the reorder torch's own compiler applies to frozen
             linears), or, where the CPU kernels were built with AVX-512 BF16, the
             16-channel blocks of our register-tiled kernel (llmserve_cpu::bf16_linear),
@@ -119,18 +119,26 @@ def _time_bfloat16_gemms() -> dict[str, float]:
 
 
 def _machine_key() -> str:
+    """CPU model and flags, torch's version and our kernels' sources.
+
+    NOTE: the sources too: a timing of our kernels holds for the build it timed. Without
+    them a machine keeps a choice made against an older build, e.g. oneDNN's bfloat16
+    layout after a change to our tiles made them the faster (the 8-row tiles: 64-row
+    products ~10% faster on a Zen 5 EPYC)."""
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
         flags = cpuinfo.split("\nflags", 1)[-1].split("\n", 1)[0]
         model = next((line for line in cpuinfo.splitlines() if line.startswith("model name")), "")
     except OSError:
         flags, model = platform.processor(), ""
-    return hashlib.sha1(f"{model}|{flags}|{torch.__version__}".encode()).hexdigest()[:16]
+    key = f"{model}|{flags}|{torch.__version__}|{cpu_kernels.source_key()}"
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
 def remembered(name: str, measure: Callable[[], dict]) -> dict:
-    """`measure()`'s result for this machine (CPU model, flags, torch version): computed
-    by the first process that asks and kept in the cache directory. NOTE: under a lock,
+    """`measure()`'s result for this machine (CPU model, flags, torch version, our
+    kernels' sources: _machine_key): computed by the first process that asks and kept in
+    the cache directory. NOTE: under a lock,
     so processes starting together do not each time it on a contended CPU and disagree;
     and kept, so a noisier later run cannot flip a choice that changes numerics."""
     root = Path(os.environ.get("LLMSERVE_CACHE", Path.home() / ".cache" / "llmserve")) / "cpu-gemm"
