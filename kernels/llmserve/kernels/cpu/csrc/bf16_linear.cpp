@@ -5,9 +5,10 @@
 // Why ours beside oneDNN's bfloat16 GEMM: at decode sizes oneDNN spends ~20 us per call
 // before its first product, and a decode step makes 4 per layer; this kernel starts at
 // once and keeps its 8 x 48 output tile in registers (gemm_tiles.h). Measured on a 2-core
-// AMD EPYC (Zen 4): 1.5-4.4x oneDNN's speed at 1-4 rows, 1.0-1.2x at 64, 0.99-1.05x at
-// 256; the worker still times both once per machine and takes the faster
-// (packed_weight.py).
+// AMD EPYC (family 26, Zen 5; `bench gemm`, SmolLM2-135M's shapes, weights from memory):
+// 1.1-1.9x oneDNN's speed at 1-4 rows, 1.1-1.5x at 64; with the weights in L2, 1.02x
+// at 512 rows. The worker still times both once per machine and build and takes the
+// faster (packed_weight.py).
 //
 // Packed weight layout, so that each 64-byte load is 16 output channels x 2 k:
 //   packed [N/16, K/2, 16, 2] bfloat16,  packed[b, k2, j, t] = W[16b + j, 2k2 + t]
