@@ -168,6 +168,11 @@ async def test_deadline_that_passes_in_the_queue(bounded):
             async for _ in call:
                 pass
         assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # NOTE: the client's deadline ends the call before the scheduler may have ended the
+        # request (by its expiry or the router's abort): until it has, it holds the only
+        # queue place, and "hurry" below would be refused as saturated (a clean-clone CI run
+        # on a slow host saw that: RESOURCE_EXHAUSTED, "--max-queued-requests (1) reached").
+        await until(lambda: _queue_emptied(cluster, before), what="the router's request ended in the scheduler")
 
         # Straight to the scheduler: the budget the router passes on ends it there.
         session = scheduler_pb2_grpc.SchedulerStub(channel).Session()
@@ -248,6 +253,14 @@ async def _ended(cluster, before, count: int):
     stats = await scheduler_stats(cluster)
     ended = (stats.num_expired + stats.num_aborted) - (before.num_expired + before.num_aborted)
     return stats if ended >= count and stats.num_expired > before.num_expired else None
+
+
+async def _queue_emptied(cluster, before):
+    """The scheduler's stats once a request more than in `before` ended (expired or
+    aborted) and none waits."""
+    stats = await scheduler_stats(cluster)
+    ended = (stats.num_expired + stats.num_aborted) - (before.num_expired + before.num_aborted)
+    return stats if ended >= 1 and stats.num_queued_requests == 0 else None
 
 
 async def _output_of(session, request_id: str):
