@@ -251,16 +251,19 @@ async def _ended(cluster, before, count: int):
     """The scheduler's stats once `count` more requests expired or were aborted (one of
     them expired) than in `before`."""
     stats = await scheduler_stats(cluster)
-    ended = (stats.num_expired + stats.num_aborted) - (before.num_expired + before.num_aborted)
-    return stats if ended >= count and stats.num_expired > before.num_expired else None
+    return stats if _num_ended(stats, before) >= count and stats.num_expired > before.num_expired else None
 
 
 async def _queue_emptied(cluster, before):
     """The scheduler's stats once a request more than in `before` ended (expired or
     aborted) and none waits."""
     stats = await scheduler_stats(cluster)
-    ended = (stats.num_expired + stats.num_aborted) - (before.num_expired + before.num_aborted)
-    return stats if ended >= 1 and stats.num_queued_requests == 0 else None
+    return stats if _num_ended(stats, before) >= 1 and stats.num_queued_requests == 0 else None
+
+
+def _num_ended(stats, before) -> int:
+    """Requests expired or aborted since `before`."""
+    return (stats.num_expired + stats.num_aborted) - (before.num_expired + before.num_aborted)
 
 
 async def _output_of(session, request_id: str):

@@ -23,7 +23,6 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <cstring>
 #include <vector>
 

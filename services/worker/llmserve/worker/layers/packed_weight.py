@@ -138,9 +138,9 @@ def _machine_key() -> str:
 def remembered(name: str, measure: Callable[[], dict]) -> dict:
     """`measure()`'s result for this machine (CPU model, flags, torch version, our
     kernels' sources: _machine_key): computed by the first process that asks and kept in
-    the cache directory. NOTE: under a lock,
-    so processes starting together do not each time it on a contended CPU and disagree;
-    and kept, so a noisier later run cannot flip a choice that changes numerics."""
+    the cache directory. NOTE: under a lock, so processes starting together do not each
+    time it on a contended CPU and disagree; and kept, so a noisier later run cannot flip
+    a choice that changes numerics."""
     root = Path(os.environ.get("LLMSERVE_CACHE", Path.home() / ".cache" / "llmserve")) / "cpu-gemm"
     root.mkdir(parents=True, exist_ok=True)
     record = root / f"{name}-{_machine_key()}.json"
