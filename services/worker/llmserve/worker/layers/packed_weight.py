@@ -247,7 +247,8 @@ class PackedWeight:
         self.kind = kind  # "mkl" | "onednn" | "tiles"
         self.packed = packed  # opaque (mkldnn layout) tensor, or [out/16, in/2, 16, 2] for "tiles"
         self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
-        self._shape = torch.zeros(1, dtype=dtype).expand(out_features, in_features)  # no storage
+        # [out, in] at stride 0 (no storage): the shape _mkl_linear is given beside the packed weight
+        self.shape_standin = torch.zeros(1, dtype=dtype).expand(out_features, in_features)
 
     @classmethod
     def pack(cls, weight: torch.Tensor) -> PackedWeight | None:
@@ -287,5 +288,5 @@ class PackedWeight:
             return y if bias is None else y + bias
         x = x.contiguous()
         if self.kind == "mkl":
-            return _mkl_linear(x, self.packed, self._shape, bias)
+            return _mkl_linear(x, self.packed, self.shape_standin, bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
