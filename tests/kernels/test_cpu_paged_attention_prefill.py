@@ -133,8 +133,8 @@ def test_forward_mixed_step_matches_without_kernels(dtype, monkeypatch):
     backend = TorchPagedAttention(kvh * g, head_dim, kvh)
     meta = TorchPagedAttention.build_metadata([r[0] for r in rows], seq_lens, tables, slots, block_size)
     assert meta.num_decodes == 2 and len(meta.prefills) == 3
-    assert backend._prefill_kernel_applies(q, cache) == (dtype == torch.float32 or
-                                                         cpu_kernels.prefill_bf16_dot_supported())
+    assert backend.prefill_kernel_applies(q.dtype, cache.device) == (dtype == torch.float32 or
+                                                                     cpu_kernels.prefill_bf16_dot_supported())
     with_kernels = backend.forward(q, k, v, cache.clone(), meta)
     monkeypatch.setattr(cpu_kernels, "load", lambda: False)
     without = backend.forward(q, k, v, cache.clone(), meta)

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp", _CSRC / "int8_linear.cpp",
             _CSRC / "bf16_linear.cpp", _CSRC / "rotary_kv_write.cpp", _CSRC / "paged_attention_prefill.cpp",
-            _CSRC / "argmax_rows.cpp", _CSRC / "decoder_stack.cpp"]
+            _CSRC / "argmax_rows.cpp", _CSRC / "decoder_layers.cpp"]
 
 
 @lru_cache(maxsize=1)
@@ -200,17 +200,23 @@ def bf16_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return torch.ops.llmserve_cpu.bf16_linear(x, packed)
 
 
-def decode_layers(hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                  kv_caches: list[torch.Tensor], slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                  seq_lens: torch.Tensor, norms: list[torch.Tensor], weights: list[torch.Tensor],
-                  extras: list[torch.Tensor], biases: list[torch.Tensor], kinds: list[int], num_heads: int,
-                  num_kv_heads: int, head_dim: int, eps: float, scale: float, windows: list[int],
-                  softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """A decode step's L decoder layers (pre-norm, rotary attention over the paged cache,
-    SiLU-gated MLP) in one call, the ops of the eager layers in their order: hidden [T, E]
-    (and the residual stream [T, E], None before the first layer) -> (hidden, residual)
-    after the last. Per layer 2 norm weights, and per projection (qkv, o, gate_up, down) a
-    weight, an extra tensor, a bias (empty: none) and its kind (decoder_stack.cpp)."""
-    return torch.ops.llmserve_cpu.decode_layers(hidden, residual, cos, sin, kv_caches, slot_mapping, block_tables,
-                                                seq_lens, norms, weights, extras, biases, kinds, num_heads,
-                                                num_kv_heads, head_dim, eps, scale, windows, softcap)
+def decoder_layers(hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                   kv_caches: list[torch.Tensor], slot_mapping: torch.Tensor, num_decodes: int,
+                   decode_tables: torch.Tensor | None, decode_lens: torch.Tensor | None,
+                   prefill_tables: torch.Tensor | None, prefill_query_start: torch.Tensor | None,
+                   prefill_lens: torch.Tensor | None, norms: list[torch.Tensor], weights: list[torch.Tensor],
+                   extras: list[torch.Tensor], biases: list[torch.Tensor], kinds: list[int], num_heads: int,
+                   num_kv_heads: int, head_dim: int, eps: float, scale: float, windows: list[int],
+                   softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's L decoder layers (pre-norm, rotary attention over the paged cache, SiLU-gated
+    MLP) in one call, the ops of the eager layers in their order: hidden [T, E] (and the
+    residual stream [T, E], None before the first layer) -> (hidden, residual) after the
+    last. Rows 0..num_decodes-1 are decodes (decode_tables / decode_lens as
+    paged_attention_decode takes them), the rest prefill rows (the prefill_* tensors as
+    paged_attention_prefill takes them). Per layer 2 norm weights, and per projection (qkv,
+    o, gate_up, down) a weight, an extra tensor, a bias (empty: none) and its kind
+    (decoder_layers.cpp)."""
+    return torch.ops.llmserve_cpu.decoder_layers(hidden, residual, cos, sin, kv_caches, slot_mapping, num_decodes,
+                                                 decode_tables, decode_lens, prefill_tables, prefill_query_start,
+                                                 prefill_lens, norms, weights, extras, biases, kinds, num_heads,
+                                                 num_kv_heads, head_dim, eps, scale, windows, softcap)

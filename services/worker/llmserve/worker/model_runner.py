@@ -29,7 +29,7 @@ from llmserve.worker.launched_step import DeviceStep, HostIds, LaunchedStep, mus
 from llmserve.worker.layers.int8_weight import describe_quantization
 from llmserve.worker.distributed import DistInit, init_parallel
 from llmserve.worker.models.attribute_binding import bind_registered_attributes
-from llmserve.worker.models.cpu_decode_stack import CpuDecodeStack
+from llmserve.worker.models.cpu_decoder_stack import CpuDecoderStack
 from llmserve.worker.models.decoder import DecoderModel, head_dim_of, local_kv_heads, release_window
 from llmserve.worker.pipeline import forward_step
 from llmserve.worker.models.loader import load_config, load_model
@@ -115,7 +115,7 @@ class ModelRunner:
             cpu_kernels.load()  # Build the CPU kernels at model load, not during the first request.
             decoder = getattr(self.model, "model", None)
             if isinstance(decoder, DecoderModel):
-                decoder.cpu_decode_stack = CpuDecodeStack.build(decoder)
+                decoder.cpu_decoder_stack = CpuDecoderStack.build(decoder)
         self.sampler = Sampler(sampler_seed, self.device)
         self.uses_graphs = self._uses_graphs()  # Decided once: profiling measures the same graphs.
         self._allocate_kv_caches(settings)

@@ -2,7 +2,7 @@
 SDPA; prefill/chunk rows one SDPA each. A layer with a sliding window reads only the
 blocks its window reaches; one with a soft-cap materializes its scores (SDPA has none).
 Where the C++ CPU kernels load, decode rows and prefill rows use them instead (one call
-for all rows of a kind, K/V read in place; `_prefill_kernel_applies` says which prefill
+for all rows of a kind, K/V read in place; `prefill_kernel_applies` says which prefill
 rows); the torch code stays as their fallback and test reference."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class TorchPagedAttention(AttentionBackend):
         out = torch.empty_like(q)
         if B:
             out[:B] = self._decode(q[:B], kv_cache, meta)
-        if self._prefill_kernel_applies(q, kv_cache):
+        if self.prefill_kernel_applies(q.dtype, kv_cache.device):
             # All prefill rows in one call, K/V read in place (this step's keys are stored above).
             out[B:] = cpu_kernels.paged_attention_prefill(q[B:], kv_cache, meta.prefill_block_table,
                                                           meta.prefill_query_start, meta.prefill_seq_lens,
@@ -93,7 +93,7 @@ class TorchPagedAttention(AttentionBackend):
             out[p.token_start : p.token_end] = self._prefill(q, k, v, kv_cache, p)
         return out
 
-    def _prefill_kernel_applies(self, q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    def prefill_kernel_applies(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether the prefill rows take the C++ flash kernel rather than one SDPA each
         (chosen by measurement on a Zen 4, one layer of SmolLM2-135M: docs/benchmarks.md).
         float32: always, 2-7x faster than SDPA. bfloat16: where its products are AVX-512
@@ -103,11 +103,11 @@ class TorchPagedAttention(AttentionBackend):
         head_dim-16 mixture-of-experts test models flip expert choices on the kernel's
         different (equally accurate) rounding, which their HF comparisons cannot tell from
         a bug."""
-        if kv_cache.device.type != "cpu" or not cpu_kernels.load():
+        if device.type != "cpu" or not cpu_kernels.load():
             return False
-        if q.dtype == torch.bfloat16:
+        if dtype == torch.bfloat16:
             return self.head_dim % 32 == 0 and cpu_kernels.prefill_bf16_dot_supported()
-        return q.dtype == torch.float32
+        return dtype == torch.float32
 
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         # q: [B, H, D] -> [B, H, D]

@@ -28,7 +28,7 @@ from llmserve.worker.layers.linear import MergedColumnParallelLinear, QKVParalle
 from llmserve.worker.layers.norm import RMSNorm
 from llmserve.worker.layers.rotary import (Rope, RotaryEmbedding, apply_rotary_qkv, apply_rotary_qkv_and_write_kv,
                                            rope_parameters, rotary_kv_write_applies)
-from llmserve.worker.models.cpu_decode_stack import CpuDecodeStack
+from llmserve.worker.models.cpu_decoder_stack import CpuDecoderStack
 
 _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -243,9 +243,9 @@ class DecoderModel(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm = norm_cls(config.hidden_size, config.rms_norm_eps) if self.is_last else None
-        # A CPU decode step's layers as one C++ call (cpu_decode_stack.py): set by the
+        # A CPU step's layers as one C++ call (cpu_decoder_stack.py): set by the
         # runner once the weights are loaded and packed; None runs the layers eagerly.
-        self.cpu_decode_stack: CpuDecodeStack | None = None
+        self.cpu_decoder_stack: CpuDecoderStack | None = None
         # NOTE: one cos/sin cache for all layers (one per layer type where RoPE differs by
         # type), gathered once per step.
         self.rotary = nn.ModuleDict({
@@ -278,7 +278,7 @@ class DecoderModel(nn.Module):
         # NOTE: here and in the layers' hot paths, module.forward(...), not module(...):
         # no hooks are ever set on them, and Module.__call__'s hook checks cost ~0.5 us a
         # call, ~300 calls a step (0.3 ms of the ~2 ms host path of a 30-layer step).
-        stack = self.cpu_decode_stack
+        stack = self.cpu_decoder_stack
         if stack is not None and stack.takes(hidden, ropes[stack.rope], kv_caches, meta):
             hidden, residual = stack.run(hidden, residual, ropes[stack.rope], kv_caches, meta)
         else:

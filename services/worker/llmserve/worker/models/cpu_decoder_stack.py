@@ -1,18 +1,20 @@
-"""A CPU decode step's decoder layers as one C++ call (llmserve_cpu::decode_layers).
+"""A CPU step's decoder layers as one C++ call (llmserve_cpu::decoder_layers).
 
-An eager decode step walks the layers in Python: ~9 ops a layer, each through the
-layers' modules (norm, projections, rotary, attention backend) and torch's Python
-bindings. On a CPU at small batches that walk is a large share of the step: on a 2-core
-AMD EPYC (Zen 5), SmolLM2-135M int8 W8A8 at batch 1 spent 4.3-4.6 ms in the layers, of
-which the ops themselves take ~3.3 ms. The C++ loop runs the same ops in the same order
-(bit for bit the eager result), so what it saves is the Python between them.
+An eager step walks the layers in Python: ~9 ops a layer, each through the layers'
+modules (norm, projections, rotary, attention backend) and torch's Python bindings. On a
+CPU at small batches that walk is a large share of the step: on a 2-core AMD EPYC (Zen
+5), SmolLM2-135M decode at batch 1 took 5.6 ms a step in int8 W8A8 and 9.0 ms in
+bfloat16 eagerly, 3.9 and 6.5 ms with the C++ loop (one process, taking turns). The
+loop runs the same ops in the same order (bit for bit the eager result), so what it
+saves is the Python between them.
 
 It takes the layers that are the plain pre-norm decoder (Llama, Mistral, Qwen2, SmolLM:
 RMSNorm, rotary attention over the paged cache, SiLU-gated MLP, any projection layout
 packed_weight.py / int8_weight.py choose except weight-only int8), one tensor-parallel
-rank, and steps whose every row is a decode (one new token). Anything else (prefill and
-mixed steps, q/k norms, sandwich norms, mixtures of experts, other activations) keeps
-the eager layers. LLMSERVE_CPU_DECODE_STACK=0 turns it off (for comparison).
+rank, and any step of decode and prefill rows whose prefill attention runs in the C++
+flash kernel (TorchPagedAttention decides that; otherwise the step runs eagerly).
+Anything else (q/k norms, sandwich norms, mixtures of experts, other activations) keeps
+the eager layers. LLMSERVE_CPU_DECODER_STACK=0 turns it off (for comparison).
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from llmserve.worker.layers.norm import RMSNorm
 
 log = logging.getLogger(__name__)
 
-ENV = "LLMSERVE_CPU_DECODE_STACK"
+ENV = "LLMSERVE_CPU_DECODER_STACK"
 
-# Projection kinds, as decoder_stack.cpp numbers them.
+# Projection kinds, as decoder_layers.cpp numbers them.
 W8A8, BF16_TILES, ONEDNN, MKL, DENSE = range(5)
 _PACKED_KINDS = {"tiles": BF16_TILES, "onednn": ONEDNN, "mkl": MKL}
 _EMPTY = torch.empty(0)
@@ -78,8 +80,8 @@ def _layer_refusal(layer: nn.Module) -> str | None:
     return None
 
 
-class CpuDecodeStack:
-    """The arguments of decode_layers for one model's local layers, gathered once."""
+class CpuDecoderStack:
+    """The arguments of decoder_layers for one model's local layers, gathered once."""
 
     def __init__(self, layers: list[nn.Module], dtype: torch.dtype, rope: str):
         attn = layers[0].self_attn
@@ -94,18 +96,21 @@ class CpuDecodeStack:
         self.kinds = [p[0] for p in projections]
         self.weights, self.extras, self.biases = ([p[i] for p in projections] for i in (1, 2, 3))
         self._caches_checked: list[torch.Tensor] | None = None
+        # Prefill rows' attention in the C++ flash kernel, as the eager backend decides it
+        # (else a step with prefill rows runs eagerly, through its SDPA fallback).
+        self.prefill_in_kernel = attn.attn.prefill_kernel_applies(dtype, torch.device("cpu"))
 
     @classmethod
-    def build(cls, model: nn.Module) -> CpuDecodeStack | None:
+    def build(cls, model: nn.Module) -> CpuDecoderStack | None:
         """The stack for `model` (a DecoderModel), or None (logged why) where it does not apply."""
         reason = cls._refusal(model)
         if reason is not None:
-            log.info("CPU decode steps: the eager layers (%s)", reason)
+            log.info("CPU steps: the eager layers (%s)", reason)
             return None
         layers = list(model.layers)[model.start : model.end]
         stack = cls(layers, layers[0].input_layernorm.weight.dtype, layers[0].rope)
         names = sorted({["W8A8 int8", "bfloat16 tiles", "oneDNN", "MKL", "dense"][k] for k in stack.kinds})
-        log.info("CPU decode steps: %d layers in one C++ call (%s products)", len(layers), ", ".join(names))
+        log.info("CPU steps: %d layers in one C++ call (%s products)", len(layers), ", ".join(names))
         return stack
 
     @staticmethod
@@ -147,21 +152,24 @@ class CpuDecodeStack:
         return None
 
     def takes(self, hidden: torch.Tensor, rope: tuple, kv_caches: list[torch.Tensor], meta) -> bool:
-        """Whether this step runs here: every row a decode, host cos/sin in the model's dtype
-        (what the fused rotary + KV write takes), caches the kernels can read in place."""
-        if not (isinstance(meta, TorchPagedMetadata) and meta.num_decodes == hidden.shape[0] > 0
-                and hidden.dtype == self.dtype and (len(rope) == 2 or rope[2] is None) and rope[0].dtype == self.dtype):
+        """Whether this step runs here: host cos/sin in the model's dtype (what the fused
+        rotary + KV write takes), caches the kernels read in place, and any prefill rows'
+        attention in the C++ flash kernel."""
+        if not (isinstance(meta, TorchPagedMetadata) and hidden.shape[0] > 0 and hidden.dtype == self.dtype
+                and (len(rope) == 2 or rope[2] is None) and rope[0].dtype == self.dtype):
             return False
         if kv_caches is not self._caches_checked:
             if not all(c.dtype == self.dtype and c.is_contiguous() and c.device.type == "cpu" for c in kv_caches):
                 return False
             self._caches_checked = kv_caches
-        return True
+        return meta.num_decodes == hidden.shape[0] or self.prefill_in_kernel
 
     def run(self, hidden: torch.Tensor, residual: torch.Tensor | None, rope: tuple, kv_caches: list[torch.Tensor],
             meta: TorchPagedMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [T, E] (residual [T, E] or None) -> (hidden, residual) after every local layer."""
-        return cpu_kernels.decode_layers(hidden, residual, rope[0], rope[1], kv_caches, meta.slot_mapping,
-                                         meta.decode_block_table, meta.decode_seq_lens, self.norms, self.weights,
-                                         self.extras, self.biases, self.kinds, self.heads, self.kv_heads,
-                                         self.head_dim, self.eps, self.scale, self.windows, self.softcap)
+        return cpu_kernels.decoder_layers(hidden, residual, rope[0], rope[1], kv_caches, meta.slot_mapping,
+                                          meta.num_decodes, meta.decode_block_table, meta.decode_seq_lens,
+                                          meta.prefill_block_table, meta.prefill_query_start, meta.prefill_seq_lens,
+                                          self.norms, self.weights, self.extras, self.biases, self.kinds, self.heads,
+                                          self.kv_heads, self.head_dim, self.eps, self.scale, self.windows,
+                                          self.softcap)
