@@ -6,6 +6,14 @@ whichever step allocated past the threshold (a 2 ms step loop stalls for many st
 Modules, the model and the gRPC server live as long as the process, so once a service
 has started they are frozen out of the collector's reach (gc.freeze, as vLLM's engine
 does after start-up); the per-step records come and go in the young generations.
+
+A young (generation 0) collection runs every 700 net allocations by default: a decode
+step of 256 rows allocates tens of thousands of objects (plans, outputs, messages), most
+freed by reference counting as the step ends, so the collector ran dozens of times a step
+over records still alive. With the threshold at 20,000: the scheduler's and worker's host
+work per 256-row step in one process (tests' harness: a real Scheduler and the simulated
+worker's input preparation, pipelined) 2.07-2.33 -> 1.92-2.03 ms, three runs each on a
+2-core AMD EPYC (Zen 5); 50,000 measured the same as 20,000.
 """
 
 from __future__ import annotations
@@ -13,13 +21,16 @@ from __future__ import annotations
 import atexit
 import gc
 
+YOUNG_COLLECTION_THRESHOLD = 20_000  # net allocations between generation-0 collections (CPython: 700)
+
 
 def freeze_startup_heap() -> None:
-    """Collect once, then move every surviving object to the permanent generation, until
-    the process exits. NOTE: unfrozen at exit: the interpreter's last collections skip
+    """Collect once, move every surviving object to the permanent generation until the
+    process exits, and collect the young generation less often (module doc). NOTE: unfrozen at exit: the interpreter's last collections skip
     frozen objects, and extensions that check for leaks at their teardown (Triton's
     nanobind bindings) then print hundreds of lines of "leaked instances" after the
     service's own last words."""
     gc.collect()
     gc.freeze()
     atexit.register(gc.unfreeze)
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])

@@ -20,6 +20,7 @@ import prometheus_client
 from llmserve.contract import wire
 from llmserve.contract.api_keys import ApiKeyInterceptor, ApiKeys
 from llmserve.contract.grpc_server import ServiceServer
+from llmserve.contract.heap import freeze_startup_heap
 from llmserve.contract.retry_info import retry_status
 from llmserve.contract.step_budget import StepBudget
 from llmserve.model_store import resolve_model_dir
@@ -199,6 +200,7 @@ async def serve(config: RouterConfig, stop_event: asyncio.Event) -> None:
     if http is not None:
         await http.start()
     await server.start()
+    freeze_startup_heap()  # The tokenizer's and the server's objects: out of every full collection's walk.
     health = RouterHealth(server)
     await replicas.start(config.connect_timeout_s)
     supervisor = asyncio.create_task(_follow_replicas(config, replicas, servicer, health, tokenizer,
