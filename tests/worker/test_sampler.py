@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 
 from llmserve.contract.sampling import SamplingParams as P
-from llmserve.worker.sampler import Sampler, SamplingRows
+from llmserve.worker.sampler import Sampler, SamplingRows, _greedy_as_is
 
 
 def _sample(sampler: Sampler, logits, params, output_indices) -> tuple[list[int], list]:
@@ -323,3 +323,31 @@ def test_the_table_gathers_each_rows_own_settings_after_reuse_and_growth():
                 [getattr(held[r], f.name) for r in rows], f.name
     assert got.temperature.dtype == torch.float32 and got.top_k.dtype == torch.long
     assert got.output_index == [5 - 3, 6 - 2, 7 - 2, 1 - 1] and got.num_prompt_tokens == [3, 2, 2, 1]
+
+
+def test_bfloat16_logits_sample_what_their_float32_copy_samples():
+    # Greedy rows with nothing to adjust take the argmax of the bfloat16 logits as they are;
+    # a logit_bias, a penalty, a min_tokens ban, logprobs or a random row send the step
+    # through the float32 path. Either way the tokens are those of the float32 copy.
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(4, 700, generator=gen) * 4).bfloat16()  # bfloat16: ties for the max are common
+    logits[1, [5, 600]] = 40.0  # a tie: the first index wins
+    top = logits.float().argmax(dim=-1)
+    variants = {
+        "plain": [P(temperature=0.0)] * 4,
+        "bias": [P(temperature=0.0), P(temperature=0.0, logit_bias=((int(top[1]), -100.0),)),
+                 P(temperature=0.0), P(temperature=0.0)],
+        "penalty": [P(temperature=0.0, repetition_penalty=1.5)] + [P(temperature=0.0)] * 3,
+        "min_tokens": [P(temperature=0.0, min_tokens=3, stop_token_ids=(int(top[2]),))] * 4,
+        "logprobs": [P(temperature=0.0, logprobs=2)] + [P(temperature=0.0)] * 3,
+        "random": [P(temperature=0.0)] * 3 + [P(temperature=1.0, seed=7)],
+    }
+    histories = [[int(top[0])] * 2, [1], [1], [1]]
+    for name, params in variants.items():
+        rows = SamplingRows.from_params(params, [0] * 4, histories, [1] * 4)
+        assert _greedy_as_is(rows) == (name == "plain"), name
+        want = Sampler(seed=0)(logits.float(), rows)
+        got = Sampler(seed=0)(logits, rows)
+        assert torch.equal(got.token_ids, want.token_ids), name
+        assert [lp is None for lp in got.logprobs] == [lp is None for lp in want.logprobs], name
+    assert int(Sampler()(logits, SamplingRows.from_params(variants["plain"], [0] * 4)).token_ids[1]) == 5

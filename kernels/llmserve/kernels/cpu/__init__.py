@@ -144,7 +144,8 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [S, V] float32 (rows contiguous) -> [S] int64: each row's first largest value's index."""
+    """x [S, V] float32 or bfloat16 (rows contiguous) -> [S] int64: each row's first largest
+    value's index."""
     return torch.ops.llmserve_cpu.argmax_rows(x)
 
 
