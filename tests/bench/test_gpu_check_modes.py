@@ -376,6 +376,7 @@ def test_profile_families_name_every_kernel_of_ours():
     for op in ("llmserve_cpu::bf16_linear", "llmserve_cpu::w8a8_linear", "mkldnn::_linear_pointwise", "aten::mm"):
         assert _family(op) == "matmul", op
     assert _family("llmserve_cpu::silu_and_mul") == "fused element-wise (C++)"
+    assert _family("llmserve_cpu::decoder_layers") == "the C++ layer loop (between its ops)"
     cuda = {"_decode_kernel": "attention (paged decode)", "_decode_reduce_kernel": "attention (paged decode)",
             "_varlen_kernel": "attention (prefill)", "nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT": "matmul",
             "_reshape_and_cache_kernel": "KV cache write", "_rms_norm_kernel": "norms, rotary, activation"}
