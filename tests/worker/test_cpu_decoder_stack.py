@@ -145,6 +145,14 @@ def test_the_stack_runs_w8a8_int8_projections(dtype, tmp_path):
     _assert_same(both, _expected_runs(runner, decodes, prefills))
 
 
+def test_partial_rotary_and_longrope_layers_run_in_the_stack(tmp_path):
+    # Phi-3: rotary on 24 of each head's 32 dims, LongRoPE tables.
+    runner = _runner(make_tiny_model(tmp_path, "phi3", False, seed=7, **WIDE))
+    both = BothPaths(runner)
+    _, decodes, prefills = _steps(runner)
+    _assert_same(both, _expected_runs(runner, decodes, prefills))
+
+
 def test_windowed_layers_run_in_the_stack(tmp_path):
     runner = _runner(make_tiny_window_model(tmp_path, "mistral", seed=2))
     assert runner.model.model.cpu_decoder_stack.windows == [8] * 3

@@ -8,7 +8,7 @@ bfloat16 eagerly, 3.9 and 6.5 ms with the C++ loop (one process, taking turns). 
 loop runs the same ops in the same order (bit for bit the eager result), so what it
 saves is the Python between them.
 
-It takes the layers that are the plain pre-norm decoder (Llama, Mistral, Qwen2, SmolLM:
+It takes the layers that are the plain pre-norm decoder (Llama, Mistral, Qwen2, Phi-3, SmolLM:
 RMSNorm, rotary attention over the paged cache, SiLU-gated MLP, any projection layout
 packed_weight.py / int8_weight.py choose except weight-only int8), one tensor-parallel
 rank, and any step of decode and prefill rows whose prefill attention runs in the C++
