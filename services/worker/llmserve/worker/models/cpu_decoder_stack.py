@@ -41,7 +41,10 @@ _PACKED_KINDS = {"tiles": BF16_TILES, "onednn": ONEDNN, "mkl": MKL}
 _EMPTY = torch.empty(0)
 
 
-def _projection(linear: nn.Module, dtype: torch.dtype) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor] | str:
+Projection = tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]  # (kind, weight, extra, bias)
+
+
+def _projection(linear: nn.Module, dtype: torch.dtype) -> Projection | str:
     """(kind, weight, extra, bias) of one projection for the C++ loop, or why it cannot go."""
     plain = (LinearBase.forward, RowParallelLinear.forward)
     if type(linear).matmul is not LinearBase.matmul or type(linear).forward not in plain:
@@ -56,6 +59,11 @@ def _projection(linear: nn.Module, dtype: torch.dtype) -> tuple[int, torch.Tenso
     if linear.weight.dtype != dtype:
         return f"a {linear.weight.dtype} weight under {dtype} activations"
     return DENSE, linear.weight, _EMPTY, bias
+
+
+def _projections_of(layer: nn.Module) -> tuple[nn.Module, ...]:
+    """A layer's four projections, in decoder_layers' order."""
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
 
 
 def _layer_refusal(layer: nn.Module) -> str | None:
@@ -83,41 +91,44 @@ def _layer_refusal(layer: nn.Module) -> str | None:
 class CpuDecoderStack:
     """The arguments of decoder_layers for one model's local layers, gathered once."""
 
-    def __init__(self, layers: list[nn.Module], dtype: torch.dtype, rope: str):
+    def __init__(self, layers: list[nn.Module], projections: list[Projection]):
+        """projections: _projection's of every layer's four, in order (none refused)."""
         attn = layers[0].self_attn
-        self.dtype, self.rope = dtype, rope
+        self.dtype, self.rope = layers[0].input_layernorm.weight.dtype, layers[0].rope
         self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.eps, self.scale, self.softcap = layers[0].input_layernorm.eps, attn.attn.scale, attn.attn.softcap or 0.0
         self.windows = [layer.self_attn.attn.sliding_window or 0 for layer in layers]
         self.norms = [norm.weight for layer in layers
                       for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
-        projections = [_projection(p, dtype) for layer in layers for p in (
-            layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
         self.kinds = [p[0] for p in projections]
         self.weights, self.extras, self.biases = ([p[i] for p in projections] for i in (1, 2, 3))
         self._caches_checked: list[torch.Tensor] | None = None
         # Prefill rows' attention in the C++ flash kernel, as the eager backend decides it
         # (else a step with prefill rows runs eagerly, through its SDPA fallback).
-        self.prefill_in_kernel = attn.attn.prefill_kernel_applies(dtype, torch.device("cpu"))
+        self.prefill_in_kernel = attn.attn.prefill_kernel_applies(self.dtype, torch.device("cpu"))
 
     @classmethod
     def build(cls, model: nn.Module) -> CpuDecoderStack | None:
         """The stack for `model` (a DecoderModel), or None (logged why) where it does not apply."""
-        reason = cls._refusal(model)
+        layers = list(model.layers)[model.start : model.end]
+        reason = cls._refusal(layers)
+        if reason is None:
+            dtype = layers[0].input_layernorm.weight.dtype
+            projections = [_projection(p, dtype) for layer in layers for p in _projections_of(layer)]
+            reason = next((p for p in projections if isinstance(p, str)), None)
         if reason is not None:
             log.info("CPU steps: the eager layers (%s)", reason)
             return None
-        layers = list(model.layers)[model.start : model.end]
-        stack = cls(layers, layers[0].input_layernorm.weight.dtype, layers[0].rope)
+        stack = cls(layers, projections)
         names = sorted({["W8A8 int8", "bfloat16 tiles", "oneDNN", "MKL", "dense"][k] for k in stack.kinds})
         log.info("CPU steps: %d layers in one C++ call (%s products)", len(layers), ", ".join(names))
         return stack
 
     @staticmethod
-    def _refusal(model: nn.Module) -> str | None:
+    def _refusal(layers: list[nn.Module]) -> str | None:
+        """Why these layers stay eager, their projections aside (None: nothing else)."""
         if os.environ.get(ENV, "1") == "0":
             return f"{ENV}=0"
-        layers = list(model.layers)[model.start : model.end]
         if not layers:
             return "no local layers"
         weight = layers[0].input_layernorm.weight if hasattr(layers[0], "input_layernorm") else None
@@ -141,14 +152,9 @@ class CpuDecoderStack:
                first.self_attn.attn.softcap or layer.input_layernorm.eps != first.input_layernorm.eps
                or layer.post_attention_layernorm.eps != first.input_layernorm.eps for layer in layers):
             return "layers of different attention scales, soft-caps or norm epsilons"
-        dtype = weight.dtype
-        for layer in layers:
-            for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-                got = _projection(p, dtype)
-                if isinstance(got, str):
-                    return got
-            if any(n.weight.dtype != dtype for n in (layer.input_layernorm, layer.post_attention_layernorm)):
-                return "norm weights in another dtype"
+        if any(n.weight.dtype != weight.dtype for layer in layers
+               for n in (layer.input_layernorm, layer.post_attention_layernorm)):
+            return "norm weights in another dtype"
         return None
 
     def takes(self, hidden: torch.Tensor, rope: tuple, kv_caches: list[torch.Tensor], meta) -> bool:

@@ -279,8 +279,8 @@ class DecoderModel(nn.Module):
         # no hooks are ever set on them, and Module.__call__'s hook checks cost ~0.5 us a
         # call, ~300 calls a step (0.3 ms of the ~2 ms host path of a 30-layer step).
         stack = self.cpu_decoder_stack
-        if stack is not None and stack.takes(hidden, ropes[stack.rope], kv_caches, meta):
-            hidden, residual = stack.run(hidden, residual, ropes[stack.rope], kv_caches, meta)
+        if stack is not None and stack.takes(hidden, rope := ropes[stack.rope], kv_caches, meta):
+            hidden, residual = stack.run(hidden, residual, rope, kv_caches, meta)
         else:
             for layer, kv_cache in zip(islice(self.layers, self.start, self.end), kv_caches, strict=True):
                 hidden, residual = layer.forward(ropes[layer.rope], hidden, residual, kv_cache, meta)
