@@ -244,9 +244,7 @@ def _greedy_as_is(rows: SamplingRows) -> bool:
     and nothing that adjusts logits (logit_bias, min_tokens or bad words bans, penalties)."""
     return (rows.token_bitmask is None and bool((rows.temperature <= _GREEDY_EPS).all())
             and all(k is None for k in rows.logprobs) and not any(rows.logit_bias)
-            and not any(rows.bad_words_token_ids) and not _min_tokens_bans(rows)
-            and not bool(((rows.repetition_penalty != 1) | (rows.frequency_penalty != 0)
-                          | (rows.presence_penalty != 0)).any()))
+            and not any(rows.bad_words_token_ids) and not _min_tokens_bans(rows) and not bool(_penalized(rows).any()))
 
 
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
@@ -315,8 +313,7 @@ def adjusted_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     rows' (row, id) entries: O(entries), never a [S, V] pass."""
     bias = _bias_entries(rows)
     masked = _masked_entries(rows)
-    penalized = ((rows.repetition_penalty != 1) | (rows.frequency_penalty != 0)
-                 | (rows.presence_penalty != 0)).nonzero()[:, 0].tolist()
+    penalized = _penalized(rows).nonzero()[:, 0].tolist()
     V = logits.shape[1]
     flat_logits = logits.view(-1)
     if bias is not None:
@@ -327,6 +324,11 @@ def adjusted_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     if penalized:
         _apply_penalties(flat_logits, V, rows, penalized)
     return logits
+
+
+def _penalized(rows: SamplingRows) -> torch.Tensor:
+    """[S] bool: the rows with a repetition, frequency or presence penalty."""
+    return (rows.repetition_penalty != 1) | (rows.frequency_penalty != 0) | (rows.presence_penalty != 0)
 
 
 def _flat_index(pairs: torch.Tensor, V: int) -> torch.Tensor:
