@@ -26,10 +26,11 @@ YOUNG_COLLECTION_THRESHOLD = 20_000  # net allocations between generation-0 coll
 
 def freeze_startup_heap() -> None:
     """Collect once, move every surviving object to the permanent generation until the
-    process exits, and collect the young generation less often (module doc). NOTE: unfrozen at exit: the interpreter's last collections skip
-    frozen objects, and extensions that check for leaks at their teardown (Triton's
-    nanobind bindings) then print hundreds of lines of "leaked instances" after the
-    service's own last words."""
+    process exits, and collect the young generation less often (module doc).
+
+    NOTE: unfrozen at exit: the interpreter's last collections skip frozen objects, and
+    extensions that check for leaks at their teardown (Triton's nanobind bindings) then
+    print hundreds of lines of "leaked instances" after the service's own last words."""
     gc.collect()
     gc.freeze()
     atexit.register(gc.unfreeze)
