@@ -56,6 +56,7 @@ def workloads(draw):
 def check_invariants(sched: Scheduler) -> None:
     audit = sched.audit()  # The product's own ledger check agrees with the checks below.
     assert audit.ok and audit.num_orphaned_blocks == 0, audit.problems
+    assert sched.unbalanced_audit() is None  # The gauge's quick check says the same.
     kv = sched.kv
     tables, cpu_tables = kv.tables(), kv.cpu_tables()
     running = {r.seq_id for r in sched.running}

@@ -21,6 +21,7 @@ from .scheduler_testkit import (
 from llmserve.contract.outputs import ErrorCode, FinishReason, TokenLogprobs
 from llmserve.contract.plan import CachedRequestData, NewRequestData, SampledToken, StepResult
 from llmserve.scheduler.config import SchedulerConfig
+from llmserve.scheduler.request import RequestStatus
 
 STOP, LENGTH, ABORT, ERROR = (
     FinishReason.STOP,
@@ -406,3 +407,42 @@ def test_block_audit_names_each_blocks_holders_and_finds_orphans():
     assert audit.orphaned_gpu_blocks == (leaked,) and not audit.ok
     assert any(f"block {leaked}" in p and "orphaned" in p for p in audit.problems)
     assert a.is_finished and not a.block_table  # a's own blocks were freed.
+
+
+def _unbalance(sched, fault: str) -> None:
+    """Breaks the block ledger of a scheduler whose samples hold blocks, one way."""
+    a, g0 = sched.sample("a"), sched.sample("g#0")
+    shared = next(b for b in g0.block_table if sched.kv.pool.ref_count(b) == 2)
+    if fault == "orphan":  # a block taken for no one
+        sched.kv.pool.allocate(1)
+    elif fault == "too_few_refs":  # held by g's two samples, counted once
+        sched.kv.pool.free([shared])
+    elif fault == "held_and_free":  # a's last block given back while a's table holds it
+        sched.kv.pool.free([a.block_table[-1]])
+    elif fault == "outside_pool":
+        a.block_table.append(sched.kv.pool.num_blocks + 3)
+    elif fault == "swapped_without_pool":
+        a.cpu_table.append(0)
+    elif fault == "finished_registered":
+        a.status = RequestStatus.FINISHED_ABORTED
+
+
+@pytest.mark.parametrize("fault", ["orphan", "too_few_refs", "held_and_free", "outside_pool", "swapped_without_pool",
+                                   "finished_registered"])
+def test_quick_ledger_check_agrees_with_the_audit(fault):
+    # The periodic gauge asks the O(held blocks) check first and audits only when it
+    # fails: it must fail exactly when the audit finds a problem.
+    sched = make_scheduler(num_blocks=16)
+    worker, run = FakeWorker(4), Run(by_sample=True)
+    sched.add_request("a", [1, 2, 3, 4, 5], params(max_tokens=8))
+    sched.add_request("g", [1, 2, 3, 4, 5, 6], params(max_tokens=8), n=2)
+    for _ in range(3):
+        step(sched, worker, run)
+    assert sched.audit().ok and sched.unbalanced_audit() is None and sched.num_orphaned_blocks() == 0
+    _unbalance(sched, fault)
+    audit = sched.unbalanced_audit()
+    assert audit is not None and not audit.ok, fault
+    assert audit.problems == sched.audit().problems
+    assert sched.num_orphaned_blocks() == (1 if fault == "orphan" else 0)
+    if fault == "outside_pool":
+        assert any("outside the pool" in p for p in audit.problems)

@@ -35,7 +35,7 @@ from llmserve.contract.outputs import ErrorCode, RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
 from llmserve.scheduler.admission import Admission, QueueFull, queue_bounds
-from llmserve.scheduler.block_audit import BlockAudit, audit_blocks
+from llmserve.scheduler.block_audit import BlockAudit, audit_blocks, ledger_balances
 from llmserve.scheduler.block_events import BlockEvent, BlockStored
 from llmserve.scheduler.config import SchedulerConfig
 from llmserve.scheduler.deadlines import Deadlines
@@ -232,6 +232,18 @@ class Scheduler:
     def audit(self) -> BlockAudit:
         """The KV block ledger checked against the live requests (see block_audit.py)."""
         return audit_blocks(self.live.samples(), self.kv.pool, self.kv.cpu_pool)
+
+    def unbalanced_audit(self) -> BlockAudit | None:
+        """None when the block ledger balances (decided without walking every block:
+        block_audit.ledger_balances), else the audit that says what is wrong."""
+        if ledger_balances(self.live.samples(), self.kv.pool, self.kv.cpu_pool):
+            return None
+        return self.audit()
+
+    def num_orphaned_blocks(self) -> int:
+        """Blocks held for requests that have ended (0 whenever the ledger balances)."""
+        audit = self.unbalanced_audit()
+        return 0 if audit is None else audit.num_orphaned_blocks
 
     def num_waiting_prompt_tokens(self) -> int:
         """Prompt tokens of the waiting samples whose KV is not computed yet."""

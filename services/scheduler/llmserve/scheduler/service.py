@@ -100,7 +100,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.new_engine(core_for(self.config, info), worker)
         metrics = self.telemetry.metrics
         metrics.model_name = info.model  # Every metric's model_name label, from now on.
-        metrics.orphaned_blocks = self.engine.core.audit().num_orphaned_blocks  # 0: the gauge exists from now.
+        metrics.orphaned_blocks = self.engine.core.num_orphaned_blocks()  # 0: the gauge exists from now.
         self.engine.start()
         logger.info(
             "worker %s registered: %s, %d KV blocks of %d tokens (%d tokens), %d CPU swap blocks,"
@@ -205,7 +205,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return scheduler_pb2.SchedulerStats(worker_ready=False)
         core = self.engine.core
         stats = wire.scheduler_stats_to_pb(core.stats(), worker_ready=not self.engine.lost)
-        stats.num_orphaned_blocks = core.audit().num_orphaned_blocks
+        stats.num_orphaned_blocks = core.num_orphaned_blocks()
         return stats
 
     async def GetBlockAudit(self, request, context):
