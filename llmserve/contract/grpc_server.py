@@ -17,6 +17,7 @@ import grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from llmserve.contract import event_loop
 from llmserve.contract.security import SecurityOptions, internal_credentials, server_credentials
 from llmserve.contract.startup_errors import port_error
 from llmserve.settings import Command, format_bytes, parse_bytes, setting
@@ -186,8 +187,9 @@ def channel(target: str, security: SecurityOptions, max_message_bytes: int = MAX
 
 
 def run_until_signal(serve: Callable[[Any, asyncio.Event], Awaitable[None]], config: Any) -> int:
-    """Runs `serve(config, stop)` on a new event loop; SIGINT or SIGTERM sets `stop`, and
-    the service drains and returns. Returns the process's exit code."""
+    """Runs `serve(config, stop)` on a new event loop (uvloop's unless LLMSERVE_EVENT_LOOP
+    says asyncio: contract/event_loop.py); SIGINT or SIGTERM sets `stop`, and the service
+    drains and returns. Returns the process's exit code."""
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -196,7 +198,14 @@ def run_until_signal(serve: Callable[[Any, asyncio.Event], Awaitable[None]], con
             loop.add_signal_handler(sig, stop.set)
         await serve(config, stop)
 
-    asyncio.run(main())
+    try:
+        name, factory = event_loop.loop_factory()
+    except ValueError as err:
+        logger.error("%s", err)
+        return 2
+    logger.info("event loop: %s", name)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())
     return 0
 
 
