@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from llmserve.kernels.cpu.host import cpu_facts
+
 
 # The CPU flags that decide the products' speed: AVX-512 BF16 (bfloat16 dot products),
 # VNNI (int8 dot products, our W8A8 kernel), AMX (tile matrix multiplies).
@@ -25,33 +27,17 @@ def machine_info() -> dict:
         revision = ""
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    flags: set[str] = set()
-    family = model = None
-    try:
-        first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
-        for line in first_cpu.splitlines():
-            key, _, value = (part.strip() for part in line.partition(":"))
-            if key == "model name":
-                cpu = value
-            elif key == "flags":
-                flags = set(value.split())
-            elif key == "cpu family":
-                family = value
-            elif key == "model":
-                model = value
-    except OSError:
-        pass
+    host = cpu_facts()
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "cpu": cpu,
+        "cpu": host.model_name,
         # A virtual machine may name only the vendor ("AMD EPYC"): family and model tell the
         # core generation apart (AMD 25 = Zen 3/4, 26 = Zen 5; Intel 6 model 143 = Sapphire Rapids).
-        "cpu_family_model": f"family {family} model {model}" if family is not None else None,
+        "cpu_family_model": f"family {host.family} model {host.model}" if host.family is not None else None,
         "cores": os.cpu_count(),
         # The matrix instruction sets decide the bf16 and int8 figures (AMX: bf16 far above
         # float32; AVX-512 BF16 alone: measured below float32 on the same cores).
-        "cpu_matrix_isa": [f for f in CPU_FLAGS if f in flags],
+        "cpu_matrix_isa": [f for f in CPU_FLAGS if f in host.flags],
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "cuda_version": torch.version.cuda,

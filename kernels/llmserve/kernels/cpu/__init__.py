@@ -21,11 +21,12 @@ import fcntl
 import hashlib
 import logging
 import os
-import platform
 from functools import lru_cache
 from pathlib import Path
 
 import torch
+
+from llmserve.kernels.cpu.host import cpu_facts
 
 logger = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
@@ -43,8 +44,7 @@ def source_key() -> str:
 def _build_dir() -> Path:
     # -march=native code is only valid on the CPU it was built for: key the cache on it,
     # and on the sources, so an edited kernel is rebuilt rather than loaded stale.
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
-    cpu_key = hashlib.sha1(flags.split("\nflags", 1)[-1].split("\n", 1)[0].encode()).hexdigest()[:10]
+    cpu_key = hashlib.sha1(cpu_facts().key.encode()).hexdigest()[:10]
     root = Path(os.environ.get("LLMSERVE_CACHE", Path.home() / ".cache" / "llmserve"))
     path = root / "torch_extensions" / f"{torch.__version__}-{cpu_key}-{source_key()}"
     path.mkdir(parents=True, exist_ok=True)

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from llmserve.kernels.cpu.host import cpu_facts
 from llmserve.worker.layers import packed_weight
 
 BF16_INSTRUCTION_SETS = ("amx_bf16", "avx512_bf16")
@@ -41,14 +41,8 @@ class DtypeChoice:
     quantization: str | None = None  # What `auto` chose for a quantized checkpoint; None keeps --quantization.
 
 
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+def cpu_flags() -> frozenset[str]:
+    return cpu_facts().flags
 
 
 def _time_bf16_vs_float32() -> dict:

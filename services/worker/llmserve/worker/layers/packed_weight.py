@@ -30,7 +30,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from pathlib import Path
 import torch
 
 from llmserve.kernels import cpu as cpu_kernels
+from llmserve.kernels.cpu.host import cpu_facts
 
 log = logging.getLogger(__name__)
 
@@ -125,13 +125,7 @@ def _machine_key() -> str:
     them a machine keeps a choice made against an older build, e.g. oneDNN's bfloat16
     layout after a change to our tiles made them the faster (the 8-row tiles: 64-row
     products ~10% faster on a Zen 5 EPYC)."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        flags = cpuinfo.split("\nflags", 1)[-1].split("\n", 1)[0]
-        model = next((line for line in cpuinfo.splitlines() if line.startswith("model name")), "")
-    except OSError:
-        flags, model = platform.processor(), ""
-    key = f"{model}|{flags}|{torch.__version__}|{cpu_kernels.source_key()}"
+    key = f"{cpu_facts().key}|{torch.__version__}|{cpu_kernels.source_key()}"
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
