@@ -2,10 +2,13 @@
 depends on it, as vLLM's API server runs on it), else asyncio's own.
 
 Why: the router, the scheduler and the worker spend most of their host time in event-loop
-machinery around gRPC messages (a streamed token is a handful of callbacks in each hop).
-With a simulated 2 ms device step (`bench overhead`'s cluster), 64 streams x 400 tokens,
-uvloop took 9-12% less router CPU per token, ~15% less scheduler CPU and 10-25% less
-worker CPU than asyncio's loop, and the run 9-19% less wall time (2-core AMD EPYC, Zen 5).
+and gRPC machinery around messages (a streamed token is a handful of callbacks in each
+hop; a batch-1 step costs the scheduler ~0.5 ms of CPU, ~0.1 ms of it its own phases).
+With a simulated 2 ms device step (`bench overhead`'s cluster), one stream of 1,500
+tokens, seven rounds taking turns, CPU per token (medians, asyncio -> uvloop): router
+360 -> 307 us, scheduler 520 -> 480, worker 887 -> 793, while the unchanged client's own
+moved 179 -> 169 (the host's drift) on a 2-core AMD EPYC (Zen 5). With 64-256 streams
+and on the reference workload through gRPC the difference stayed inside the runs' spread.
 
 `LLMSERVE_EVENT_LOOP=asyncio` keeps asyncio's loop (comparisons, debugging with asyncio's
 debug mode); a host without uvloop (a bare base install) gets it too.

@@ -21,7 +21,7 @@ def test_smoke_every_phase_is_measured_and_the_tokens_are_the_simulated_ones(tmp
                           "--simulated-step-ms", "1", "--batches", "1", "8", "--max-tokens", str(MAX_TOKENS),
                           "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "| step ms |" in out.stdout and "transport" in out.stdout
+    assert "| step ms |" in out.stdout and "transport" in out.stdout and "router CPU" in out.stdout
     (path,) = tmp_path.glob("overhead-*.json")
     report = json.loads(path.read_text())
     loops = ["pipelined" if p else "serial" for p in LOOPS]
@@ -45,6 +45,11 @@ def test_smoke_every_phase_is_measured_and_the_tokens_are_the_simulated_ones(tmp
             assert 0 < f["critical_ms"] < f["wall_ms_per_step"] * 10, f["critical_ms"]
         else:
             assert math.isnan(f["critical_ms"])
+    # Each process's CPU per step (clock ticks: a short scenario may read 0 for one of them).
+    cpu = [r["figures"]["cpu_ms_per_step"] for r in report["results"]]
+    assert all(set(c) == {"router", "scheduler", "worker", "client"} for c in cpu)
+    assert all(math.isfinite(v) and v >= 0 for c in cpu for v in c.values())
+    assert sum(c["client"] for c in cpu) > 0 and sum(sum(c.values()) for c in cpu) > 0
     mixed = [r for r in report["results"] if r["scenario"].startswith("mixed")]
     assert all(r["figures"]["mixed_steps"] >= 1 for r in mixed)  # Prefill chunks did ride with decodes.
     decode8 = next(r for r in report["results"] if r["scenario"] == "decode-8")
@@ -81,8 +86,14 @@ def test_phases_come_from_the_two_services_snapshots():
     assert f["host_ms_per_step_total"] == pytest.approx(sum(ms.values()))
     assert f["critical_ms"] == pytest.approx(0.5)  # Per step it was measured for, not per step run.
     assert math.isnan(phase_figures((before[0], before[0]), (before[1], after[1]), 2.0, 0.5)["critical_ms"])
-    assert "transport" in format_table([{"step_ms": 2.0, "loop": "serial", "scenario": "x", "figures": f,
-                                         "tokens_ok": True, "bad_requests": 0}])
+    table = format_table([{"step_ms": 2.0, "loop": "serial", "scenario": "x", "figures": f, "tokens_ok": True,
+                           "bad_requests": 0}])
+    assert "transport" in table and "router CPU" in table  # (no CPU figures here: dashes)
+    f["cpu_ms_per_step"] = {"router": 1.5, "scheduler": 0.5, "worker": 0.25, "client": 0.75}
+    cpu_table = format_table([{"step_ms": 2.0, "loop": "serial", "scenario": "x", "figures": f, "tokens_ok": True,
+                               "bad_requests": 0}]).split("\n\n")[1]
+    cells = [cell.strip() for cell in cpu_table.splitlines()[-1].split("|")[4:9]]
+    assert cells == ["1.500", "0.500", "0.250", "0.750", "3.000"]  # router, scheduler, worker, client, all
 
 
 def test_scenarios_and_the_expected_chain():

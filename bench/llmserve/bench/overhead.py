@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import random
 import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from llmserve.bench import cpu_usage
 from llmserve.bench.overhead_phases import format_table, phase_figures
 from llmserve.contract.arith import cdiv
 from llmserve.telemetry import step_phases
@@ -155,7 +157,9 @@ def steady_state(arrivals: list[list[tuple[float, int]]], step_ms: float) -> dic
 
 async def run_scenarios(cluster, phases_dir: Path, step_ms: float, todo: list[Scenario], model: dict,
                         seed: int) -> list[dict]:
-    """Every scenario on one cluster, each between two snapshots of the phase totals."""
+    """Every scenario on one cluster, each between two snapshots of the phase totals (and
+    of each process's CPU time: the services' and this client's)."""
+    pids = {name: proc.pid for name, proc in cluster.processes.items()}
     results = []
     async with cluster.client() as client:
         async for _ in client.generate(token_ids=[1, 2, 3], max_tokens=4, ignore_eos=True):
@@ -163,12 +167,15 @@ async def run_scenarios(cluster, phases_dir: Path, step_ms: float, todo: list[Sc
         for i, scenario in enumerate(todo):
             requests = prompts(scenario, model["vocab_size"], seed + i)
             before = await settled_snapshot(phases_dir)
+            cpu_before = cpu_usage.snapshot(pids)
             wall, outputs, arrivals = await drive(client, scenario, requests)
+            cpu_after = cpu_usage.snapshot(pids)
             after = await settled_snapshot(phases_dir)
             bad = sum(out != expected_tokens(p, m, model["vocab_size"], model["eos"])
                       for (p, m), out in zip(requests, outputs))
             figures = phase_figures((before[0], after[0]), (before[1], after[1]), step_ms, wall)
             figures.update(steady_state(arrivals, step_ms))
+            figures["cpu_ms_per_step"] = cpu_usage.cpu_per_step(cpu_before, cpu_after, figures["steps"])["ms_per_step"]
             results.append({"scenario": scenario.name, "scenario_settings": dataclasses.asdict(scenario),
                             "figures": figures, "tokens_ok": bad == 0, "bad_requests": bad,
                             "output_tokens": sum(len(o) for o in outputs if isinstance(o, list))})
@@ -212,7 +219,8 @@ def bench_overhead(args) -> int:
     print(format_table(results))
     print("phases: host ms per device step (bench/llmserve/bench/overhead_phases.py says what each covers); "
           "busy % = simulated device time / wall time; steady % = the same while every decoder runs "
-          "(after the last first token, before the first finish)")
+          "(after the last first token, before the first finish); CPU: each process's own user + system ms per "
+          f"device step, on {os.cpu_count()} cores")
     report = {"bench": "overhead", "machine": machine_info(), "model": str(model_dir),
               "settings": {"simulated_step_ms": args.simulated_step_ms, "batches": args.batches,
                            "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,

@@ -98,10 +98,32 @@ def _percent(fraction: float) -> str:
     return "—" if math.isnan(fraction) else f"{100 * fraction:.1f}"
 
 
+CPU_PROCESSES = ("router", "scheduler", "worker", "client")
+CPU_HEADER = ("step ms", "loop", "scenario", *(f"{p} CPU" for p in CPU_PROCESSES), "all CPU", "wall/step")
+
+
+def cpu_rows(results: list[dict]) -> list[tuple[str, ...]]:
+    """Each process's own CPU milliseconds (user + system, all its threads) per device step:
+    on a host with few cores the streaming control plane (router, client) and the engine's
+    host path share them."""
+    rows = []
+    for r in results:
+        f, cpu = r["figures"], r["figures"].get("cpu_ms_per_step", {})
+        rows.append((f"{r['step_ms']:g}", r["loop"], r["scenario"],
+                     *(_ms(cpu.get(p, math.nan)) for p in CPU_PROCESSES),
+                     _ms(sum(cpu.values()) if cpu else math.nan), f"{f['wall_ms_per_step']:.3f}"))
+    return rows
+
+
 def format_table(results: list[dict]) -> str:
-    """A Markdown table: one row per (step ms, loop, scenario); phases in host ms per step."""
-    rows = [HEADER, *table_rows(results)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+    """Markdown tables: one row per (step ms, loop, scenario); phases in host ms per step,
+    then each process's CPU ms per step."""
+    return _markdown([HEADER, *table_rows(results)]) + "\n\n" + _markdown([CPU_HEADER, *cpu_rows(results)])
+
+
+def _markdown(rows: list[tuple[str, ...]]) -> str:
+    header = rows[0]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["| " + " | ".join(cell.rjust(width) for cell, width in zip(row, widths)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (width + 2) for width in widths) + "|")
     return "\n".join(lines)
