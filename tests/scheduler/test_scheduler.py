@@ -383,13 +383,20 @@ def test_stats_counts():
 # ---- the KV block audit ----
 
 
-def test_block_audit_names_each_blocks_holders_and_finds_orphans():
+def _holding_blocks(max_tokens: int):
+    """A scheduler 3 steps into "a" (one sample) and "g" (two samples sharing their prompt
+    blocks), with the worker and run that stepped it."""
     sched = make_scheduler(num_blocks=16)
     worker, run = FakeWorker(4), Run(by_sample=True)
-    sched.add_request("a", [1, 2, 3, 4, 5], params(max_tokens=4))
-    sched.add_request("g", [1, 2, 3, 4, 5, 6], params(max_tokens=4), n=2)
+    sched.add_request("a", [1, 2, 3, 4, 5], params(max_tokens=max_tokens))
+    sched.add_request("g", [1, 2, 3, 4, 5, 6], params(max_tokens=max_tokens), n=2)
     for _ in range(3):
         step(sched, worker, run)
+    return sched, worker, run
+
+
+def test_block_audit_names_each_blocks_holders_and_finds_orphans():
+    sched, worker, run = _holding_blocks(max_tokens=4)
     audit = sched.audit()
     assert audit.ok and audit.num_orphaned_blocks == 0
     holders = {(h.request_id, h.index) for owners in audit.gpu_owners.values() for h in owners}
@@ -432,12 +439,7 @@ def _unbalance(sched, fault: str) -> None:
 def test_quick_ledger_check_agrees_with_the_audit(fault):
     # The periodic gauge asks the O(held blocks) check first and audits only when it
     # fails: it must fail exactly when the audit finds a problem.
-    sched = make_scheduler(num_blocks=16)
-    worker, run = FakeWorker(4), Run(by_sample=True)
-    sched.add_request("a", [1, 2, 3, 4, 5], params(max_tokens=8))
-    sched.add_request("g", [1, 2, 3, 4, 5, 6], params(max_tokens=8), n=2)
-    for _ in range(3):
-        step(sched, worker, run)
+    sched = _holding_blocks(max_tokens=8)[0]
     assert sched.audit().ok and sched.unbalanced_audit() is None and sched.num_orphaned_blocks() == 0
     _unbalance(sched, fault)
     audit = sched.unbalanced_audit()
