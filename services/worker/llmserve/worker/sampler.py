@@ -241,10 +241,9 @@ class Sampler:
 
 def _greedy_as_is(rows: SamplingRows) -> bool:
     """True when every row samples the raw logits' argmax: greedy, no logprobs, no grammar,
-    and nothing that adjusts logits (logit_bias, min_tokens or bad words bans, penalties)."""
+    and nothing adjusted_logits would change."""
     return (rows.token_bitmask is None and bool((rows.temperature <= _GREEDY_EPS).all())
-            and all(k is None for k in rows.logprobs) and not any(rows.logit_bias)
-            and not any(rows.bad_words_token_ids) and not _min_tokens_bans(rows) and not bool(_penalized(rows).any()))
+            and all(k is None for k in rows.logprobs) and not _adjusts_logits(rows))
 
 
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
@@ -324,6 +323,13 @@ def adjusted_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     if penalized:
         _apply_penalties(flat_logits, V, rows, penalized)
     return logits
+
+
+def _adjusts_logits(rows: SamplingRows) -> bool:
+    """Whether adjusted_logits changes any row: the same four adjustments, each asked
+    without building its entries."""
+    return (any(rows.logit_bias) or any(rows.bad_words_token_ids) or bool(_min_tokens_bans(rows))
+            or bool(_penalized(rows).any()))
 
 
 def _penalized(rows: SamplingRows) -> torch.Tensor:
