@@ -14,6 +14,8 @@ def expected_products() -> set[str]:
     names = {"bfloat16 oneDNN"} if torch.backends.mkldnn.is_available() else set()
     if cpu_kernels.bf16_tiles_supported():
         names.add("bfloat16 tiles")
+        if cpu_kernels.bf16_amx_supported():  # (every shape here has a depth that is a multiple of 32)
+            names.add("bfloat16 AMX")
     if cpu_kernels.w8a8_supported():
         names.add("int8 W8A8")
     return names

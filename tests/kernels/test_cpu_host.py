@@ -38,3 +38,13 @@ def test_without_cpuinfo_no_flags_are_claimed():
 def test_this_machine_reads_its_own_cpuinfo():
     # Every Linux CPU this suite runs on lists its flags (x86's include fpu, Arm's fp).
     assert cpu_facts().flags & {"fpu", "fp"}
+
+
+def test_the_last_level_cache_is_the_largest_listed(tmp_path):
+    from llmserve.kernels.cpu.host import last_level_cache_bytes
+
+    for index, size in enumerate(["48K", "2048K", "300M"]):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(tmp_path) == 300 * 2**20
+    assert last_level_cache_bytes(tmp_path / "absent") == 32 * 2**20  # sysfs silent: a typical size

@@ -72,13 +72,15 @@ AVAILABLE_BFLOAT16_GEMMS = [k for k, ok in (("tiles", tiles_available()), ("oned
 @pytest.mark.parametrize("kind", AVAILABLE_BFLOAT16_GEMMS)
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 7, 12, 14, 16, 33, 64, 200])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_packed_bfloat16_matches_dense(kind, rows, with_bias, bfloat16_gemm_set):
+@pytest.mark.parametrize("in_features", [48, 64])
+def test_packed_bfloat16_matches_dense(kind, rows, with_bias, in_features, bfloat16_gemm_set):
     bfloat16_gemm_set(kind)
     # 80 output channels: one full 48-channel tile of ours, then 2 blocks of 16 on their own;
-    # rows in tiles of 8 and every remainder (1-7) after them.
+    # rows in tiles of 8 and every remainder (1-7) after them. Depth 64 takes AMX where the
+    # CPU has it, 48 (not a multiple of 32) AVX-512 BF16.
     gen = torch.Generator().manual_seed(rows)
-    w = torch.randn(80, 48, generator=gen).bfloat16()
-    x = torch.randn(rows, 48, generator=gen).bfloat16()
+    w = torch.randn(80, in_features, generator=gen).bfloat16()
+    x = torch.randn(rows, in_features, generator=gen).bfloat16()
     b = torch.randn(80, generator=gen).bfloat16() if with_bias else None
     packed = PackedWeight.pack(w)
     assert packed is not None and packed.kind == kind
@@ -157,6 +159,26 @@ def test_bfloat16_layout_follows_the_measurement_unless_overridden(bfloat16_gemm
     bfloat16_gemm_set("amx")
     with pytest.raises(ValueError, match="LLMSERVE_CPU_BF16_GEMM"):
         bfloat16_gemm()
+
+
+def test_layout_timings_read_weights_from_memory(monkeypatch):
+    from llmserve.worker.layers import packed_weight
+
+    monkeypatch.setattr(packed_weight, "last_level_cache_bytes", lambda: 300 * 2**20)
+    assert packed_weight.cold_copies(72 * 2**20) == 7  # 504 MiB >= 1.5 x 300 MiB
+    assert packed_weight.cold_copies(2**30) == 1
+    assert packed_weight.cold_copies(200 * 2**20) == 3
+    monkeypatch.setattr(packed_weight, "last_level_cache_bytes", lambda: 4 * 2**30)
+    assert packed_weight.cold_copies(200 * 2**20) == 5  # held within 1 GiB
+
+
+def test_timed_layouts_take_turns():
+    from llmserve.worker.layers import packed_weight
+
+    order = []
+    rounds = {"a": [lambda: order.append("a")], "b": [lambda: order.append("b"), lambda: order.append("b")]}
+    best = packed_weight.alternated_best_seconds(rounds, repeats=3)
+    assert order == ["a", "b", "b"] * 3 and set(best) == {"a", "b"} and all(s >= 0 for s in best.values())
 
 
 def test_bfloat16_timing_runs_every_layout_here():

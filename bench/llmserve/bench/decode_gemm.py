@@ -7,6 +7,8 @@ weight bytes each product streams per second, as a share of the host's measured 
 bandwidth (flops.measure_memory_bandwidth: what the roofline floor of `bench
 throughput` divides by), for:
   bfloat16 tiles   our AVX-512 BF16 kernel (bf16_linear.cpp); absent without AVX-512 BF16
+  bfloat16 AMX     the same packed weight multiplied on AMX tiles (amx_bf16.cpp), what
+                   bf16_linear takes where the CPU has AMX-BF16; absent without
   bfloat16 oneDNN  oneDNN's blocked bfloat16 weight
   int8 W8A8        our VNNI kernel (int8_linear.cpp), bfloat16 x; absent without VNNI
 
@@ -30,6 +32,7 @@ import torch
 from llmserve.bench.flops import measure_memory_bandwidth
 from llmserve.bench.report import host_line, machine_info, write_json
 from llmserve.kernels import cpu as cpu_kernels
+from llmserve.kernels.cpu.host import last_level_cache_bytes
 from llmserve.worker.layers.int8_weight import Int8Weight, quantize_rows
 
 # name -> (out, in) of y = x @ W.T: the projections of SmolLM2-135M (hidden 576) and of
@@ -43,16 +46,6 @@ ROWS = (1, 4, 16, 64)
 TARGET_SHARE = 0.8  # issue #34: decode-sized products at >= 80% of the host's bandwidth
 
 
-def last_level_cache_bytes() -> int:
-    """The largest CPU cache of this host (sysfs), 32 MiB where sysfs does not say."""
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = path.read_text().strip()
-        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
-        sizes.append(int(text.rstrip("KMG")) * scale)
-    return max(sizes, default=32 * 2**20)
-
-
 def products(w: torch.Tensor, copies: int) -> dict[str, tuple[list[Callable[[torch.Tensor], torch.Tensor]], int]]:
     """name -> (one x -> x @ W.T per copy of the weight, bytes one call streams)."""
     out_features, in_features = w.shape
@@ -60,7 +53,11 @@ def products(w: torch.Tensor, copies: int) -> dict[str, tuple[list[Callable[[tor
     wb = w.bfloat16()
     if cpu_kernels.bf16_tiles_supported():
         tiles = [cpu_kernels.bf16_pack_weight(wb) for _ in range(copies)]
-        made["bfloat16 tiles"] = ([lambda x, t=t: cpu_kernels.bf16_linear(x, t) for t in tiles], 2 * w.numel())
+        made["bfloat16 tiles"] = ([lambda x, t=t: cpu_kernels.bf16_linear(x, t, "avx512") for t in tiles],
+                                  2 * w.numel())
+        if cpu_kernels.bf16_amx_supported() and in_features % 32 == 0:
+            made["bfloat16 AMX"] = ([lambda x, t=t: cpu_kernels.bf16_linear(x, t, "amx") for t in tiles],
+                                    2 * w.numel())
     if torch.backends.mkldnn.is_available():
         linear = torch.ops.mkldnn._linear_pointwise
         blocked = [torch.ops.mkldnn._reorder_linear_weight(wb, 64) for _ in range(copies)]

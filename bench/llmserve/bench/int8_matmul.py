@@ -12,8 +12,9 @@ layer shapes (576 hidden, 1536 intermediate) and a larger model's (2048 / 8192),
                    prefill path)
   int8 W8A8        our VNNI kernel, bfloat16 x quantized per 64 columns (what int8 runs
                    where the CPU has AVX-512 VNNI); nan where it does not
-  bfloat16 tiles   our AVX-512 BF16 kernel (what bfloat16 runs where it times faster than
-                   oneDNN's); nan where the CPU has no AVX-512 BF16
+  bfloat16 tiles   our bfloat16 kernel (what bfloat16 runs where it times faster than
+                   oneDNN's: on AMX tiles where the CPU has AMX-BF16, else AVX-512 BF16);
+                   nan where the CPU has neither
 Each cell is the fastest of `reps` calls in microseconds: on a shared machine the fastest
 call is the one nobody interrupted.
 """

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp", _CSRC / "int8_linear.cpp",
             _CSRC / "bf16_linear.cpp", _CSRC / "rotary_kv_write.cpp", _CSRC / "paged_attention_prefill.cpp",
-            _CSRC / "argmax_rows.cpp", _CSRC / "decoder_layers.cpp"]
+            _CSRC / "argmax_rows.cpp", _CSRC / "decoder_layers.cpp", _CSRC / "amx_bf16.cpp"]
 
 
 @lru_cache(maxsize=1)
@@ -196,9 +196,20 @@ def bf16_pack_weight(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.llmserve_cpu.bf16_pack_weight(w)
 
 
-def bf16_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """x [M, K] bfloat16 @ W.T for W packed by bf16_pack_weight -> y [M, N] bfloat16."""
-    return torch.ops.llmserve_cpu.bf16_linear(x, packed)
+def bf16_amx_supported() -> bool:
+    """True when bf16_linear can multiply on AMX tiles here (built with AMX-BF16, and the OS
+    lets this process use the tile registers)."""
+    return load() and bool(torch.ops.llmserve_cpu.bf16_amx_supported())
+
+
+BF16_ENGINES = {"auto": 0, "avx512": 1, "amx": 2}
+
+
+def bf16_linear(x: torch.Tensor, packed: torch.Tensor, engine: str = "auto") -> torch.Tensor:
+    """x [M, K] bfloat16 @ W.T for W packed by bf16_pack_weight -> y [M, N] bfloat16.
+    engine: "auto" (AMX tiles where usable and K % 32 == 0, else AVX-512 BF16 registers),
+    or "avx512" / "amx" by name (benchmarks, tests)."""
+    return torch.ops.llmserve_cpu.bf16_linear(x, packed, BF16_ENGINES[engine])
 
 
 def decoder_layers(hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,

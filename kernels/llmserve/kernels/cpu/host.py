@@ -1,7 +1,8 @@
 """What this machine's CPU is, read once from /proc/cpuinfo's first processor: its model
 name, flags (instruction sets), family and model number. The one reader for everything
 that keys on the CPU or names it: the kernels' build directory, the remembered GEMM
-layouts, the CPU dtype choice and the benchmarks' machine facts."""
+layouts, the CPU dtype choice and the benchmarks' machine facts. And its last-level
+cache's size (sysfs), which timings of cold weights must exceed."""
 
 from __future__ import annotations
 
@@ -43,3 +44,13 @@ def cpu_facts() -> CpuFacts:
         return parse_cpuinfo(Path("/proc/cpuinfo").read_text())
     except OSError:
         return parse_cpuinfo("")
+
+
+def last_level_cache_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """The largest CPU cache of this host (sysfs), 32 MiB where sysfs does not say."""
+    sizes = []
+    for path in cache_dir.glob("index*/size"):
+        text = path.read_text().strip()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
+        sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes, default=32 * 2**20)

@@ -18,6 +18,7 @@
 
 #include <cstring>
 
+#include "amx_bf16.h"
 #include "gemm_tiles.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
@@ -31,6 +32,16 @@ namespace {
 constexpr int64_t kBlockN = 16;  // output channels per packed block (gemm_tiles.h)
 
 bool bf16_tiles_supported() { return LLMSERVE_BF16_TILES == 1; }
+
+bool bf16_amx_supported() { return llmserve_amx::bf16_usable(); }
+
+// Which engine multiplies (bf16_linear's `engine` argument): AMX where it can, else the
+// AVX-512 BF16 register tiles; or one of them by name, for benchmarks and tests.
+// NOTE: AMX at every row count, although at 1-2 rows the register tiles are as fast: the
+// two engines round differently (~0.1% of outputs differ by a bfloat16 ulp), and one
+// engine per weight keeps a sequence's logits independent of how many rows share its
+// step (bf16_product sums each row alone).
+enum Engine : int64_t { kAuto = 0, kAvx512 = 1, kAmx = 2 };
 
 void check_shapes(int64_t N, int64_t K) {
   TORCH_CHECK(N % kBlockN == 0, "bf16 tiles: output features (", N, ") must be a multiple of ", kBlockN);
@@ -95,7 +106,7 @@ struct Bf16Tile {
 };
 #endif
 
-at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed) {
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t engine) {
   TORCH_CHECK(bf16_tiles_supported(), "bf16 tiles: this build has no AVX-512 BF16");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "bf16 tiles: x must be [rows, in] bfloat16");
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 && packed.size(2) == kBlockN &&
@@ -106,6 +117,14 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed) {
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y;
+  const bool amx_fits = llmserve_amx::bf16_usable() && K % 32 == 0;
+  TORCH_CHECK(engine != kAmx || amx_fits, "bf16 tiles: AMX is not usable here, or ", K, " features are not a multiple of 32");
+  if (engine == kAmx || (engine == kAuto && amx_fits)) {
+    llmserve_amx::bf16_product(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()), K,
+                               reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
+                               y.data_ptr<at::BFloat16>(), M, N, K);
+    return y;
+  }
 #if LLMSERVE_BF16_TILES
   llmserve_tiles::for_each_tile(
       Bf16Tile{reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()),
@@ -120,7 +139,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed) {
 TORCH_LIBRARY_FRAGMENT(llmserve_cpu, m) {
   m.def("bf16_tiles_supported() -> bool", &bf16_tiles_supported);  // no tensor to dispatch on
   m.def("bf16_pack_weight(Tensor w) -> Tensor");
-  m.def("bf16_linear(Tensor x, Tensor packed) -> Tensor");
+  m.def("bf16_amx_supported() -> bool", &bf16_amx_supported);
+  m.def("bf16_linear(Tensor x, Tensor packed, int engine=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(llmserve_cpu, CPU, m) {

@@ -68,8 +68,8 @@ struct Ops {
                                                 const at::Tensor&, const at::Tensor&, double, int64_t, double)>();
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> w8a8_linear =
       find("llmserve_cpu::w8a8_linear").typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
-  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&)> bf16_linear =
-      find("llmserve_cpu::bf16_linear").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)> bf16_linear =
+      find("llmserve_cpu::bf16_linear").typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>();
 
   static c10::OperatorHandle find(const char* name) {
     return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
@@ -110,7 +110,7 @@ at::Tensor project(const at::Tensor& x, int64_t kind, const at::Tensor& w, const
       y = ops().w8a8_linear.call(x, w, extra);
       break;
     case kBf16Tiles:
-      y = ops().bf16_linear.call(x, w);
+      y = ops().bf16_linear.call(x, w, 0);
       break;
     case kOneDnn:
     case kMkl: {

@@ -1,0 +1,186 @@
+// bfloat16 products on AMX tiles (amx_bf16.h says what and why).
+//
+// Eight tile registers, each 16 rows x 64 bytes: C[m][b] (tmm0-3) hold 16 x 16 float32
+// sums for row tile m and block b, A[m] (tmm4-5) 16 rows x 32 bfloat16 of x, B[b]
+// (tmm6-7) 16 k-pairs x 16 channels of the weight. One k step of 32 loads 2 A and 2 B
+// tiles and issues 4 TDPBF16PS (16 x 16 x 32 products each), so each tile loaded feeds
+// two. Products of fewer than 16 rows configure A and C tiles of that many rows; longer
+// ones pad their last row tile with zeros (bf16_product).
+#include "amx_bf16.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
+#define LLMSERVE_AMX_BF16 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "gemm_tiles.h"
+#else
+#define LLMSERVE_AMX_BF16 0
+#endif
+
+namespace llmserve_amx {
+
+#if LLMSERVE_AMX_BF16
+namespace {
+
+constexpr int64_t kRows = 16;       // rows of every tile
+constexpr int64_t kDepth = 32;      // bfloat16 values of k per tile row (64 bytes)
+constexpr int64_t kBlockN = 16;     // output channels per packed block
+constexpr long kReqXcompPerm = 0x1023;  // arch_prctl: ARCH_REQ_XCOMP_PERM
+constexpr long kXtileData = 18;         // XFEATURE_XTILEDATA
+
+// The LDTILECFG operand: palette 1, every tile 64 bytes wide; B tiles 16 rows (k-pairs),
+// A and C tiles `rows` rows (16, or M when a product has fewer).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+
+  explicit TileConfig(int64_t a_rows) {
+    for (int t = 0; t < 8; ++t) {
+      colsb[t] = 64;
+      rows[t] = static_cast<uint8_t>(t >= 6 ? kRows : a_rows);
+    }
+  }
+};
+
+struct Product {
+  const uint16_t* x;  // [Mp, K] at stride ldx, Mp = M rounded up to 16
+  int64_t ldx;
+  const uint16_t* w;  // [N/16, K/2, 16, 2]
+  c10::BFloat16* y;   // [M, N]
+  int64_t M, N, K;
+
+  const uint16_t* a(int64_t m0, int64_t k0) const { return x + m0 * ldx + k0; }
+  const uint16_t* b(int64_t block, int64_t k0) const { return w + block * K * kBlockN + k0 * kBlockN; }
+
+  // y[m0 : m0 + 16 MT, 16 b0 : 16 (b0 + NB)]; tile numbers must be constants, hence the
+  // template and `if constexpr`.
+  template <int MT, int NB>
+  void tile(int64_t m0, int64_t b0, float* sums, const char* next, int64_t next_lines) const {
+    _tile_zero(0);
+    if constexpr (NB > 1) _tile_zero(1);
+    if constexpr (MT > 1) _tile_zero(2);
+    if constexpr (MT > 1 && NB > 1) _tile_zero(3);
+    const int64_t a_stride = ldx * 2, b_stride = kBlockN * 4;
+    for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
+      for (int64_t line = 0; line < next_lines; ++line) _mm_prefetch(next + 64 * line, _MM_HINT_T1);
+      next += 64 * next_lines;
+      _tile_loadd(6, b(b0, k0), b_stride);
+      if constexpr (NB > 1) _tile_loadd(7, b(b0 + 1, k0), b_stride);
+      _tile_loadd(4, a(m0, k0), a_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (NB > 1) _tile_dpbf16ps(1, 4, 7);
+      if constexpr (MT > 1) {
+        _tile_loadd(5, a(m0 + kRows, k0), a_stride);
+        _tile_dpbf16ps(2, 5, 6);
+        if constexpr (NB > 1) _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    // (_tile_stored names its tile in the instruction's text: a literal, not a parameter.)
+    _tile_stored(0, sums, kBlockN * 4);
+    store(m0, b0, sums);
+    if constexpr (NB > 1) {
+      _tile_stored(1, sums, kBlockN * 4);
+      store(m0, b0 + 1, sums);
+    }
+    if constexpr (MT > 1) {
+      _tile_stored(2, sums, kBlockN * 4);
+      store(m0 + kRows, b0, sums);
+    }
+    if constexpr (MT > 1 && NB > 1) {
+      _tile_stored(3, sums, kBlockN * 4);
+      store(m0 + kRows, b0 + 1, sums);
+    }
+  }
+
+  // A C tile's sums (stored to `sums` [16, 16]), rows that exist in y only, rounded to bfloat16.
+  void store(int64_t m0, int64_t block, const float* sums) const {
+    const int64_t rows = std::min<int64_t>(kRows, M - m0);
+    for (int64_t r = 0; r < rows; ++r)
+      llmserve_tiles::store_row(y + (m0 + r) * N + block * kBlockN, _mm512_load_ps(sums + r * kBlockN));
+  }
+
+  // Blocks [2 p, 2 p + 2) of every row tile.
+  void column_pair(int64_t p, float* sums) const {
+    const int64_t b0 = 2 * p, blocks = N / kBlockN;
+    const int64_t padded = M < kRows ? M : (M + kRows - 1) / kRows * kRows;
+    const bool two = b0 + 1 < blocks;
+    int64_t m0 = 0;
+    // The first row tiles prefetch the next pair's blocks into L2 as they go (K x 32 bytes a
+    // block: 16 lines of each a k step). NOTE: without, tile loads waited on memory: products
+    // from memory at 1-16 rows ran 1.1-1.3x slower (SmolLM2-135M's and a 1B's shapes).
+    const char* next = reinterpret_cast<const char*>(b(std::min(b0 + 2, blocks - 1), 0));
+    const int64_t next_lines = 16 * std::clamp<int64_t>(blocks - b0 - 2, 0, 2);
+    for (; m0 + 2 * kRows <= padded; m0 += 2 * kRows) {
+      const int64_t lines = m0 == 0 ? next_lines : 0;
+      two ? tile<2, 2>(m0, b0, sums, next, lines) : tile<2, 1>(m0, b0, sums, next, lines);
+    }
+    if (m0 < padded) {
+      const int64_t lines = m0 == 0 ? next_lines : 0;
+      two ? tile<1, 2>(m0, b0, sums, next, lines) : tile<1, 1>(m0, b0, sums, next, lines);
+    }
+  }
+};
+
+}  // namespace
+
+bool bf16_usable() {
+  // LLMSERVE_CPU_AMX=0 keeps the AVX-512 engine (to compare the two, or to rule AMX out).
+  static const bool granted = [] {
+    const char* setting = std::getenv("LLMSERVE_CPU_AMX");
+    if (setting != nullptr && std::string(setting) == "0") return false;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return granted;
+}
+
+void bf16_product(const uint16_t* x, int64_t ldx, const uint16_t* w, c10::BFloat16* y, int64_t M, int64_t N,
+                  int64_t K) {
+  // Under 16 rows the A and C tiles have M rows; above, a row count that is not a multiple
+  // of 16 reads a zero-padded copy. NOTE: not M-row tiles for the remainder, and not a
+  // padded copy under 16: either way a row's sums come out the same (TDPBF16PS sums each
+  // row alone, in one order), so a sequence's logits do not depend on its batch, and
+  // short products skip the copy.
+  std::vector<uint16_t> padded;
+  if (M > kRows && M % kRows != 0) {
+    padded.assign(static_cast<size_t>((M + kRows - 1) / kRows * kRows * K), 0);
+    for (int64_t m = 0; m < M; ++m) std::copy(x + m * ldx, x + m * ldx + K, padded.data() + m * K);
+    x = padded.data();
+    ldx = K;
+  }
+  const Product product{x, ldx, w, y, M, N, K};
+  const int64_t pairs = (N / kBlockN + 1) / 2;
+  // A fork costs ~10 us: small products stay on one thread (as gemm_tiles.h's driver does).
+  const int64_t macs_per_pair = std::max<int64_t>(M, kRows) * K * 2 * kBlockN;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 19) / macs_per_pair);
+  at::parallel_for(0, pairs, grain, [&](int64_t begin, int64_t end) {
+    // Tile configuration is per thread; release it after, so the OS need not save 8 KiB of
+    // tile state at every switch away from this thread.
+    const TileConfig config(std::min(M, kRows));
+    alignas(64) float sums[kRows * kBlockN];
+    _tile_loadconfig(&config);
+    for (int64_t p = begin; p < end; ++p) product.column_pair(p, sums);
+    _tile_release();
+  });
+}
+
+#else
+
+bool bf16_usable() { return false; }
+
+void bf16_product(const uint16_t*, int64_t, const uint16_t*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
+
+#endif
+
+}  // namespace llmserve_amx

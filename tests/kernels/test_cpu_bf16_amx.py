@@ -1,0 +1,77 @@
+"""bfloat16 products on AMX tiles (csrc/amx_bf16.cpp), the engine llmserve_cpu::bf16_linear
+takes where the CPU has AMX-BF16: against float32 products of the same bfloat16 values,
+row by row, and against the AVX-512 engine on the same packed weight."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from llmserve.kernels import cpu as cpu_kernels
+
+needs_amx = pytest.mark.skipif(not cpu_kernels.bf16_amx_supported(),
+                               reason="AMX-BF16 absent on this CPU (or refused by its OS)")
+
+
+def _case(rows: int, out_features: int, in_features: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(out_features, in_features, generator=gen).bfloat16()
+    x = torch.randn(rows, in_features, generator=gen).bfloat16()
+    return x, w, cpu_kernels.bf16_pack_weight(w)
+
+
+@needs_amx
+# 16-row tiles and the rows around their edges; 80 channels = 2 pairs of blocks and a
+# lone block, 96 = 3 pairs; depths of 1 and of 18 k steps of 32.
+@pytest.mark.parametrize("rows", [1, 2, 5, 15, 16, 17, 31, 32, 33, 48, 64, 100])
+@pytest.mark.parametrize("shape", [(80, 32), (96, 576), (80, 1536)])
+def test_amx_products_match_float32(rows, shape):
+    x, w, packed = _case(rows, *shape, seed=rows)
+    got = cpu_kernels.bf16_linear(x, packed, "amx")
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, shape[0])
+    want = x.float() @ w.float().t()
+    # float32 sums of exact bfloat16 products, rounded once to bfloat16: half an ulp of
+    # bfloat16 (2^-9 relative) plus the sums' float32 order.
+    torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=1e-3 * shape[1] ** 0.5)
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [3, 16, 40, 64])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(rows):
+    # A sequence's logits must not change with the number of sequences in its step.
+    x, _, packed = _case(rows, 96, 576, seed=100 + rows)
+    together = cpu_kernels.bf16_linear(x, packed, "amx")
+    for r in range(rows):
+        assert torch.equal(cpu_kernels.bf16_linear(x[r:r + 1], packed), together[r:r + 1]), r
+
+
+@needs_amx
+def test_auto_takes_amx_wherever_the_depth_allows():
+    x, _, packed = _case(7, 80, 64, seed=1)
+    assert torch.equal(cpu_kernels.bf16_linear(x, packed), cpu_kernels.bf16_linear(x, packed, "amx"))
+    x, _, packed = _case(7, 80, 48, seed=2)  # 48 is not a multiple of AMX's 32: the AVX-512 engine
+    assert torch.equal(cpu_kernels.bf16_linear(x, packed), cpu_kernels.bf16_linear(x, packed, "avx512"))
+    with pytest.raises(RuntimeError, match="not a multiple of 32"):
+        cpu_kernels.bf16_linear(x, packed, "amx")
+
+
+@needs_amx
+def test_the_two_engines_agree_to_bfloat16_rounding():
+    x, _, packed = _case(24, 96, 576, seed=3)
+    amx = cpu_kernels.bf16_linear(x, packed, "amx").float()
+    avx512 = cpu_kernels.bf16_linear(x, packed, "avx512").float()
+    torch.testing.assert_close(amx, avx512, rtol=2**-7, atol=0.0)
+
+
+@pytest.mark.skipif(not cpu_kernels.bf16_tiles_supported(), reason="our bfloat16 kernel needs AVX-512 BF16")
+def test_llmserve_cpu_amx_0_keeps_the_avx512_engine():
+    code = ("from llmserve.kernels import cpu; import torch; assert cpu.load(); "
+            "print(cpu.bf16_amx_supported())")
+    env = {**os.environ, "LLMSERVE_CPU_AMX": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
