@@ -11,6 +11,8 @@ throughput` divides by), for:
                    bf16_linear takes where the CPU has AMX-BF16; absent without
   bfloat16 oneDNN  oneDNN's blocked bfloat16 weight
   int8 W8A8        our VNNI kernel (int8_linear.cpp), bfloat16 x; absent without VNNI
+  int8 W8A8 AMX    the same product on AMX tiles (amx_int8.cpp; the same bits), what
+                   W8A8 takes where the CPU has AMX-INT8; absent without
 
 NOTE: the weights are cold, as in a decode step (a whole model's weights pass through
 the cache once per step): each product cycles through copies of its weight that together
@@ -55,7 +57,7 @@ def products(w: torch.Tensor, copies: int) -> dict[str, tuple[list[Callable[[tor
         tiles = [cpu_kernels.bf16_pack_weight(wb) for _ in range(copies)]
         made["bfloat16 tiles"] = ([lambda x, t=t: cpu_kernels.bf16_linear(x, t, "avx512") for t in tiles],
                                   2 * w.numel())
-        if cpu_kernels.bf16_amx_supported() and in_features % 32 == 0:
+        if cpu_kernels.amx_supported() and in_features % 32 == 0:
             made["bfloat16 AMX"] = ([lambda x, t=t: cpu_kernels.bf16_linear(x, t, "amx") for t in tiles],
                                     2 * w.numel())
     if torch.backends.mkldnn.is_available():
@@ -66,7 +68,11 @@ def products(w: torch.Tensor, copies: int) -> dict[str, tuple[list[Callable[[tor
     if cpu_kernels.w8a8_supported():
         q, scale = quantize_rows(w)
         int8 = [Int8Weight(q, scale, quantize_activations=True) for _ in range(copies)]
-        made["int8 W8A8"] = ([i.matmul for i in int8], w.numel() + 4 * out_features)
+        for name, engine in (("int8 W8A8", "vnni"), ("int8 W8A8 AMX", "amx")):
+            if engine == "amx" and not cpu_kernels.amx_supported():
+                continue
+            made[name] = ([lambda x, i=i, e=engine: cpu_kernels.w8a8_linear(x, i.w8a8_packed, i.scale, e)
+                           for i in int8], w.numel() + 4 * out_features)
     return made
 
 

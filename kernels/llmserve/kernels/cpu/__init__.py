@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp", _CSRC / "int8_linear.cpp",
             _CSRC / "bf16_linear.cpp", _CSRC / "rotary_kv_write.cpp", _CSRC / "paged_attention_prefill.cpp",
-            _CSRC / "argmax_rows.cpp", _CSRC / "decoder_layers.cpp", _CSRC / "amx_bf16.cpp"]
+            _CSRC / "argmax_rows.cpp", _CSRC / "decoder_layers.cpp", _CSRC / "amx_bf16.cpp",
+            _CSRC / "amx_int8.cpp"]
 
 
 @lru_cache(maxsize=1)
@@ -180,10 +181,15 @@ def w8a8_pack_weight(q: torch.Tensor) -> torch.Tensor:
     return torch.ops.llmserve_cpu.w8a8_pack_weight(q)
 
 
-def w8a8_linear(x: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+W8A8_ENGINES = {"auto": 0, "vnni": 1, "amx": 2}
+
+
+def w8a8_linear(x: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, engine: str = "auto") -> torch.Tensor:
     """x [M, K] float32/bfloat16, quantized per row and group of 64 columns; packed from
-    w8a8_pack_weight; w_scale [N] float32 -> y [M, N] in x's dtype."""
-    return torch.ops.llmserve_cpu.w8a8_linear(x, packed, w_scale)
+    w8a8_pack_weight; w_scale [N] float32 -> y [M, N] in x's dtype. engine: "auto" (AMX
+    tiles where usable, else AVX-512 VNNI registers: the same bits either way), or "vnni" /
+    "amx" by name (benchmarks, tests)."""
+    return torch.ops.llmserve_cpu.w8a8_linear(x, packed, w_scale, W8A8_ENGINES[engine])
 
 
 def bf16_tiles_supported() -> bool:
@@ -196,10 +202,11 @@ def bf16_pack_weight(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.llmserve_cpu.bf16_pack_weight(w)
 
 
-def bf16_amx_supported() -> bool:
-    """True when bf16_linear can multiply on AMX tiles here (built with AMX-BF16, and the OS
-    lets this process use the tile registers)."""
-    return load() and bool(torch.ops.llmserve_cpu.bf16_amx_supported())
+def amx_supported() -> bool:
+    """True when bf16_linear and w8a8_linear can multiply on AMX tiles here (built with
+    AMX-BF16 and AMX-INT8, the OS lets this process use the tile registers, and
+    LLMSERVE_CPU_AMX is not 0)."""
+    return load() and bool(torch.ops.llmserve_cpu.amx_supported())
 
 
 BF16_ENGINES = {"auto": 0, "avx512": 1, "amx": 2}

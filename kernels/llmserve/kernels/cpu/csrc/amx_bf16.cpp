@@ -1,58 +1,21 @@
-// bfloat16 products on AMX tiles (amx_bf16.h says what and why).
-//
-// Eight tile registers, each 16 rows x 64 bytes: C[m][b] (tmm0-3) hold 16 x 16 float32
-// sums for row tile m and block b, A[m] (tmm4-5) 16 rows x 32 bfloat16 of x, B[b]
-// (tmm6-7) 16 k-pairs x 16 channels of the weight. One k step of 32 loads 2 A and 2 B
-// tiles and issues 4 TDPBF16PS (16 x 16 x 32 products each), so each tile loaded feeds
-// two. Products of fewer than 16 rows configure A and C tiles of that many rows; longer
-// ones pad their last row tile with zeros (bf16_product).
-#include "amx_bf16.h"
+// bfloat16 products on AMX tiles (amx.h says what, why and how the tiles are used):
+// TDPBF16PS, 16 x 16 x 32 products a tile step.
+#include "amx.h"
 
 #include <ATen/Parallel.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
-#define LLMSERVE_AMX_BF16 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
+#if LLMSERVE_AMX
 #include "gemm_tiles.h"
-#else
-#define LLMSERVE_AMX_BF16 0
 #endif
 
 namespace llmserve_amx {
 
-#if LLMSERVE_AMX_BF16
+#if LLMSERVE_AMX
 namespace {
 
-constexpr int64_t kRows = 16;       // rows of every tile
-constexpr int64_t kDepth = 32;      // bfloat16 values of k per tile row (64 bytes)
-constexpr int64_t kBlockN = 16;     // output channels per packed block
-constexpr long kReqXcompPerm = 0x1023;  // arch_prctl: ARCH_REQ_XCOMP_PERM
-constexpr long kXtileData = 18;         // XFEATURE_XTILEDATA
-
-// The LDTILECFG operand: palette 1, every tile 64 bytes wide; B tiles 16 rows (k-pairs),
-// A and C tiles `rows` rows (16, or M when a product has fewer).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-
-  explicit TileConfig(int64_t a_rows) {
-    for (int t = 0; t < 8; ++t) {
-      colsb[t] = 64;
-      rows[t] = static_cast<uint8_t>(t >= 6 ? kRows : a_rows);
-    }
-  }
-};
+constexpr int64_t kDepth = 32;  // bfloat16 values of k per tile row (64 bytes)
 
 struct Product {
   const uint16_t* x;  // [Mp, K] at stride ldx, Mp = M rounded up to 16
@@ -114,7 +77,7 @@ struct Product {
   // Blocks [2 p, 2 p + 2) of every row tile.
   void column_pair(int64_t p, float* sums) const {
     const int64_t b0 = 2 * p, blocks = N / kBlockN;
-    const int64_t padded = M < kRows ? M : (M + kRows - 1) / kRows * kRows;
+    const int64_t padded = tiled_rows(M);
     const bool two = b0 + 1 < blocks;
     int64_t m0 = 0;
     // The first row tiles prefetch the next pair's blocks into L2 as they go (K x 32 bytes a
@@ -134,16 +97,6 @@ struct Product {
 };
 
 }  // namespace
-
-bool bf16_usable() {
-  // LLMSERVE_CPU_AMX=0 keeps the AVX-512 engine (to compare the two, or to rule AMX out).
-  static const bool granted = [] {
-    const char* setting = std::getenv("LLMSERVE_CPU_AMX");
-    if (setting != nullptr && std::string(setting) == "0") return false;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
-  }();
-  return granted;
-}
 
 void bf16_product(const uint16_t* x, int64_t ldx, const uint16_t* w, c10::BFloat16* y, int64_t M, int64_t N,
                   int64_t K) {
@@ -176,8 +129,6 @@ void bf16_product(const uint16_t* x, int64_t ldx, const uint16_t* w, c10::BFloat
 }
 
 #else
-
-bool bf16_usable() { return false; }
 
 void bf16_product(const uint16_t*, int64_t, const uint16_t*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
 

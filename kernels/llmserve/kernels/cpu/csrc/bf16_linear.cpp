@@ -18,7 +18,7 @@
 
 #include <cstring>
 
-#include "amx_bf16.h"
+#include "amx.h"
 #include "gemm_tiles.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
@@ -33,7 +33,7 @@ constexpr int64_t kBlockN = 16;  // output channels per packed block (gemm_tiles
 
 bool bf16_tiles_supported() { return LLMSERVE_BF16_TILES == 1; }
 
-bool bf16_amx_supported() { return llmserve_amx::bf16_usable(); }
+bool amx_supported() { return llmserve_amx::usable(); }
 
 // Which engine multiplies (bf16_linear's `engine` argument): AMX where it can, else the
 // AVX-512 BF16 register tiles; or one of them by name, for benchmarks and tests.
@@ -117,7 +117,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t en
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y;
-  const bool amx_fits = llmserve_amx::bf16_usable() && K % 32 == 0;
+  const bool amx_fits = llmserve_amx::usable() && K % 32 == 0;
   TORCH_CHECK(engine != kAmx || amx_fits, "bf16 tiles: AMX is not usable here, or ", K, " features are not a multiple of 32");
   if (engine == kAmx || (engine == kAuto && amx_fits)) {
     llmserve_amx::bf16_product(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()), K,
@@ -139,7 +139,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t en
 TORCH_LIBRARY_FRAGMENT(llmserve_cpu, m) {
   m.def("bf16_tiles_supported() -> bool", &bf16_tiles_supported);  // no tensor to dispatch on
   m.def("bf16_pack_weight(Tensor w) -> Tensor");
-  m.def("bf16_amx_supported() -> bool", &bf16_amx_supported);
+  m.def("amx_supported() -> bool", &amx_supported);  // (both engines' AMX: this file and int8_linear.cpp)
   m.def("bf16_linear(Tensor x, Tensor packed, int engine=0) -> Tensor");
 }
 

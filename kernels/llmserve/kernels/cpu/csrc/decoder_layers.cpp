@@ -66,8 +66,9 @@ struct Ops {
       prefill_attention = find("llmserve_cpu::paged_attention_prefill")
                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                 const at::Tensor&, const at::Tensor&, double, int64_t, double)>();
-  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> w8a8_linear =
-      find("llmserve_cpu::w8a8_linear").typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)> w8a8_linear =
+      find("llmserve_cpu::w8a8_linear")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>();
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)> bf16_linear =
       find("llmserve_cpu::bf16_linear").typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>();
 
@@ -107,7 +108,7 @@ at::Tensor project(const at::Tensor& x, int64_t kind, const at::Tensor& w, const
   at::Tensor y;
   switch (kind) {
     case kW8A8:
-      y = ops().w8a8_linear.call(x, w, extra);
+      y = ops().w8a8_linear.call(x, w, extra, 0);
       break;
     case kBf16Tiles:
       y = ops().bf16_linear.call(x, w, 0);

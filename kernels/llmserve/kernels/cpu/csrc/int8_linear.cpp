@@ -26,6 +26,7 @@
 #include <cstring>
 #include <vector>
 
+#include "amx.h"
 #include "gemm_tiles.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -237,18 +238,29 @@ struct W8A8Tile {
 };
 
 template <typename T>
-void w8a8_gemm(const T* x, const uint8_t* w, const float* w_scale, T* y, int64_t M, int64_t N, int64_t K) {
+void w8a8_gemm(const T* x, const uint8_t* w, const float* w_scale, T* y, int64_t M, int64_t N, int64_t K, bool amx) {
   const int64_t G = K / kGroup;
-  std::vector<int8_t> xq(M * K);
+  // AMX reads whole 16-row tiles beyond 16 rows: there xq has zero rows up to a multiple of 16.
+  std::vector<int8_t> xq((amx ? llmserve_amx::tiled_rows(M) : M) * K);
   std::vector<float> x_scale(M * G);
   std::vector<int32_t> comp(M * G);
   quantize_activations(x, M, K, xq.data(), x_scale.data(), comp.data());
-  llmserve_tiles::for_each_tile(W8A8Tile<T>{xq.data(), x_scale.data(), comp.data(), w, w_scale, y, N, K}, M, N, K);
+  if (amx) {
+    llmserve_amx::w8a8_product(xq.data(), x_scale.data(), comp.data(), w, w_scale, y, M, N, K);
+  } else {
+    llmserve_tiles::for_each_tile(W8A8Tile<T>{xq.data(), x_scale.data(), comp.data(), w, w_scale, y, N, K}, M, N,
+                                  K);
+  }
 }
 
 #endif  // LLMSERVE_W8A8
 
-at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale) {
+// Which engine multiplies (w8a8_linear's `engine` argument): AMX where the CPU has it,
+// else AVX-512 VNNI registers; or one of them by name, for benchmarks and tests. Both give
+// the same bits (amx_int8.cpp), so the choice changes speed only.
+enum Engine : int64_t { kAuto = 0, kVnni = 1, kAmx = 2 };
+
+at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale, int64_t engine) {
   TORCH_CHECK(w8a8_supported(), "int8 W8A8: this build has no AVX-512 VNNI");
   TORCH_CHECK(x.dim() == 2, "int8 W8A8: x must be [rows, in]");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
@@ -264,13 +276,15 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y;
+  TORCH_CHECK(engine != kAmx || llmserve_amx::usable(), "int8 W8A8: AMX is not usable here");
+  const bool amx = engine == kAmx || (engine == kAuto && llmserve_amx::usable());
 #if LLMSERVE_W8A8
   if (x.scalar_type() == at::kFloat) {
     w8a8_gemm(xc.data_ptr<float>(), packed.data_ptr<uint8_t>(), w_scale.data_ptr<float>(), y.data_ptr<float>(), M, N,
-              K);
+              K, amx);
   } else {
     w8a8_gemm(xc.data_ptr<at::BFloat16>(), packed.data_ptr<uint8_t>(), w_scale.data_ptr<float>(),
-              y.data_ptr<at::BFloat16>(), M, N, K);
+              y.data_ptr<at::BFloat16>(), M, N, K, amx);
   }
 #endif
   return y;
@@ -281,7 +295,7 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 TORCH_LIBRARY_FRAGMENT(llmserve_cpu, m) {
   m.def("w8a8_supported() -> bool", &w8a8_supported);  // no tensor to dispatch on
   m.def("w8a8_pack_weight(Tensor q) -> Tensor");
-  m.def("w8a8_linear(Tensor x, Tensor packed, Tensor w_scale) -> Tensor");
+  m.def("w8a8_linear(Tensor x, Tensor packed, Tensor w_scale, int engine=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(llmserve_cpu, CPU, m) {

@@ -120,7 +120,7 @@ class CpuDecoderStack:
             log.info("CPU steps: the eager layers (%s)", reason)
             return None
         stack = cls(layers, projections)
-        tiles = "bfloat16 tiles (AMX)" if cpu_kernels.bf16_amx_supported() else "bfloat16 tiles (AVX-512)"
+        tiles = "bfloat16 tiles (AMX)" if cpu_kernels.amx_supported() else "bfloat16 tiles (AVX-512)"
         names = sorted({["W8A8 int8", tiles, "oneDNN", "MKL", "dense"][k] for k in stack.kinds})
         log.info("CPU steps: %d layers in one C++ call (%s products)", len(layers), ", ".join(names))
         return stack

@@ -1,6 +1,7 @@
-"""bfloat16 products on AMX tiles (csrc/amx_bf16.cpp), the engine llmserve_cpu::bf16_linear
-takes where the CPU has AMX-BF16: against float32 products of the same bfloat16 values,
-row by row, and against the AVX-512 engine on the same packed weight."""
+"""Products on AMX tiles (csrc/amx_bf16.cpp, amx_int8.cpp), the engine bf16_linear and
+w8a8_linear take where the CPU has AMX: bfloat16 against float32 products of the same
+values, row by row, and against the AVX-512 engine on the same packed weight; W8A8 int8
+bit for bit against the AVX-512 VNNI engine."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import torch
 
 from llmserve.kernels import cpu as cpu_kernels
 
-needs_amx = pytest.mark.skipif(not cpu_kernels.bf16_amx_supported(),
-                               reason="AMX-BF16 absent on this CPU (or refused by its OS)")
+needs_amx = pytest.mark.skipif(not cpu_kernels.amx_supported(),
+                               reason="AMX absent on this CPU (or refused by its OS)")
 
 
 def _case(rows: int, out_features: int, in_features: int, seed: int):
@@ -68,10 +69,30 @@ def test_the_two_engines_agree_to_bfloat16_rounding():
 
 
 @pytest.mark.skipif(not cpu_kernels.bf16_tiles_supported(), reason="our bfloat16 kernel needs AVX-512 BF16")
-def test_llmserve_cpu_amx_0_keeps_the_avx512_engine():
+def test_llmserve_cpu_amx_0_keeps_the_avx512_engines():
     code = ("from llmserve.kernels import cpu; import torch; assert cpu.load(); "
-            "print(cpu.bf16_amx_supported())")
+            "print(cpu.amx_supported())")
     env = {**os.environ, "LLMSERVE_CPU_AMX": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+@needs_amx
+@pytest.mark.skipif(not cpu_kernels.w8a8_supported(), reason="W8A8 int8 needs AVX-512 VNNI")
+@pytest.mark.parametrize("rows", [1, 3, 15, 16, 17, 33, 64, 100])
+@pytest.mark.parametrize("shape", [(80, 64), (96, 576), (80, 1536)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_on_amx_gives_the_vnni_engines_bits(rows, shape, dtype):
+    # Integer sums are exact in either engine, and the float epilogue is the same
+    # operations in the same order: the engine is a speed choice, never a numerics one.
+    from llmserve.worker.layers.int8_weight import quantize_rows
+
+    gen = torch.Generator().manual_seed(rows)
+    q, scale = quantize_rows(torch.randn(*shape, generator=gen))
+    packed = cpu_kernels.w8a8_pack_weight(q)
+    x = torch.randn(rows, shape[1], generator=gen).to(dtype)
+    amx = cpu_kernels.w8a8_linear(x, packed, scale, "amx")
+    assert amx.dtype == dtype and amx.shape == (rows, shape[0])
+    assert torch.equal(amx, cpu_kernels.w8a8_linear(x, packed, scale, "vnni"))
+    assert torch.equal(cpu_kernels.w8a8_linear(x, packed, scale), amx)  # auto: AMX
