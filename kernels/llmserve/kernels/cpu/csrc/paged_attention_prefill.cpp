@@ -46,6 +46,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "vec_math.h"
+
 namespace {
 
 constexpr int64_t kRows = 48;     // rows (query x head) per item: 3 vectors of 16 lanes
@@ -94,23 +96,6 @@ void softmax_tile(Tile& t, int64_t k0, int64_t nk, int64_t window, float softcap
 }
 
 #if defined(__AVX512F__)
-// exp(x) for x <= 0 (relative error ~2e-7): 2^n * e^f, n = round(x / ln 2), f in
-// [-ln2/2, ln2/2] by a degree-6 polynomial. x below -87 gives ~0, -inf gives 0.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-  f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), f);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
 // softmax_tile with 16 rows a vector (no soft-cap: that rare case takes the loop above).
 void softmax_tile_avx512(Tile& t, int64_t k0, int64_t nk, int64_t window) {
   for (int64_t r = 0; r < kRows; r += 16) {
@@ -127,11 +112,12 @@ void softmax_tile_avx512(Tile& t, int64_t k0, int64_t nk, int64_t window) {
     const __m512 m_new = _mm512_max_ps(m_old, mt);
     const __mmask16 seen = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(kNegInf), _CMP_NEQ_OQ);
     const __m512 m_use = _mm512_maskz_mov_ps(seen, m_new);
-    const __m512 alpha = _mm512_mask_blend_ps(seen, _mm512_set1_ps(1.f), exp_nonpositive(_mm512_sub_ps(m_old, m_use)));
+    const __m512 alpha =
+        _mm512_mask_blend_ps(seen, _mm512_set1_ps(1.f), llmserve_vec::exp(_mm512_sub_ps(m_old, m_use)));
     __m512 sum = _mm512_setzero_ps();
     for (int64_t k = 0; k < nk; ++k) {
       float* s = &t.s[k * kRows + r];
-      const __m512 p = _mm512_maskz_mov_ps(visible[k], exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s), m_use)));
+      const __m512 p = _mm512_maskz_mov_ps(visible[k], llmserve_vec::exp(_mm512_sub_ps(_mm512_loadu_ps(s), m_use)));
       _mm512_storeu_ps(s, p);
       sum = _mm512_add_ps(sum, p);
     }
