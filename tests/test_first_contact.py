@@ -145,11 +145,34 @@ def test_up_checks_its_ports_before_loading_a_model(tmp_path):
     assert elapsed < 15, elapsed
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # As check_ports_free binds.
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@contextmanager
+def occupied_port_after_two_free():
+    """An occupied port p whose two ports below it are free: the metrics ports p - 2 and
+    p - 1 come before p in the check, and another process holding one of them would make
+    the check name that one."""
+    for _ in range(50):
+        with occupied_port() as port:
+            if _bindable(port - 2) and _bindable(port - 1):
+                yield port
+                return
+    pytest.fail("no occupied port with two free ports below it")
+
+
 def test_port_check_itself_is_immediate():
     from llmserve.contract.startup_errors import StartupError
     from llmserve.launcher.up import UpConfig, check_ports_free
 
-    with occupied_port() as port:
+    with occupied_port_after_two_free() as port:
         start = time.monotonic()
         with pytest.raises(StartupError, match=f"127.0.0.1:{port} for the worker's metrics: address already in use"):
             check_ports_free(UpConfig(port=free_port(), scheduler_port=free_port(), worker_port=free_port(),

@@ -207,9 +207,15 @@ class EngineSession:
             logger.error("readiness step failed: %s", error)
             await self.drop(f"readiness step failed: {error}")
             return
-        self.state = EngineState.SERVING
+        # NOTE: health before the state routers wait on (GetServingInfo): the other way
+        # round, a router could connect, and turn SERVING itself, while this scheduler's
+        # health still said NOT_SERVING (start-up order is worker, scheduler, router).
         if not self._draining():
             await self.server.set_serving(True)
+        if self.lost:  # Dropped while health was being set: it says so again.
+            await self.server.set_serving(False)
+            return
+        self.state = EngineState.SERVING
         logger.info("readiness step ran: serving")
 
     async def _watch_worker(self) -> None:
