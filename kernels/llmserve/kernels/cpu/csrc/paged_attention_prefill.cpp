@@ -46,6 +46,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "vec_math.h"
 
 namespace {
@@ -229,8 +230,8 @@ struct Bf16Math {
     return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
   }
 
-  void accumulate(const c10::BFloat16* const* values, int64_t nk, int64_t D, const float* p, const float* alpha,
-                  float* o) {
+  // vp and pp for the first (nk + 1) / 2 pairs of keys (accumulate's operands).
+  void pack_pairs(const c10::BFloat16* const* values, int64_t nk, int64_t D, const float* p) {
     const int64_t pairs = (nk + 1) / 2;
     vp.resize(kKeyTile / 2 * D);
     pp.resize(kKeyTile / 2 * 3);
@@ -254,6 +255,12 @@ struct Bf16Math {
         pp[j * 3 + v] = _mm512_permutexvar_epi16(interleave, (__m512i)both);
       }
     }
+  }
+
+  void accumulate(const c10::BFloat16* const* values, int64_t nk, int64_t D, const float* p, const float* alpha,
+                  float* o) {
+    pack_pairs(values, nk, D, p);
+    const int64_t pairs = (nk + 1) / 2;
     __m512 a[3];
     for (int v = 0; v < 3; ++v) a[v] = _mm512_loadu_ps(alpha + 16 * v);
     for (int64_t d0 = 0; d0 < D; d0 += 8) {
@@ -276,6 +283,137 @@ struct Bf16Math {
 };
 #else
 #define LLMSERVE_PREFILL_BF16 0
+#endif
+
+#if LLMSERVE_PREFILL_BF16 && LLMSERVE_AMX
+// 16 x 16 32-bit values transposed in registers (r[i] holds row i; after, column i).
+inline void transpose16x16(__m512i (&r)[16]) {
+  __m512i t[16], u[16], v[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      v[h + i] = _mm512_shuffle_i32x4(u[h + i], u[h + i + 4], 0x88);
+      v[h + i + 4] = _mm512_shuffle_i32x4(u[h + i], u[h + i + 4], 0xDD);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(v[i], v[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(v[i], v[i + 8], 0xDD);
+  }
+}
+
+// Bf16Math's two products on AMX tiles (where the CPU has them), each C tile 16 x 16:
+//   S^T = K . Q^T: A = the key tile's rows copied into one buffer (16 keys x 32 d), B =
+//        Bf16Math's query pairs as they are (16 d-pairs x 16 rows); the six C tiles (2 x 16
+//        keys, 3 x 16 rows) are stored straight into S^T.
+//   O^T = V^T . P^T: A = V^T in key pairs (Bf16Math's value pairs vp, transposed 16 x 16 at
+//        a time: 16 d x 16 key pairs), B = its probability pairs pp (16 key pairs x 16
+//        rows); O^T's tiles are loaded, accumulated into and stored back in place.
+// One instance per thread, which holds the tile configuration.
+struct AmxBf16Math : Bf16Math {
+  static constexpr int64_t kMaxD = 128;
+  alignas(64) uint16_t keys_copy[kKeyTile * kMaxD];  // [kKeyTile][D]: the tile's key rows, zeros past nk
+  alignas(64) uint32_t values_t[kMaxD * kKeyTile / 2];  // [D][16]: (v_2j[d], v_2j+1[d]) for the 16 pairs j
+
+  AmxBf16Math() {
+    const llmserve_amx::TileConfig config(llmserve_amx::kRows);
+    _tile_loadconfig(&config);
+  }
+  ~AmxBf16Math() { _tile_release(); }
+  AmxBf16Math(const AmxBf16Math&) = delete;
+  AmxBf16Math& operator=(const AmxBf16Math&) = delete;
+
+  void scores(const c10::BFloat16* const* keys, int64_t nk, int64_t D, float scale, float* s) {
+    for (int64_t k = 0; k < kKeyTile; ++k) {
+      if (k < nk) {
+        std::memcpy(keys_copy + k * D, keys[k], D * 2);
+      } else {
+        std::memset(keys_copy + k * D, 0, D * 2);
+      }
+    }
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    const int64_t a_stride = D * 2, b_stride = kRows * 4;
+    const uint32_t* q = qp.data();
+    for (int64_t d0 = 0; d0 < D; d0 += 32) {
+      const uint32_t* b = q + d0 / 2 * kRows;  // 16 d-pairs from d0, each 16 rows a group
+      _tile_loadd(6, keys_copy + d0, a_stride);  // keys 0-15
+      _tile_loadd(7, b, b_stride);
+      _tile_dpbf16ps(0, 6, 7);
+      _tile_loadd(7, b + 16, b_stride);
+      _tile_dpbf16ps(1, 6, 7);
+      _tile_loadd(7, b + 32, b_stride);
+      _tile_dpbf16ps(2, 6, 7);
+      _tile_loadd(6, keys_copy + 16 * D + d0, a_stride);  // keys 16-31
+      _tile_loadd(7, b, b_stride);
+      _tile_dpbf16ps(3, 6, 7);
+      _tile_loadd(7, b + 16, b_stride);
+      _tile_dpbf16ps(4, 6, 7);
+      _tile_loadd(7, b + 32, b_stride);
+      _tile_dpbf16ps(5, 6, 7);
+    }
+    // S^T[k][r] at s + k * kRows + r: C tile (key half h, row group v) at s + 16 h kRows + 16 v.
+    _tile_stored(0, s, b_stride);
+    _tile_stored(1, s + 16, b_stride);
+    _tile_stored(2, s + 32, b_stride);
+    _tile_stored(3, s + 16 * kRows, b_stride);
+    _tile_stored(4, s + 16 * kRows + 16, b_stride);
+    _tile_stored(5, s + 16 * kRows + 32, b_stride);
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t i = 0; i < nk * kRows; i += 16) _mm512_storeu_ps(s + i, _mm512_mul_ps(_mm512_loadu_ps(s + i), vscale));
+  }
+
+  void accumulate(const c10::BFloat16* const* values, int64_t nk, int64_t D, const float* p, const float* alpha,
+                  float* o) {
+    pack_pairs(values, nk, D, p);
+    // The tile reads all 16 pairs: the ones past nk are zero (stale rows of an earlier tile
+    // times a zero probability would still turn a NaN there into NaN sums).
+    for (int64_t j = (nk + 1) / 2; j < kKeyTile / 2; ++j) {
+      std::memset(&vp[j * D], 0, D * 4);
+      for (int v = 0; v < 3; ++v) pp[j * 3 + v] = _mm512_setzero_si512();
+    }
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      __m512i rows[16];
+      for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(&vp[j * D + d0]);
+      transpose16x16(rows);
+      for (int i = 0; i < 16; ++i) _mm512_store_si512(values_t + (d0 + i) * 16, rows[i]);
+    }
+    for (int64_t d = 0; d < D; ++d)
+      for (int v = 0; v < 3; ++v) {
+        float* od = o + d * kRows + 16 * v;
+        _mm512_storeu_ps(od, _mm512_mul_ps(_mm512_loadu_ps(alpha + 16 * v), _mm512_loadu_ps(od)));
+      }
+    const int64_t stride = kRows * 4;  // bytes between rows of O^T, and between pp's pairs
+    _tile_loadd(3, &pp[0], stride);
+    _tile_loadd(4, &pp[1], stride);
+    _tile_loadd(5, &pp[2], stride);
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      float* od = o + d0 * kRows;
+      _tile_loadd(6, values_t + d0 * 16, 64);
+      _tile_loadd(0, od, stride);
+      _tile_loadd(1, od + 16, stride);
+      _tile_loadd(2, od + 32, stride);
+      _tile_dpbf16ps(0, 6, 3);
+      _tile_dpbf16ps(1, 6, 4);
+      _tile_dpbf16ps(2, 6, 5);
+      _tile_stored(0, od, stride);
+      _tile_stored(1, od + 16, stride);
+      _tile_stored(2, od + 32, stride);
+    }
+  }
+};
 #endif
 
 // The work items of all sequences, costliest first (queries x keys read).
@@ -387,6 +525,12 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& kv_cac
     run(prefill_kernel<float, FloatMath<float>>, static_cast<float*>(nullptr));
     return out;
   }
+#if LLMSERVE_PREFILL_BF16 && LLMSERVE_AMX
+  if (D % 32 == 0 && D <= AmxBf16Math::kMaxD && llmserve_amx::usable()) {
+    run(prefill_kernel<c10::BFloat16, AmxBf16Math>, static_cast<c10::BFloat16*>(nullptr));
+    return out;
+  }
+#endif
 #if LLMSERVE_PREFILL_BF16
   if (D % 32 == 0) {
     run(prefill_kernel<c10::BFloat16, Bf16Math>, static_cast<c10::BFloat16*>(nullptr));
