@@ -16,9 +16,6 @@
 #include <torch/library.h>
 
 #include <cmath>
-#include <type_traits>
-
-#include "vec_math.h"
 
 namespace {
 
@@ -31,21 +28,6 @@ inline float round_to(float v) {
 // than the work.
 inline int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)); }
 
-#if defined(__AVX512F__)
-// 16 values as float32, and back (bfloat16: rounded to nearest even).
-inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
-inline __m512 load16(const c10::BFloat16* x) {
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-inline void store16(float* y, __m512 v) { _mm512_storeu_ps(y, v); }
-inline void store16(c10::BFloat16* y, __m512 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), llmserve_vec::to_bf16(v));
-}
-inline __m512 round16(float, __m512 v) { return v; }
-inline __m512 round16(c10::BFloat16, __m512 v) { return llmserve_vec::round_to_bf16(v); }
-#endif
-
 template <typename T>
 void rms_norm_rows(const T* x, T* out, T* residual, const T* w, int64_t rows, int64_t H, int64_t x_stride,
                    float eps) {
@@ -54,35 +36,16 @@ void rms_norm_rows(const T* x, T* out, T* residual, const T* w, int64_t rows, in
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * x_stride;
       float sq = 0.f;
-      int64_t i0 = 0;  // columns [0, i0) done in vectors
-#if defined(__AVX512F__)
-      // NOTE: in vectors: GCC 12 left these loops scalar for bfloat16 (its conversions are
-      // software), ~0.4 ns an element on a 2-core Xeon.
-      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
-        __m512 sq16 = _mm512_setzero_ps();
-        for (; i0 + 16 <= H; i0 += 16) {
-          __m512 v = load16(xr + i0);
-          if (residual != nullptr) {
-            T* rr = residual + r * H + i0;
-            v = round16(T{}, _mm512_add_ps(v, load16(rr)));
-            store16(rr, v);
-          }
-          _mm512_storeu_ps(s.data() + i0, v);
-          sq16 = _mm512_fmadd_ps(v, v, sq16);
-        }
-        sq = _mm512_reduce_add_ps(sq16);
-      }
-#endif
       if (residual != nullptr) {  // s = x + residual, stored back as the new residual
         T* rr = residual + r * H;
-        for (int64_t i = i0; i < H; ++i) {
+        for (int64_t i = 0; i < H; ++i) {
           const float v = round_to<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
           rr[i] = static_cast<T>(v);
           s[i] = v;
           sq += v * v;
         }
       } else {
-        for (int64_t i = i0; i < H; ++i) {
+        for (int64_t i = 0; i < H; ++i) {
           const float v = static_cast<float>(xr[i]);
           s[i] = v;
           sq += v * v;
@@ -90,15 +53,7 @@ void rms_norm_rows(const T* x, T* out, T* residual, const T* w, int64_t rows, in
       }
       const float inv = 1.f / std::sqrt(sq / static_cast<float>(H) + eps);
       T* o = out + r * H;
-      int64_t i = 0;
-#if defined(__AVX512F__)
-      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
-        const __m512 inv16 = _mm512_set1_ps(inv);
-        for (; i + 16 <= H; i += 16)
-          store16(o + i, _mm512_mul_ps(load16(w + i), round16(T{}, _mm512_mul_ps(_mm512_loadu_ps(s.data() + i), inv16))));
-      }
-#endif
-      for (; i < H; ++i) o[i] = static_cast<T>(static_cast<float>(w[i]) * round_to<T>(s[i] * inv));
+      for (int64_t i = 0; i < H; ++i) o[i] = static_cast<T>(static_cast<float>(w[i]) * round_to<T>(s[i] * inv));
     }
   });
 }
@@ -130,34 +85,6 @@ void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& 
   });
 }
 
-// One row: out[i] = round(silu(gate[i])) * up[i], rounded as the torch reference rounds.
-template <typename T>
-void silu_and_mul_row(const T* gate, const T* up, T* out, int64_t d) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  // NOTE: in vectors with our exp, and 1 / (1 + e^-g) as a reciprocal estimate refined by
-  // one Newton step (~1 ulp): the scalar loop (std::exp, bfloat16 conversions in software)
-  // was not vectorized by GCC 12 (~1.3 cycles an element), and a vector division alone
-  // cost ~1 cycle an element on a Xeon.
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
-    const __m512 one = _mm512_set1_ps(1.f), two = _mm512_set1_ps(2.f);
-    for (; i + 16 <= d; i += 16) {
-      const __m512 g = load16(gate + i);
-      const __m512 den = _mm512_add_ps(one, llmserve_vec::exp(_mm512_sub_ps(_mm512_setzero_ps(), g)));
-      __m512 inv = _mm512_rcp14_ps(den);
-      inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(den, inv, two));
-      const __m512 act = round16(T{}, _mm512_mul_ps(g, inv));
-      store16(out + i, _mm512_mul_ps(act, load16(up + i)));
-    }
-  }
-#endif
-  for (; i < d; ++i) {
-    const float g = static_cast<float>(gate[i]);
-    const float act = round_to<T>(g / (1.f + std::exp(-g)));
-    out[i] = static_cast<T>(act * static_cast<float>(up[i]));
-  }
-}
-
 at::Tensor silu_and_mul(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0 && x.stride(1) == 1, "silu_and_mul: x [T, 2d], rows contiguous");
   const int64_t T = x.size(0), d = x.size(1) / 2, stride = x.stride(0);
@@ -166,7 +93,16 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
     const scalar_t* in = x.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, T, row_grain(2 * d), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) silu_and_mul_row(in + r * stride, in + r * stride + d, o + r * d, d);
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* gate = in + r * stride;
+        const scalar_t* up = gate + d;
+        scalar_t* orow = o + r * d;
+        for (int64_t i = 0; i < d; ++i) {
+          const float g = static_cast<float>(gate[i]);
+          const float act = round_to<scalar_t>(g / (1.f + std::exp(-g)));
+          orow[i] = static_cast<scalar_t>(act * static_cast<float>(up[i]));
+        }
+      }
     });
   });
   return out;
