@@ -7,8 +7,10 @@ The element-wise ops (RMSNorm with the residual add, SiLU-and-multiply, rotary
 embedding) each replace a chain of torch ops with one pass over the activations;
 `rotary_and_write_kv_` also stores the rotated keys and the values in the paged cache
 in that pass. `paged_attention_prefill` is flash attention for prefill and chunk rows,
-reading the paged cache in place too, with bfloat16 products on AVX-512 BF16 (torch's
-fused CPU SDPA kernel runs bfloat16 at a few % of the bfloat16 GEMM rate).
+reading the paged cache in place too, with bfloat16 products on AMX tiles or AVX-512 BF16
+(torch's fused CPU SDPA kernel runs bfloat16 at a few % of the bfloat16 GEMM rate). The
+linear products (`bf16_linear`, `w8a8_linear`) run on AMX tiles where the CPU has them
+(amx.h), else in AVX-512 registers.
 
 Every op has a plain torch equivalent in the layers, used when `available()` is False
 (no compiler, `LLMSERVE_DISABLE_CPU_KERNELS=1`) and as the reference in tests.

@@ -27,6 +27,9 @@
 // Items run longest first off a shared counter: a causal chunk's last query tile costs
 // many times its first.
 //
+// Where the CPU has AMX, both products run on its tiles (AmxBf16Math); elsewhere bfloat16
+// takes AVX-512 BF16 dot products (Bf16Math) or float32 loops (FloatMath).
+//
 // Why not torch's SDPA (the fallback, in torch_paged.py): its fused CPU kernel runs
 // bfloat16 at a few % of the bfloat16 GEMM rate, and needs each chunk's cached context
 // gathered into a contiguous copy first (figures: docs/benchmarks.md).
