@@ -68,6 +68,18 @@ void w8a8_product(const int8_t* xq, const float* x_scale, const int32_t* comp, c
                   const float* w_scale, T* y, int64_t M, int64_t N, int64_t K);
 
 #if LLMSERVE_AMX
+// The row tiles of one column pair (2 blocks, or the last lone one) of a product of M
+// rows: `run.template operator()<MT, NB>(m0)` for each pair of row tiles from m0 (MT = 2),
+// then a lone last one (MT = 1), NB = the pair's blocks (a lambda template).
+template <class Run>
+inline void for_each_row_tile(const Run& run, int64_t M, bool two_blocks) {
+  const int64_t padded = tiled_rows(M);
+  int64_t m0 = 0;
+  for (; m0 + 2 * kRows <= padded; m0 += 2 * kRows)
+    two_blocks ? run.template operator()<2, 2>(m0) : run.template operator()<2, 1>(m0);
+  if (m0 < padded) two_blocks ? run.template operator()<1, 2>(m0) : run.template operator()<1, 1>(m0);
+}
+
 // The LDTILECFG operand: palette 1, every tile 64 bytes wide; B tiles 16 rows, A and C
 // tiles `rows` rows (16, or M when a product has fewer).
 struct alignas(64) TileConfig {

@@ -92,18 +92,12 @@ struct W8A8Product {
 
   // Blocks [2 p, 2 p + 2) of every row tile; the first row tiles prefetch the next pair's.
   void column_pair(int64_t p, int32_t* dots, float* acc) const {
-    const int64_t b0 = 2 * p, blocks = N / kBlockN, padded = tiled_rows(M);
-    const bool two = b0 + 1 < blocks;
+    const int64_t b0 = 2 * p, blocks = N / kBlockN;
     const int64_t next_blocks = std::clamp<int64_t>(blocks - b0 - 2, 0, 2);
-    int64_t m0 = 0;
-    for (; m0 + 2 * kRows <= padded; m0 += 2 * kRows) {
-      const int64_t ahead = m0 == 0 ? next_blocks : 0;
-      two ? tile<2, 2>(m0, b0, dots, acc, ahead) : tile<2, 1>(m0, b0, dots, acc, ahead);
-    }
-    if (m0 < padded) {
-      const int64_t ahead = m0 == 0 ? next_blocks : 0;
-      two ? tile<1, 2>(m0, b0, dots, acc, ahead) : tile<1, 1>(m0, b0, dots, acc, ahead);
-    }
+    const auto run = [&]<int MT, int NB>(int64_t m0) {
+      this->template tile<MT, NB>(m0, b0, dots, acc, m0 == 0 ? next_blocks : 0);
+    };
+    for_each_row_tile(run, M, b0 + 1 < blocks);
   }
 };
 
