@@ -118,7 +118,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t en
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const bool amx_fits = llmserve_amx::usable() && K % 32 == 0;
-  TORCH_CHECK(engine != kAmx || amx_fits, "bf16 tiles: AMX is not usable here, or ", K, " features are not a multiple of 32");
+  TORCH_CHECK(engine != kAmx || amx_fits, "bf16 tiles: AMX is not usable here, or ", K,
+              " features are not a multiple of 32");
   if (engine == kAmx || (engine == kAuto && amx_fits)) {
     llmserve_amx::bf16_product(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()), K,
                                reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),

@@ -14,8 +14,9 @@ them fastest, then held only in that layout (the dense copy is released).
             16-channel blocks of our kernel (llmserve_cpu::bf16_linear: on AMX tiles
             where the CPU has AMX-BF16, else in AVX-512 BF16 registers; the blocks are
             AMX's own B-tile layout), whichever multiplies decode-sized products faster:
-            timed and remembered the same way. LLMSERVE_CPU_BF16_GEMM = tiles | onednn | dense overrides it. A
-            shape our kernel cannot take (out % 16, odd in) keeps oneDNN's layout.
+            timed and remembered the same way. LLMSERVE_CPU_BF16_GEMM = tiles | onednn |
+            dense overrides it. A shape our kernel cannot take (out % 16, odd in) keeps
+            oneDNN's layout.
 
 The figures behind these choices: docs/benchmarks.md, "Design measurements quoted from
 the code".
