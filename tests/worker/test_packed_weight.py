@@ -177,8 +177,11 @@ def test_timed_layouts_take_turns():
 
     order = []
     rounds = {"a": [lambda: order.append("a")], "b": [lambda: order.append("b"), lambda: order.append("b")]}
-    best = packed_weight.alternated_best_seconds(rounds, repeats=3)
+    best = packed_weight.alternated_best_seconds(rounds, repeats=3, passes=1)
     assert order == ["a", "b", "b"] * 3 and set(best) == {"a", "b"} and all(s >= 0 for s in best.values())
+    order.clear()
+    packed_weight.alternated_best_seconds(rounds, repeats=2, passes=2)
+    assert order == (["a"] * 2 + ["b"] * 4) * 2  # a round is `passes` passes over one name's products
 
 
 def test_bfloat16_timing_runs_every_layout_here():

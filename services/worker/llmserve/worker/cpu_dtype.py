@@ -31,7 +31,7 @@ BF16_INSTRUCTION_SETS = ("amx_bf16", "avx512_bf16")
 BF16_MIN_SPEEDUP = 1.15  # Below this, bfloat16's rounding buys too little.
 # Below this, quantizing activations (SmolLM2-135M's perplexity +1.0%, int8_weight.py) buys too little.
 INT8_MIN_SPEEDUP = 1.15
-ALTERNATIONS = 3  # W8A8 and float rounds timed in turn, this many times each
+W8A8_ROUNDS = 21  # W8A8 and float rounds timed in turn, this many each
 
 
 @dataclass(frozen=True)
@@ -46,16 +46,17 @@ def cpu_flags() -> frozenset[str]:
 
 
 def _time_bf16_vs_float32() -> dict:
-    """Seconds per round of decode-shaped products in float32 (this machine's layout) and
-    in bfloat16 (oneDNN packed), and the ratio."""
-    times = {}
+    """Seconds per round of decode-shaped products in float32 and in bfloat16 (each in this
+    machine's packed layout), the two taking turns, and the ratio."""
+    rounds = {}
     for dtype in (torch.float32, torch.bfloat16):
         products = []
         for x, w in packed_weight.timed_cases(dtype):
             packed = packed_weight.PackedWeight.pack(w)
             products.append(functools.partial(packed.matmul, x) if packed is not None
                             else functools.partial(torch.nn.functional.linear, x, w))
-        times[str(dtype).removeprefix("torch.")] = packed_weight.best_round_seconds(products)
+        rounds[str(dtype).removeprefix("torch.")] = products
+    times = packed_weight.alternated_best_seconds(rounds)
     return {"seconds": times, "speedup": times["float32"] / times["bfloat16"]}
 
 
@@ -95,12 +96,7 @@ def _time_w8a8_vs(dtype: torch.dtype) -> dict:
         q, scale = quantize_rows(w)  # q: [out, in] int8; scale: [out]
         int8s.append(functools.partial(cpu_kernels.w8a8_linear, x, cpu_kernels.w8a8_pack_weight(q), scale))
     name = str(dtype).removeprefix("torch.")
-    # NOTE: alternated, best of each: a neighbour's burst on a shared host then slows both
-    # kinds, not whichever happened to be timed during it.
-    times = {"w8a8": float("inf"), name: float("inf")}
-    for _ in range(ALTERNATIONS):
-        times["w8a8"] = min(times["w8a8"], packed_weight.best_round_seconds(int8s))
-        times[name] = min(times[name], packed_weight.best_round_seconds(floats))
+    times = packed_weight.alternated_best_seconds({"w8a8": int8s, name: floats}, repeats=W8A8_ROUNDS)
     return {"seconds": times, "speedup": times[name] / times["w8a8"]}
 
 

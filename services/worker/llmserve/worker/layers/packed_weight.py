@@ -88,19 +88,6 @@ def timed_cases(dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, 
             for rows, n, k in TIMED_SHAPES]
 
 
-def best_round_seconds(products: list[Callable[[], object]]) -> float:
-    """Seconds of one round (every product 5 times), the best of 7 rounds: the round least
-    disturbed by other processes."""
-    best = float("inf")
-    for _ in range(7):
-        start = time.perf_counter()
-        for _ in range(5):
-            for product in products:
-                product()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def cold_copies(weight_bytes: int) -> int:
     """How many copies of `weight_bytes` of weights a timing cycles through so that no
     call finds its weight in the last-level cache: 1.5x its size, within 1 GiB."""
@@ -108,16 +95,18 @@ def cold_copies(weight_bytes: int) -> int:
     return min(fit, max(1, math.ceil(1.5 * last_level_cache_bytes() / weight_bytes)))
 
 
-def alternated_best_seconds(rounds: dict[str, list[Callable[[], object]]], repeats: int = 7) -> dict[str, float]:
-    """name -> seconds of its fastest round (each product of its list once), the names
+def alternated_best_seconds(rounds: dict[str, list[Callable[[], object]]], repeats: int = 7,
+                            passes: int = 5) -> dict[str, float]:
+    """name -> seconds of its fastest round (`passes` passes over its products), the names
     taking turns round by round: a neighbour's burst on a shared host then slows every
     name, not whichever happened to be timed during it."""
     best = dict.fromkeys(rounds, float("inf"))
     for _ in range(repeats):
         for name, products in rounds.items():
             start = time.perf_counter()
-            for product in products:
-                product()
+            for _ in range(passes):
+                for product in products:
+                    product()
             best[name] = min(best[name], time.perf_counter() - start)
     return best
 
@@ -138,9 +127,9 @@ def _time_layouts(dtype: torch.dtype, available: dict[str, Callable[[], bool]]) 
     for kind, is_available in available.items():
         if is_available():
             packed = [(x, PackedWeight.packed_as(kind, w)) for _ in range(copies) for x, w in cases]
-            rounds[kind] = [functools.partial(p.matmul, x) for x, p in packed] * 5
-    # Every call in `rounds` reads a weight no call touched since its last pass: 5 passes
-    # over copies x the cases, so a round costs 5 x copies x the cases' products.
+            rounds[kind] = [functools.partial(p.matmul, x) for x, p in packed]
+    # Every call reads a weight no call touched since its last pass over copies x the
+    # cases, so a round costs copies x the cases' products 5 times.
     return {kind: seconds / copies for kind, seconds in alternated_best_seconds(rounds).items()}
 
 
