@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from llmserve.worker import huge_pages
+
 DEFAULT_MEMORY_FRACTION = 0.1
 
 
@@ -42,13 +44,15 @@ def allocate_kv_caches(
     zeroed: bool = True, device: torch.device | str = "cpu", pin_memory: bool = False,
 ) -> list[torch.Tensor]:
     """One [2, num_blocks, block_size, num_kv_heads, head_dim] tensor per layer on `device`
-    (zeroed, or left uninitialized: a swap pool is only read where it was written, and an
-    untouched pageable host page costs no memory). `pin_memory`: page-locked host memory,
+    (zeroed, on huge pages on a CPU: huge_pages.py; or left uninitialized: a swap pool is
+    only read where it was written, and an untouched pageable host page costs no memory). `pin_memory`: page-locked host memory,
     which a GPU copies to and from asynchronously (the swap pool of a CUDA worker); it is
     locked whole at allocation, so --swap-space is resident on every CUDA rank."""
     shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
     if pin_memory:
         return [torch.empty(shape, dtype=dtype, pin_memory=True) for _ in range(num_layers)]
+    if zeroed and torch.device(device).type == "cpu":  # (the swap pool stays sparse: plain pages)
+        return [huge_pages.zeros(shape, dtype) for _ in range(num_layers)]
     make = torch.zeros if zeroed else torch.empty
     return [make(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 

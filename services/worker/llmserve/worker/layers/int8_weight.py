@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from llmserve.kernels import cpu as cpu_kernels
+from llmserve.worker import huge_pages
 
 QUANTIZATIONS = ("none", "int8", "int8-weight-only")
 INT8_MAX = 127
@@ -117,7 +118,7 @@ class Int8Weight:
         if quantize_activations:
             if not cpu_kernels.w8a8_supported():  # (also builds and loads the kernels)
                 raise ValueError("int8 W8A8 needs the CPU kernels built with AVX-512 VNNI")
-            self.w8a8_packed = cpu_kernels.w8a8_pack_weight(q)
+            self.w8a8_packed = huge_pages.moved(cpu_kernels.w8a8_pack_weight(q))
         else:
             self.q = q.contiguous()  # [out, in] int8
         self._scale_as: dict[torch.dtype, torch.Tensor] = {}  # the aten kernel wants x's dtype

@@ -41,6 +41,7 @@ import torch
 
 from llmserve.kernels import cpu as cpu_kernels
 from llmserve.kernels.cpu.host import cpu_facts, last_level_cache_bytes
+from llmserve.worker import huge_pages
 
 log = logging.getLogger(__name__)
 
@@ -294,9 +295,13 @@ class PackedWeight:
     def packed_as(cls, kind: str, w: torch.Tensor) -> PackedWeight:
         """`w` [out, in] (contiguous, CPU) reordered for `kind`: "mkl", "onednn" or "tiles"."""
         if kind == "tiles":
-            return cls(kind, cpu_kernels.bf16_pack_weight(w), w.shape[0], w.shape[1], w.dtype)
-        reorder = torch.ops.mkl._mkl_reorder_linear_weight if kind == "mkl" else torch.ops.mkldnn._reorder_linear_weight
-        return cls(kind, reorder(w, PACK_ROWS_HINT), w.shape[0], w.shape[1], w.dtype)
+            packed = cpu_kernels.bf16_pack_weight(w)
+        elif kind == "mkl":
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS_HINT)
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS_HINT)
+        # (oneDNN's opaque tensor stays where oneDNN put it: huge_pages.moved leaves it)
+        return cls(kind, huge_pages.moved(packed), w.shape[0], w.shape[1], w.dtype)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # x: [rows, in_features] -> [rows, out_features]
