@@ -5,7 +5,8 @@ Why: a CPU decode step reads every weight and its rows' K/V once, from memory. O
 pages that is a TLB miss, and a page walk, every 4 KiB: the layouts' blocks (6 KiB of
 K/V a block of SmolLM2's cache, scattered) are each a page or two. Measured on the
 2-core Intel Xeon (AMX host), in one process taking turns with the same engine on 4 KiB
-pages, SmolLM2-135M bfloat16 decode steps were 1.06x faster at batch 1, 1.04x at 16.
+pages (ABBA), SmolLM2-135M bfloat16 decode steps were 1.08x faster at batch 1, 1.09x at
+16, W8A8 int8 1.05x at 8 (the harness read 1.01-1.02x with both engines alike).
 
 How: an anonymous private mapping (zero-filled by the kernel), madvise(MADV_HUGEPAGE)
 before any page is touched, viewed as a tensor (torch.frombuffer keeps the mapping alive

@@ -45,9 +45,10 @@ def allocate_kv_caches(
 ) -> list[torch.Tensor]:
     """One [2, num_blocks, block_size, num_kv_heads, head_dim] tensor per layer on `device`
     (zeroed, on huge pages on a CPU: huge_pages.py; or left uninitialized: a swap pool is
-    only read where it was written, and an untouched pageable host page costs no memory). `pin_memory`: page-locked host memory,
-    which a GPU copies to and from asynchronously (the swap pool of a CUDA worker); it is
-    locked whole at allocation, so --swap-space is resident on every CUDA rank."""
+    only read where it was written, and an untouched pageable host page costs no memory).
+    `pin_memory`: page-locked host memory, which a GPU copies to and from asynchronously
+    (the swap pool of a CUDA worker); it is locked whole at allocation, so --swap-space is
+    resident on every CUDA rank."""
     shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
     if pin_memory:
         return [torch.empty(shape, dtype=dtype, pin_memory=True) for _ in range(num_layers)]
