@@ -137,4 +137,5 @@ def test_the_worker_receives_the_same_type_and_samples_with_every_column():
         value = column.tolist() if hasattr(column, "tolist") else column
         assert value == [SET[name]], name
     assert inputs.sampling.output_index == [0]
-    assert inputs.sampling.token_ids == [[1, 2, 3]] and inputs.sampling.num_prompt_tokens == [PROMPT_LEN]
+    assert [list(h) for h in inputs.sampling.token_ids] == [[1, 2, 3]]  # (an int64 array: penalized)
+    assert inputs.sampling.num_prompt_tokens == [PROMPT_LEN]

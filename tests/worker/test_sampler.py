@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import torch
 
 from llmserve.contract.sampling import SamplingParams as P
-from llmserve.worker.sampler import Sampler, SamplingRows, _greedy_as_is
+from llmserve.worker.sampler import Sampler, SamplingRows, _greedy_as_is, adjusted_logits
 
 
 def _sample(sampler: Sampler, logits, params, output_indices) -> tuple[list[int], list]:
@@ -351,3 +354,42 @@ def test_bfloat16_logits_sample_what_their_float32_copy_samples():
         assert torch.equal(got.token_ids, want.token_ids), name
         assert [lp is None for lp in got.logprobs] == [lp is None for lp in want.logprobs], name
     assert int(Sampler()(logits, SamplingRows.from_params(variants["plain"], [0] * 4)).token_ids[1]) == 5
+
+
+def test_a_rows_host_ids_follow_its_token_ids_as_they_grow_and_get_their_placeholders():
+    from llmserve.worker.input_batch import PLACEHOLDER, RequestState
+
+    st = RequestState(1, list(range(100)), 50, P(temperature=0.0, presence_penalty=1.0), [0], 100)
+    assert st.host_ids().tolist() == list(range(100))
+    st.token_ids += [7, PLACEHOLDER]  # a step in flight: its id is not known yet
+    assert st.host_ids().tolist() == [*range(100), 7, PLACEHOLDER]
+    st.token_ids[-1] = 9  # read back
+    st.token_ids += list(range(200))  # past the array's first capacity
+    assert st.host_ids().tolist() == [*range(100), 7, 9, *range(200)]
+    first = st.host_ids()
+    st.token_ids.append(5)
+    assert first.tolist() == [*range(100), 7, 9, *range(200)]  # earlier views keep their length
+    assert st.host_ids().tolist() == st.token_ids
+
+
+def test_penalized_rows_reach_the_sampler_as_their_ids_and_sample_as_from_lists():
+    from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan
+    from llmserve.worker.input_batch import InputBatch
+
+    batch = InputBatch(block_size=4, num_blocks=16, max_model_len=64)
+    params = [P(temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.3), P(temperature=0.0)]
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6]]
+    batch.apply_plan(StepPlan(0, new_requests=[
+        NewRequestData(i, p, len(p), s, [2 * i, 2 * i + 1], len(p) - 1, 1)
+        for i, (p, s) in enumerate(zip(prompts, params))]))
+    for i, extra in enumerate(([1, 1], [2])):  # outputs
+        batch.states[i].token_ids += extra
+    plan = StepPlan(1, cached_requests=[CachedRequestData(0, [], 6, 1), CachedRequestData(1, [], 3, 1)])
+    rows = batch.build_inputs(batch.apply_plan(plan)).sampling
+    assert isinstance(rows.token_ids[0], np.ndarray) and rows.token_ids[0].tolist() == [3, 1, 4, 1, 5, 1, 1]
+    assert rows.token_ids[1] is batch.states[1].token_ids  # not penalized: never read
+    lg = _logits(rows=2, vocab=12, seed=8)
+    as_lists = replace(rows, token_ids=[list(map(int, h)) for h in rows.token_ids])
+    torch.testing.assert_close(adjusted_logits(lg.clone(), rows), adjusted_logits(lg.clone(), as_lists), rtol=0, atol=0)
+    ref = _reference_adjusted(lg, params, as_lists.token_ids, [5, 3], rows.output_index)
+    torch.testing.assert_close(adjusted_logits(lg.clone(), rows), ref)

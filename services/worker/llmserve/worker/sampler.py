@@ -398,36 +398,41 @@ def _bad_words_bans(rows: SamplingRows) -> dict[int, tuple[int, ...]]:
 def _apply_penalties(flat_logits: torch.Tensor, V: int, rows: SamplingRows, penalized: list[int]) -> None:
     """In place on a [S, V] tensor's flat view, at the (row, id) entries of the
     `penalized` rows' histories only: repetition where an id is in the prompt or the
-    output, then frequency and presence where it is in the output (one scatter of the
-    output entries into a [P, V] count), as the module's docstring defines them."""
+    output, then frequency and presence where it is in the output (each distinct output
+    id once, with its count), as the module's docstring defines them. For repetition an
+    id seen twice is written twice, with the same value (from the logit before).
+
+    NOTE: the entries' indices are built on the host with numpy (from the rows' int64
+    histories, RequestState.host_ids), and the logits are read and written with
+    index_select / index_copy_, not advanced indexing (`t[index]`: ~7.7 ms a gather of
+    131k entries on the CPU, against ~0.6). On the 2-core Intel Xeon (AMX host), 64 rows
+    x 2,048 ids: repetition 9.4 -> 4.9 ms a step, frequency + presence 16.3 -> 8.1;
+    256 x 1,024: 19.5 -> 11.8 and 43.7 -> 16.6 (the same logits, bit for bit)."""
     dev = flat_logits.device
-    history = [rows.token_ids[i] for i in penalized]
-    lengths = torch.tensor([len(h) for h in history])
-    # [N]: numpy reads the lists ~20x faster than torch.tensor(list) (64 rows x 2,048 ids: ~1 ms, not ~25).
-    ids = torch.from_numpy(np.fromiter(itertools.chain.from_iterable(history), dtype=np.int64,
-                                       count=int(lengths.sum())))
-    local_row = torch.repeat_interleave(lengths)  # [N]: the entry's row in [P]
-    row = torch.tensor(penalized)[local_row]  # [N]: its row in [S]
+    # [N] ids: a row's history is an int64 array where InputBatch keeps one (RequestState.host_ids).
+    history = [np.asarray(rows.token_ids[i], dtype=np.int64) for i in penalized]
+    lengths = np.array([len(h) for h in history], dtype=np.int64)  # [P]
+    ids = np.concatenate(history) if history else np.zeros(0, np.int64)
+    local_row = np.repeat(np.arange(len(penalized)), lengths)  # [N]: the entry's row in [P]
+    row = np.asarray(penalized, dtype=np.int64)[local_row]  # [N]: its row in [S]
     # An entry is an output token where its position in the row is past the prompt.
-    output_start = (lengths.cumsum(0) - lengths) + torch.tensor([rows.num_prompt_tokens[i] for i in penalized])
-    is_output = torch.arange(len(ids)) >= output_start[local_row]  # [N] bool
-    flat = to_device_async(row * V + ids, dev)  # [N]
+    output_start = np.cumsum(lengths) - lengths + np.array([rows.num_prompt_tokens[i] for i in penalized], np.int64)
+    output = np.flatnonzero(np.arange(len(ids)) >= output_start[local_row])  # [O] entry indices
+    flat = to_device_async(torch.from_numpy(row * V + ids), dev)  # [N]
     rep = rows.repetition_penalty
     if bool((rep[penalized] != 1).any()):
-        # NOTE: an id seen twice gets the same value twice (computed from the logit before).
-        seen = flat_logits[flat]
-        factor = to_device_async(rep[row], dev)  # [N]
-        flat_logits[flat] = torch.where(seen > 0, seen / factor, seen * factor)
+        seen = flat_logits.index_select(0, flat)
+        factor = to_device_async(rep.index_select(0, torch.from_numpy(row)), dev)  # [N]
+        flat_logits.index_copy_(0, flat, torch.where(seen > 0, seen / factor, seen * factor))
     freq, presence = rows.frequency_penalty, rows.presence_penalty
     if bool((freq[penalized] != 0).any() or (presence[penalized] != 0).any()):
-        # counts: [P, V], each row's output ids counted (one scatter); read back at them.
-        # (The output entries are picked on the host: a boolean mask on the device syncs.)
-        local = to_device_async((local_row * V + ids)[is_output], dev)  # [O]
-        counts = torch.zeros(len(penalized) * V, device=dev).index_add_(0, local, torch.ones(len(local), device=dev))
-        out_flat, out_row = to_device_async((row * V + ids)[is_output], dev), row[is_output]  # [O] each
-        # NOTE: an id seen twice gets the same value twice, as for repetition.
-        flat_logits[out_flat] = flat_logits[out_flat] - (to_device_async(freq[out_row], dev) * counts[local]
-                                                         + to_device_async(presence[out_row], dev))
+        # Each (row, id) of the outputs once, with its count: a sort on the host, where a
+        # [P, V] count (zeroed, scattered into) took 22 ms a step at 256 rows on the CPU.
+        keys, counts = np.unique(local_row[output] * V + ids[output], return_counts=True)  # [U] each
+        out_row = torch.from_numpy(np.asarray(penalized, dtype=np.int64)[keys // V])  # [U]: its row in [S]
+        out_flat = to_device_async(out_row * V + torch.from_numpy(keys % V), dev)  # [U]
+        penalty = freq.index_select(0, out_row) * torch.from_numpy(counts).float() + presence.index_select(0, out_row)
+        flat_logits.index_copy_(0, out_flat, flat_logits.index_select(0, out_flat) - to_device_async(penalty, dev))
 
 
 def _raw_logprobs(logits: torch.Tensor, rows: SamplingRows) -> tuple[list[int], torch.Tensor] | None:
