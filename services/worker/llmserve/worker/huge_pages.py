@@ -22,6 +22,7 @@ LLMSERVE_CPU_HUGE_PAGES=0 turns it off.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import mmap
@@ -63,12 +64,16 @@ def moved(t: torch.Tensor) -> torch.Tensor:
 
 
 def _mapped(nbytes: int) -> torch.Tensor | None:
-    """[nbytes] uint8 over a fresh huge-page-advised mapping, or None if the kernel refused."""
-    size = -(-nbytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    """[nbytes] uint8 from a 2 MiB boundary of a fresh huge-page-advised mapping, or None
+    if the kernel refused. NOTE: one huge page more is mapped than needed (never touched,
+    so never backed): kernels before 6.7 may place an anonymous mapping at any 4 KiB
+    boundary, and only whole aligned 2 MiB ranges of it can be huge pages."""
+    size = -(-nbytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES + HUGE_PAGE_BYTES
     try:
         region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         region.madvise(mmap.MADV_HUGEPAGE)
     except OSError as err:  # (a kernel without THP refuses the advice)
         logger.debug("no huge pages for %d bytes: %s", nbytes, err)
         return None
-    return torch.frombuffer(region, dtype=torch.uint8, count=nbytes)
+    offset = -ctypes.addressof(ctypes.c_char.from_buffer(region)) % HUGE_PAGE_BYTES
+    return torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=offset)
