@@ -15,9 +15,9 @@ allocation on huge pages: a step's transient activations and logits then fault i
 2 MiB pages (zeroed, compacted for) every step, and whole steps ran slower here.
 
 Only where it helps and is safe: CPU tensors of at least one huge page, strided and
-contiguous (not oneDNN's opaque packed weights), on Linux with MADV_HUGEPAGE; elsewhere
-the tensor is left as it is. Under THP "never" the advice is ignored: plain pages.
-LLMSERVE_CPU_HUGE_PAGES=0 turns it off.
+contiguous (not torch's opaque oneDNN and MKL packed weights: float32 products keep 4 KiB
+pages), on Linux with MADV_HUGEPAGE; elsewhere the tensor is left as it is. Under THP
+"never" the advice is ignored: plain pages. LLMSERVE_CPU_HUGE_PAGES=0 turns it off.
 """
 
 from __future__ import annotations

@@ -300,7 +300,7 @@ class PackedWeight:
             packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS_HINT)
         else:
             packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS_HINT)
-        # (oneDNN's opaque tensor stays where oneDNN put it: huge_pages.moved leaves it)
+        # (oneDNN's and MKL's are opaque tensors: huge_pages.moved leaves them where they are)
         return cls(kind, huge_pages.moved(packed), w.shape[0], w.shape[1], w.dtype)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
