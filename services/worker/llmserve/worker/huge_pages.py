@@ -43,8 +43,7 @@ def enabled() -> bool:
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zeroed CPU tensor, on huge pages when it is large enough and they are enabled (its
     pages come in as it is first written)."""
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-    mapped = _mapped(nbytes) if enabled() and nbytes >= HUGE_PAGE_BYTES else None
+    mapped = _mapped(math.prod(shape) * torch.empty(0, dtype=dtype).element_size())
     if mapped is None:
         return torch.zeros(shape, dtype=dtype)
     return mapped.view(dtype).view(shape)
@@ -53,21 +52,22 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 def moved(t: torch.Tensor) -> torch.Tensor:
     """`t`'s values in a tensor on huge pages (a copy), or `t` itself where they do not
     apply (see the module doc)."""
-    nbytes = t.numel() * t.element_size()
-    if (not enabled() or t.device.type != "cpu" or t.layout != torch.strided or not t.is_contiguous()
-            or nbytes < HUGE_PAGE_BYTES):
+    if t.device.type != "cpu" or t.layout != torch.strided or not t.is_contiguous():
         return t
-    mapped = _mapped(nbytes)
+    mapped = _mapped(t.numel() * t.element_size())
     if mapped is None:
         return t
     return mapped.view(t.dtype).view(t.shape).copy_(t)
 
 
 def _mapped(nbytes: int) -> torch.Tensor | None:
-    """[nbytes] uint8 from a 2 MiB boundary of a fresh huge-page-advised mapping, or None
-    if the kernel refused. NOTE: one huge page more is mapped than needed (never touched,
-    so never backed): kernels before 6.7 may place an anonymous mapping at any 4 KiB
-    boundary, and only whole aligned 2 MiB ranges of it can be huge pages."""
+    """[nbytes] uint8 from a 2 MiB boundary of a fresh huge-page-advised mapping; None
+    when huge pages are off, nbytes is under one, or the kernel refused. NOTE: one huge
+    page more is mapped than needed (never touched, so never backed): kernels before 6.7
+    may place an anonymous mapping at any 4 KiB boundary, and only whole aligned 2 MiB
+    ranges of it can be huge pages."""
+    if not enabled() or nbytes < HUGE_PAGE_BYTES:
+        return None
     size = -(-nbytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES + HUGE_PAGE_BYTES
     try:
         region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
