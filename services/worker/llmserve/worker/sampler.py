@@ -413,8 +413,9 @@ def _apply_penalties(flat_logits: torch.Tensor, V: int, rows: SamplingRows, pena
     history = [np.asarray(rows.token_ids[i], dtype=np.int64) for i in penalized]
     lengths = np.array([len(h) for h in history], dtype=np.int64)  # [P]
     ids = np.concatenate(history) if history else np.zeros(0, np.int64)
+    rows_of = np.asarray(penalized, dtype=np.int64)  # [P]: each penalized row's row in [S]
     local_row = np.repeat(np.arange(len(penalized)), lengths)  # [N]: the entry's row in [P]
-    row = np.asarray(penalized, dtype=np.int64)[local_row]  # [N]: its row in [S]
+    row = rows_of[local_row]  # [N]: its row in [S]
     # An entry is an output token where its position in the row is past the prompt.
     output_start = np.cumsum(lengths) - lengths + np.array([rows.num_prompt_tokens[i] for i in penalized], np.int64)
     output = np.flatnonzero(np.arange(len(ids)) >= output_start[local_row])  # [O] entry indices
@@ -429,7 +430,7 @@ def _apply_penalties(flat_logits: torch.Tensor, V: int, rows: SamplingRows, pena
         # Each (row, id) of the outputs once, with its count: a sort on the host, where a
         # [P, V] count (zeroed, scattered into) took 22 ms a step at 256 rows on the CPU.
         keys, counts = np.unique(local_row[output] * V + ids[output], return_counts=True)  # [U] each
-        out_row = torch.from_numpy(np.asarray(penalized, dtype=np.int64)[keys // V])  # [U]: its row in [S]
+        out_row = torch.from_numpy(rows_of[keys // V])  # [U]: its row in [S]
         out_flat = to_device_async(out_row * V + torch.from_numpy(keys % V), dev)  # [U]
         penalty = freq.index_select(0, out_row) * torch.from_numpy(counts).float() + presence.index_select(0, out_row)
         flat_logits.index_copy_(0, out_flat, flat_logits.index_select(0, out_flat) - to_device_async(penalty, dev))
