@@ -121,8 +121,6 @@ OUTPUT_INDEX = [0, 2, 3, 5, 2, 2, 1]  # Row 5 is under its min_tokens, row 6 jus
 
 
 def test_adjusted_logits_match_the_definitions_exactly():
-    from llmserve.worker.sampler import adjusted_logits
-
     lg = _logits(rows=len(MIXED), vocab=50, seed=3)
     got = adjusted_logits(lg.clone(), _rows(MIXED, OUTPUT_INDEX, HISTORIES, PROMPT_LENS))  # In place.
     ref = _reference_adjusted(lg, MIXED, HISTORIES, PROMPT_LENS, OUTPUT_INDEX)
@@ -132,8 +130,6 @@ def test_adjusted_logits_match_the_definitions_exactly():
 
 
 def test_no_row_using_them_costs_nothing():
-    from llmserve.worker.sampler import adjusted_logits
-
     lg = _logits(rows=3)
     before = lg.clone()
     assert adjusted_logits(lg, _rows([P(), P(temperature=0.0), P(min_tokens=2)], [0, 0, 5], [[1]] * 3, [1] * 3)) is lg
@@ -262,8 +258,6 @@ BAD_PROMPT_LENS = [2, 2, 1, 3, 1, 2]
 
 
 def test_bad_words_match_the_definition_exactly():
-    from llmserve.worker.sampler import adjusted_logits
-
     lg = _logits(rows=len(BAD_WORDS), vocab=40, seed=7)
     output_index = [len(h) - n for h, n in zip(BAD_HISTORIES, BAD_PROMPT_LENS)]
     got = adjusted_logits(lg.clone(), _rows(BAD_WORDS, output_index, BAD_HISTORIES, BAD_PROMPT_LENS))
