@@ -2,9 +2,9 @@
 // TDPBF16PS, 16 x 16 x 32 products a tile step.
 #include "amx.h"
 
-#include <ATen/Parallel.h>
-
 #include <vector>
+
+#include "shared_pieces.h"
 
 #if LLMSERVE_AMX
 #include "gemm_tiles.h"
@@ -74,14 +74,14 @@ struct Product {
       llmserve_tiles::store_row(y + (m0 + r) * N + block * kBlockN, _mm512_load_ps(sums + r * kBlockN));
   }
 
-  // Blocks [2 p, 2 p + 2) of every row tile. The first row tiles prefetch the next pair's
-  // blocks into L2 as they go (K x 32 bytes a block: 16 lines of each a k step). NOTE:
-  // without, tile loads waited on memory: products from memory at 1-16 rows ran 1.1-1.3x
-  // slower (SmolLM2-135M's and a 1B's shapes).
-  void column_pair(int64_t p, float* sums) const {
+  // Blocks [2 p, 2 p + 2) of every row tile. The first row tiles prefetch the blocks of
+  // pair `ahead` (this thread's next; -1: none) into L2 as they go (K x 32 bytes a block:
+  // 16 lines of each a k step). NOTE: without, tile loads waited on memory: products from
+  // memory at 1-16 rows ran 1.1-1.3x slower (SmolLM2-135M's and a 1B's shapes).
+  void column_pair(int64_t p, int64_t ahead, float* sums) const {
     const int64_t b0 = 2 * p, blocks = N / kBlockN;
-    const char* next = reinterpret_cast<const char*>(b(std::min(b0 + 2, blocks - 1), 0));
-    const int64_t next_lines = 16 * std::clamp<int64_t>(blocks - b0 - 2, 0, 2);
+    const char* next = ahead < 0 ? nullptr : reinterpret_cast<const char*>(b(2 * ahead, 0));
+    const int64_t next_lines = ahead < 0 ? 0 : 16 * std::min<int64_t>(blocks - 2 * ahead, 2);
     const auto run = [&]<int MT, int NB>(int64_t m0) { tile<MT, NB>(m0, b0, sums, next, m0 == 0 ? next_lines : 0); };
     for_each_row_tile(run, M, b0 + 1 < blocks);
   }
@@ -108,13 +108,15 @@ void bf16_product(const uint16_t* x, int64_t ldx, const uint16_t* w, c10::BFloat
   // A fork costs ~10 us: small products stay on one thread (as gemm_tiles.h's driver does).
   const int64_t macs_per_pair = std::max<int64_t>(M, kRows) * K * 2 * kBlockN;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 19) / macs_per_pair);
-  at::parallel_for(0, pairs, grain, [&](int64_t begin, int64_t end) {
+  const int64_t piece = llmserve_pieces::piece_for(pairs, llmserve_pieces::threads_for(pairs, grain), grain);
+  llmserve_pieces::parallel_pieces(pairs, grain, piece, [&](llmserve_pieces::Pieces& pieces) {
     // Tile configuration is per thread; release it after, so the OS need not save 8 KiB of
     // tile state at every switch away from this thread.
     const TileConfig config(std::min(M, kRows));
     alignas(64) float sums[kRows * kBlockN];
     _tile_loadconfig(&config);
-    for (int64_t p = begin; p < end; ++p) product.column_pair(p, sums);
+    llmserve_pieces::Walk walk(pieces);
+    for (int64_t p, ahead; walk.next(p, ahead);) product.column_pair(p, ahead, sums);
     _tile_release();
   });
 }

@@ -7,8 +7,7 @@
 // the float sums kept in L1 and updated as int8_linear.cpp's W8A8Tile updates them (the
 // same operations in the same order, so both engines give the same bits).
 #include "amx.h"
-
-#include <ATen/Parallel.h>
+#include "shared_pieces.h"
 
 #if LLMSERVE_AMX
 #include "gemm_tiles.h"
@@ -36,15 +35,15 @@ struct W8A8Product {
   const int8_t* a(int64_t m0, int64_t g) const { return xq + m0 * K + g * kGroup; }
 
   // y[m0 : m0 + 16 MT, 16 b0 : 16 (b0 + NB)]. dots: 4 x 16 x 16 int32, acc: MT x NB x 16 x 16
-  // float scratch; the next pair's blocks (`next_blocks` of them) prefetched into L2 as it goes.
+  // float scratch; `next_blocks` blocks from block `next_b0` prefetched into L2 as it goes.
   template <int MT, int NB>
-  void tile(int64_t m0, int64_t b0, int32_t* dots, float* acc, int64_t next_blocks) const {
+  void tile(int64_t m0, int64_t b0, int32_t* dots, float* acc, int64_t next_b0, int64_t next_blocks) const {
     const int64_t G = K / kGroup;
     std::fill(acc, acc + MT * NB * kRows * kBlockN, 0.f);
     for (int64_t g = 0; g < G; ++g) {
       for (int64_t nb = 0; nb < next_blocks; ++nb)
         for (int64_t line = 0; line < 16; ++line)
-          _mm_prefetch(reinterpret_cast<const char*>(b(b0 + 2 + nb, g)) + 64 * line, _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(b(next_b0 + nb, g)) + 64 * line, _MM_HINT_T1);
       _tile_zero(0);
       if constexpr (NB > 1) _tile_zero(1);
       if constexpr (MT > 1) _tile_zero(2);
@@ -90,12 +89,13 @@ struct W8A8Product {
     }
   }
 
-  // Blocks [2 p, 2 p + 2) of every row tile; the first row tiles prefetch the next pair's.
-  void column_pair(int64_t p, int32_t* dots, float* acc) const {
+  // Blocks [2 p, 2 p + 2) of every row tile; the first row tiles prefetch pair `ahead`'s
+  // (this thread's next; -1: none).
+  void column_pair(int64_t p, int64_t ahead, int32_t* dots, float* acc) const {
     const int64_t b0 = 2 * p, blocks = N / kBlockN;
-    const int64_t next_blocks = std::clamp<int64_t>(blocks - b0 - 2, 0, 2);
+    const int64_t next_blocks = ahead < 0 ? 0 : std::min<int64_t>(blocks - 2 * ahead, 2);
     const auto run = [&]<int MT, int NB>(int64_t m0) {
-      this->template tile<MT, NB>(m0, b0, dots, acc, m0 == 0 ? next_blocks : 0);
+      this->template tile<MT, NB>(m0, b0, dots, acc, 2 * ahead, m0 == 0 ? next_blocks : 0);
     };
     for_each_row_tile(run, M, b0 + 1 < blocks);
   }
@@ -111,12 +111,14 @@ void w8a8_product(const int8_t* xq, const float* x_scale, const int32_t* comp, c
   // A fork costs ~10 us: small products stay on one thread (as gemm_tiles.h's driver does).
   const int64_t macs_per_pair = std::max<int64_t>(M, kRows) * K * 2 * kBlockN;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / macs_per_pair);
-  at::parallel_for(0, pairs, grain, [&](int64_t begin, int64_t end) {
+  const int64_t piece = llmserve_pieces::piece_for(pairs, llmserve_pieces::threads_for(pairs, grain), grain);
+  llmserve_pieces::parallel_pieces(pairs, grain, piece, [&](llmserve_pieces::Pieces& pieces) {
     const TileConfig config(std::min(M, kRows));
     alignas(64) int32_t dots[4 * kRows * kBlockN];
     alignas(64) float acc[4 * kRows * kBlockN];
     _tile_loadconfig(&config);
-    for (int64_t p = begin; p < end; ++p) product.column_pair(p, dots, acc);
+    llmserve_pieces::Walk walk(pieces);
+    for (int64_t p, ahead; walk.next(p, ahead);) product.column_pair(p, ahead, dots, acc);
     _tile_release();  // (so the OS need not save 8 KiB of tile state at every switch)
   });
 }

@@ -19,7 +19,6 @@
 // share of the next column tile's weights into L2, spread over its k loop.
 #pragma once
 
-#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
@@ -27,6 +26,8 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+
+#include "shared_pieces.h"
 
 namespace llmserve_tiles {
 
@@ -105,20 +106,21 @@ inline void run_rows(const Tile& tile, int64_t M, int64_t b0, const Ahead& ahead
   if (M > m0) run_last_rows<RT - 1, NB, C>(tile, M - m0, m0, b0, ahead(r));
 }
 
-// Rows [0, M) of column tile [b0, b0 + NB) of a product with `blocks` blocks in all.
+// Rows [0, M) of column tile [b0, b0 + NB) of a product with `blocks` blocks in all;
+// next_b0: the first block of the column tile this thread runs next (`blocks`: none).
 template <int NB, class Tile>
-inline void run_columns(const Tile& tile, int64_t M, int64_t b0, int64_t blocks) {
+inline void run_columns(const Tile& tile, int64_t M, int64_t b0, int64_t next_b0, int64_t blocks) {
   const int64_t row_tiles = (M + Tile::kRowTile - 1) / Tile::kRowTile;
-  // The next column tile's lines, split into one part per row tile.
+  // The next column tile's lines (up to NB blocks), split into one part per row tile.
   // NOTE: one row tile prefetches too, from Tile::kLonePrefetchRows rows: with the
   // hardware prefetchers alone memory idled while it computed (from memory, bfloat16
   // products at 4-8 rows and int8 at 1-4 ran 1.1-1.6x slower without; bfloat16 at 1 row
   // ran up to 1.16x faster without).
   const bool prefetch = row_tiles > 1 || M >= Tile::kLonePrefetchRows;
-  const int64_t next_blocks = prefetch ? std::clamp<int64_t>(blocks - b0 - NB, 0, NB) : 0;
+  const int64_t next_blocks = prefetch ? std::clamp<int64_t>(blocks - next_b0, 0, NB) : 0;
   const int64_t lines = next_blocks * tile.block_bytes() / 64;
   const int64_t part = (lines + row_tiles - 1) / row_tiles;
-  const char* next = next_blocks ? tile.block(b0 + NB) : nullptr;
+  const char* next = next_blocks ? tile.block(next_b0) : nullptr;
   const int64_t steps = tile.block_bytes() / 64;  // a k step reads one line of each block
   auto ahead = [&](int64_t r, int64_t every) {
     const int64_t first = std::min(r * part, lines);
@@ -141,13 +143,15 @@ void for_each_tile(const Tile& tile, int64_t M, int64_t N, int64_t K) {
   // Small products stay on one thread: a fork costs ~10 us, as much as 2^18 int8 MACs.
   const int64_t macs_per_tile = M * K * kBlockN * kTileBlocks;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(macs_per_tile, 1));
-  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
+  const int64_t piece = llmserve_pieces::piece_for(tiles, llmserve_pieces::threads_for(tiles, grain), grain);
+  llmserve_pieces::parallel_pieces(tiles, grain, piece, [&](llmserve_pieces::Pieces& pieces) {
+    llmserve_pieces::Walk walk(pieces);
+    for (int64_t t, ahead; walk.next(t, ahead);) {
       const int64_t b0 = t * kTileBlocks;
       if (b0 + kTileBlocks <= blocks) {
-        run_columns<kTileBlocks>(tile, M, b0, blocks);
-      } else {
-        for (int64_t b = b0; b < blocks; ++b) run_columns<1>(tile, M, b, blocks);
+        run_columns<kTileBlocks>(tile, M, b0, ahead < 0 ? blocks : ahead * kTileBlocks, blocks);
+      } else {  // (the last tile: nothing runs after it)
+        for (int64_t b = b0; b < blocks; ++b) run_columns<1>(tile, M, b, b + 1, blocks);
       }
     }
   });

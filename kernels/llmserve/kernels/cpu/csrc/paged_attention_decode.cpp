@@ -42,6 +42,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "shared_pieces.h"
+
 namespace {
 
 // Touches the cache lines of `bytes` bytes from p (read, keep in L2).
@@ -239,9 +241,13 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
     part_max.resize(B * splits * chunks * item_heads);
     part_sum.resize(B * splits * chunks * item_heads);
   }
-  at::parallel_for(0, B * splits * chunks, 1, [&](int64_t begin, int64_t end) {
+  // Items one at a time off a shared counter (sequences' lengths differ; an item is tens
+  // of microseconds, taking one far less); an item's last block prefetches the first of
+  // the item its thread runs next.
+  llmserve_pieces::parallel_pieces(B * splits * chunks, 1, 1, [&](llmserve_pieces::Pieces& pieces) {
     std::vector<float> qf(H * D), acc(H * D), scores;
-    for (int64_t item = begin; item < end; ++item) {
+    llmserve_pieces::Walk walk(pieces);
+    for (int64_t item, ahead; walk.next(item, ahead);) {
       const int64_t chunk = item % chunks, b = item / chunks / splits;
       const int64_t kh0 = (item / chunks % splits) * heads_per_item, kh1 = kh0 + heads_per_item;
       const int64_t len = seq_lens[b];
@@ -332,10 +338,11 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
         const int64_t n = std::min(block_size, len - blk * block_size) - t0;
         const int64_t first = blk * block_size - base + t0;
         const T* blk_ptr = kv + v_offset + table[blk] * block_size * row + t0 * row;
-        // Next: the following V block, or the next sequence's first K block.
+        // Next: the following V block, or the first K block of the sequence this thread
+        // runs next (items are sequences when splits * chunks == 1).
         const T* next = blk + 1 < hi ? kv + v_offset + table[blk + 1] * block_size * row
-                        : splits * chunks == 1 && b + 1 < end && seq_lens[b + 1] > 0
-                            ? kv + tables[(b + 1) * max_blocks + first_block(seq_lens[b + 1], window, block_size)] *
+                        : splits * chunks == 1 && ahead >= 0 && seq_lens[ahead] > 0
+                            ? kv + tables[ahead * max_blocks + first_block(seq_lens[ahead], window, block_size)] *
                                        block_size * row
                             : nullptr;
         if (next != nullptr) prefetch_rows(next, n, block_size, row);

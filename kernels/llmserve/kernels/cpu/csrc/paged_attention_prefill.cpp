@@ -42,7 +42,6 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -50,6 +49,7 @@
 #include <vector>
 
 #include "amx.h"
+#include "shared_pieces.h"
 #include "vec_math.h"
 
 namespace {
@@ -445,14 +445,13 @@ void prefill_kernel(const T* q, const T* kv, const int64_t* tables, const int64_
   const int64_t row = KVH * D;                            // elements per token slot
   const int64_t v_offset = num_blocks * block_size * row;  // kv[1] starts here
   const std::vector<Item> items = plan(qsl, seq_lens, N, KVH, kRows / g, window);
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+  llmserve_pieces::parallel_pieces(static_cast<int64_t>(items.size()), 1, 1, [&](llmserve_pieces::Pieces& pieces) {
     Tile t{0, {}, {}, {}, {}, std::vector<float>(kKeyTile * kRows), std::vector<float>(D * kRows)};
     Math math;
     const T* q_rows[kRows];
     const T* keys[kKeyTile];
     const T* values[kKeyTile];
-    for (int64_t idx = next++; idx < static_cast<int64_t>(items.size()); idx = next++) {
+    for (int64_t idx; pieces.take(idx);) {
       const Item& it = items[idx];
       const int64_t ctx = seq_lens[it.seq] - (qsl[it.seq + 1] - qsl[it.seq]);
       const int64_t* table = tables + it.seq * max_blocks;
