@@ -108,8 +108,7 @@ void bf16_product(const uint16_t* x, int64_t ldx, const uint16_t* w, c10::BFloat
   // A fork costs ~10 us: small products stay on one thread (as gemm_tiles.h's driver does).
   const int64_t macs_per_pair = std::max<int64_t>(M, kRows) * K * 2 * kBlockN;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 19) / macs_per_pair);
-  const int64_t piece = llmserve_pieces::piece_for(pairs, llmserve_pieces::threads_for(pairs, grain), grain);
-  llmserve_pieces::parallel_pieces(pairs, grain, piece, [&](llmserve_pieces::Pieces& pieces) {
+  llmserve_pieces::parallel_pieces(pairs, grain, [&](llmserve_pieces::Pieces& pieces) {
     // Tile configuration is per thread; release it after, so the OS need not save 8 KiB of
     // tile state at every switch away from this thread.
     const TileConfig config(std::min(M, kRows));

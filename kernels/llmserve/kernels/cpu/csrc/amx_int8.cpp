@@ -111,8 +111,7 @@ void w8a8_product(const int8_t* xq, const float* x_scale, const int32_t* comp, c
   // A fork costs ~10 us: small products stay on one thread (as gemm_tiles.h's driver does).
   const int64_t macs_per_pair = std::max<int64_t>(M, kRows) * K * 2 * kBlockN;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / macs_per_pair);
-  const int64_t piece = llmserve_pieces::piece_for(pairs, llmserve_pieces::threads_for(pairs, grain), grain);
-  llmserve_pieces::parallel_pieces(pairs, grain, piece, [&](llmserve_pieces::Pieces& pieces) {
+  llmserve_pieces::parallel_pieces(pairs, grain, [&](llmserve_pieces::Pieces& pieces) {
     const TileConfig config(std::min(M, kRows));
     alignas(64) int32_t dots[4 * kRows * kBlockN];
     alignas(64) float acc[4 * kRows * kBlockN];

@@ -143,8 +143,7 @@ void for_each_tile(const Tile& tile, int64_t M, int64_t N, int64_t K) {
   // Small products stay on one thread: a fork costs ~10 us, as much as 2^18 int8 MACs.
   const int64_t macs_per_tile = M * K * kBlockN * kTileBlocks;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(macs_per_tile, 1));
-  const int64_t piece = llmserve_pieces::piece_for(tiles, llmserve_pieces::threads_for(tiles, grain), grain);
-  llmserve_pieces::parallel_pieces(tiles, grain, piece, [&](llmserve_pieces::Pieces& pieces) {
+  llmserve_pieces::parallel_pieces(tiles, grain, [&](llmserve_pieces::Pieces& pieces) {
     llmserve_pieces::Walk walk(pieces);
     for (int64_t t, ahead; walk.next(t, ahead);) {
       const int64_t b0 = t * kTileBlocks;

@@ -244,7 +244,7 @@ void decode_kernel(const T* q, const T* kv, const int64_t* tables, const int64_t
   // Items one at a time off a shared counter (sequences' lengths differ; an item is tens
   // of microseconds, taking one far less); an item's last block prefetches the first of
   // the item its thread runs next.
-  llmserve_pieces::parallel_pieces(B * splits * chunks, 1, 1, [&](llmserve_pieces::Pieces& pieces) {
+  llmserve_pieces::parallel_single_items(B * splits * chunks, [&](llmserve_pieces::Pieces& pieces) {
     std::vector<float> qf(H * D), acc(H * D), scores;
     llmserve_pieces::Walk walk(pieces);
     for (int64_t item, ahead; walk.next(item, ahead);) {

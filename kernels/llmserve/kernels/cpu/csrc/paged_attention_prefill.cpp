@@ -445,7 +445,7 @@ void prefill_kernel(const T* q, const T* kv, const int64_t* tables, const int64_
   const int64_t row = KVH * D;                            // elements per token slot
   const int64_t v_offset = num_blocks * block_size * row;  // kv[1] starts here
   const std::vector<Item> items = plan(qsl, seq_lens, N, KVH, kRows / g, window);
-  llmserve_pieces::parallel_pieces(static_cast<int64_t>(items.size()), 1, 1, [&](llmserve_pieces::Pieces& pieces) {
+  llmserve_pieces::parallel_single_items(static_cast<int64_t>(items.size()), [&](llmserve_pieces::Pieces& pieces) {
     Tile t{0, {}, {}, {}, {}, std::vector<float>(kKeyTile * kRows), std::vector<float>(D * kRows)};
     Math math;
     const T* q_rows[kRows];

@@ -92,18 +92,33 @@ inline int64_t piece_for(int64_t items, int64_t threads, int64_t grain) {
   return std::max<int64_t>({1, grain, items / std::max<int64_t>(threads * 8, 1)});
 }
 
-// Runs work(pieces) on each thread of threads_for(items, grain) (inline when that is
-// one); each call takes pieces until none is left. Per-thread state (tile
-// configurations, scratch buffers) lives in `work`, set up once per thread.
+// Runs work(pieces) on `threads` threads (inline when one); each call takes pieces until
+// none is left.
 template <typename Work>
-void parallel_pieces(int64_t items, int64_t grain, int64_t piece, const Work& work) {
-  Pieces pieces(items, piece);
-  const int64_t threads = threads_for(items, grain);
+void run_on_threads(int64_t threads, Pieces& pieces, const Work& work) {
   if (threads == 1) {
     work(pieces);
     return;
   }
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { work(pieces); });
+}
+
+// Runs work(pieces) on each thread of threads_for(items, grain), pieces sized by
+// piece_for. Per-thread state (tile configurations, scratch buffers) lives in `work`, set
+// up once per thread.
+template <typename Work>
+void parallel_pieces(int64_t items, int64_t grain, const Work& work) {
+  const int64_t threads = threads_for(items, grain);
+  Pieces pieces(items, piece_for(items, threads, grain));
+  run_on_threads(threads, pieces, work);
+}
+
+// The same with pieces of one item each, every thread given at least one: for items of
+// tens of microseconds or more, and of unequal cost (attention over sequences).
+template <typename Work>
+void parallel_single_items(int64_t items, const Work& work) {
+  Pieces pieces(items, 1);
+  run_on_threads(threads_for(items, 1), pieces, work);
 }
 
 }  // namespace llmserve_pieces
