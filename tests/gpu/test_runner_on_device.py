@@ -33,8 +33,8 @@ def test_everything_lives_on_the_device(tiny_llama_dir):
     seen = []
     build_inputs = runner.batch.build_inputs
 
-    def spy(rows):
-        inp = build_inputs(rows)
+    def spy(rows, prev_sampled=None):
+        inp = build_inputs(rows, prev_sampled)
         seen.append(inp)
         return inp
 
