@@ -36,7 +36,6 @@ PY312 = {"python_version": "3.12", "python_full_version": "3.12.3"}
 # In our requirements, not needed by the GPU check: it never runs them.
 NOT_NEEDED_THERE = {
     "grpcio-tools",  # Regenerates the protobuf modules (python -m llmserve.protogen); they are committed.
-    "jsonschema",  # One CPU test validates docker-compose.yml, importing it inside the test.
     # CPU-only checks of files, never run by the GPU check: buf lint and buf curl (protos/,
     # examples/), the Helm chart's rendering and its Kubernetes schema validation.
     "buf-bin",

@@ -92,6 +92,21 @@ def test_bad_plans_raise_and_leave_state(tiny_llama_dir):
         runner.execute(StepPlan(3, cached_requests=[CachedRequestData(1, [], 4, 1)]))
 
 
+def test_reset_after_the_block_tables_grew_inside_a_step(tiny_llama_dir):
+    """70 requests in one plan grow the block tables past their 64 rows inside the step
+    (inference mode); reset_requests then zeroes them outside it (a new scheduler stream,
+    a bench's next batch size): the first GPU run failed there ("Inplace update to
+    inference tensor outside InferenceMode")."""
+    runner = _runner(tiny_llama_dir)
+    g = SamplingParams(temperature=0.0)
+    many = [NewRequestData(i, [3 + i], 1, g, [i], 0, 1) for i in range(70)]
+    assert len(runner.execute(StepPlan(0, new_requests=many)).sampled) == 70
+    runner.reset_requests()
+    assert not runner.batch.states and not runner.batch.block_tables.table.any()
+    out = runner.execute(StepPlan(1, new_requests=[NewRequestData(1, [1, 2, 3], 3, g, [0], 0, 3)]))
+    assert len(out.sampled) == 1
+
+
 def test_seeded_sampling_survives_batching_and_preemption(tiny_llama_dir):
     seeded = SamplingParams(temperature=1.0, top_p=0.95, seed=7)
     solo = PlanDriver(_runner(tiny_llama_dir), BLOCK, NUM_BLOCKS)

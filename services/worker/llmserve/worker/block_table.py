@@ -30,12 +30,17 @@ class BlockTables:
         self.staged = staged
         self._staging: list[torch.Tensor] = []  # two flat int32 buffers (staged only), grown on demand
         self._turn = 0
-        self._set_table(self._zeros(capacity))
+        self._set_table(self._zeros(capacity, self.max_blocks))
         self.lengths: list[int] = [0] * capacity  # blocks written per row
         self._free = list(range(capacity - 1, -1, -1))  # rows not in use (popped from the end: lowest first)
 
-    def _zeros(self, rows: int) -> torch.Tensor:
-        return torch.zeros(rows, self.max_blocks, dtype=torch.int32)
+    @staticmethod
+    def _zeros(rows: int, max_blocks: int) -> torch.Tensor:
+        # NOTE: a table grows inside a step (ModelRunner.launch runs in inference mode) and is
+        # zeroed outside one (reset_requests): an inference tensor would refuse the in-place
+        # update there, so the tables are always normal tensors.
+        with torch.inference_mode(False):
+            return torch.zeros(rows, max_blocks, dtype=torch.int32)
 
     def _set_table(self, table: torch.Tensor) -> None:
         self.table = table  # [capacity, max_blocks] int32
@@ -100,14 +105,14 @@ class BlockTables:
         return self._staging[self._turn][:numel]
 
     def _widen(self, max_blocks: int) -> None:
-        table = torch.zeros(self.table.shape[0], max_blocks, dtype=torch.int32)
+        table = self._zeros(self.table.shape[0], max_blocks)
         table[:, : self.max_blocks] = self.table
         self._set_table(table)
         self.max_blocks = max_blocks
 
     def _grow(self) -> None:
         old = self.table.shape[0]
-        table = self._zeros(2 * old)
+        table = self._zeros(2 * old, self.max_blocks)
         table[:old] = self.table
         self._set_table(table)
         self.lengths += [0] * old
