@@ -77,7 +77,7 @@ def test_kv_blocks_from_the_device_memory_budget(tiny_llama_dir, caplog):
     total = torch.cuda.mem_get_info(runner.device)[1]
     assert 0 < runner.num_kv_blocks * block_bytes <= share * total
     # The graphs were captured once against a scratch cache to measure them, then for good.
-    assert "decode graphs" in caplog.text and runner.graphs is not None and runner.graphs.sizes == [1, 2, 4, 8]
+    assert "CUDA graphs of the decode step" in caplog.text and runner.graphs is not None and runner.graphs.sizes == [1, 2, 4, 8]
     d = PlanDriver(runner, 16, runner.num_kv_blocks)
     d.add("a", [5, 6, 7])
     d.step({"a": None})

@@ -34,7 +34,7 @@ def _grouped_gemm_kernel(
     a_ptr, b_ptr, c_ptr, pairs_ptr, block_expert_ptr, weights_ptr,
     N, K, num_pairs, stride_am, stride_be, stride_bn, stride_cm,
     A_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -52,7 +52,7 @@ def _grouped_gemm_kernel(
                     mask=valid[:, None] & (ks[None, :] < K), other=0.0)  # [BLOCK_M, BLOCK_K]
         b = tl.load(b_ptr + expert * stride_be + cols[None, :] * stride_bn + ks[:, None],
                     mask=(cols[None, :] < N) & (ks[:, None] < K), other=0.0)  # [BLOCK_K, BLOCK_N]
-        acc += tl.dot(a, b)
+        acc += tl.dot(a, b, input_precision=PRECISION)
     if MUL_WEIGHT:
         w = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
         acc = acc * w[:, None]
@@ -90,6 +90,9 @@ def _grouped_gemm(a, w, out, sorted_pairs, block_expert, a_div, weights, block_m
         a, w, out, sorted_pairs, block_expert, weights if weights is not None else out,
         N, K, out.shape[0], a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         A_DIV=a_div, MUL_WEIGHT=weights is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        # NOTE: float32 products in full precision: tl.dot's default on Ampere and later is
+        # TF32 (10-bit mantissas), which flipped greedy tokens against HF float32 on an H100.
+        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
     )
 
 
