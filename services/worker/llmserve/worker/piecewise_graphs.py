@@ -178,6 +178,7 @@ class PiecewiseGraphs:
         on_cuda = device.type == "cuda"
         if on_cuda:
             torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()  # (as DecodeGraphs.capture: a capture empties it anyway)
             before = torch.cuda.memory_reserved(device)
         with torch.inference_mode():
             for size in sorted(self.sizes, reverse=True):
