@@ -215,6 +215,16 @@ def _on_cuda(report: dict) -> bool:
     return str(report.get("device", "")).startswith("cuda")
 
 
+def _step_split(r: dict) -> str:
+    """", LOOP loop: prefill steps N in S s, decode steps N in S s": where the time went (reports
+    older than the split: nothing)."""
+    split = r.get("steps_by_kind")
+    if not split:
+        return ""
+    kinds = [f"{kind} steps {k['steps']} in {k['seconds']:.2f} s" for kind, k in split.items() if k["steps"]]
+    return f", {r['loop']} loop: {', '.join(kinds)}"
+
+
 def offline_rows(results: Path, steps: dict, step: str) -> list[Row]:
     """Per sampling mode: req/s, tok/s and the share of the physical ceiling (judged); then
     the ceiling itself and its formula (INFO)."""
@@ -228,7 +238,8 @@ def offline_rows(results: Path, steps: dict, step: str) -> list[Row]:
                 _judged(r["share_of_ceiling"] >= OFFLINE_SHARE, _on_cuda(report)),
                 f"{r['requests_per_s']:,.2f} req/s, {r['output_tokens_per_s']:,.0f} output / "
                 f"{r['total_tokens_per_s']:,.0f} total tok/s = {100 * r['share_of_ceiling']:.1f}% "
-                f"({r['seconds']:.1f} s, {r['num_steps']} steps, {r['num_preemptions']} preemptions)")
+                f"({r['seconds']:.1f} s, {r['num_steps']} steps, {r['num_preemptions']} preemptions"
+                f"{_step_split(r)})")
             for mode, r in report["results"].items()]
     if steps.get(step, (0, 0))[0] != 0:  # Cut short: the modes it finished stand, the step failed.
         rows.append(_missing(check, step, steps))
@@ -240,14 +251,18 @@ def offline_rows(results: Path, steps: dict, step: str) -> list[Row]:
 
 
 def decode_floor_rows(results: Path, steps: dict, step: str) -> list[Row]:
-    """The median decode step at DECODE_FLOOR_BATCH against its floor (judged); the other
-    batch sizes in one INFO row, with the floor's formula."""
+    """The mean decode step at DECODE_FLOOR_BATCH against its floor (judged); the other
+    batch sizes in one INFO row, with the floor's formula. Where the served loop was
+    pipelined, each cell names the serial loop's step beside it."""
     report = latest_report(results / step)
     check = f"{step}: batch {DECODE_FLOOR_BATCH} >= {100 * DECODE_FLOOR_SHARE:.0f}% of the floor"
     if report is None:
         return [_missing(check, step, steps)]
     where = f"{report['model']}, context {report['context']}"
-    cell = lambda r: f"{r['step_ms']:.3f} ms vs {r['floor_ms']:.3f} = {100 * r['share_of_floor']:.1f}%"  # noqa: E731
+    def cell(r: dict) -> str:
+        serial = f" (serial loop {r['serial_step_ms']:.3f} ms)" if "serial_step_ms" in r else ""
+        return f"{r['step_ms']:.3f} ms vs {r['floor_ms']:.3f} = {100 * r['share_of_floor']:.1f}%{serial}"
+
     batches = report["batches"]
     rows = []
     if str(DECODE_FLOOR_BATCH) in batches:
@@ -255,7 +270,7 @@ def decode_floor_rows(results: Path, steps: dict, step: str) -> list[Row]:
         rows.append(Row(f"decode {where}, batch {DECODE_FLOOR_BATCH} >= {100 * DECODE_FLOOR_SHARE:.0f}% of the floor",
                         _judged(r["share_of_floor"] >= DECODE_FLOOR_SHARE, _on_cuda(report)),
                         f"{r['tok_per_s']:,.0f} tok/s: a step {cell(r)} of its {r['bound']}-bound floor "
-                        f"({'CUDA graphs' if report['uses_graphs'] else 'eager'}, "
+                        f"({'CUDA graphs' if report['uses_graphs'] else 'eager'}, {report.get('loop', 'serial')} loop, "
                         f"{report['memory_bandwidth_gb_per_s']:,.0f} GB/s)"))
     elif _on_cuda(report):
         rows.append(Row(check, "FAIL", f"batch {DECODE_FLOOR_BATCH} not measured: see logs/{step}.log"))

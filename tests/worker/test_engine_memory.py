@@ -31,14 +31,16 @@ def greedy(max_tokens=GEN, **kw):
 
 
 def executed_plans(engine) -> list:
-    """The plans the engine's runner executes from now on, in order."""
-    plans, execute = [], engine.runner.execute
+    """The plans the engine's runner runs from now on, in order (executed, or launched
+    where the engine loop is pipelined)."""
+    name = "launch" if engine.pipelined else "execute"
+    plans, run_plan = [], getattr(engine.runner, name)
 
     def record(plan):
         plans.append(plan)
-        return execute(plan)
+        return run_plan(plan)
 
-    engine.runner.execute = record
+    setattr(engine.runner, name, record)
     return plans
 
 

@@ -4,14 +4,16 @@ bandwidth, or FLOPs at the measured matmul peak where that is more).
 
 One runner as served (CUDA graphs unless --enforce-eager), a KV cache of exactly the
 largest batch; per batch size `batch` sequences of `--context` random tokens are
-prefilled (in chunks of PREFILL_CHUNK tokens), then whole engine steps are timed
-(schedule, inputs, forward, sampling, update): the median step, its tok/s and floor /
-step, the floor taken at the sequences' mean context in the middle of the timed steps.
+prefilled (in chunks of PREFILL_CHUNK tokens), then a run of whole engine steps is timed
+(schedule, inputs, forward, sampling, update), the device synced at the run's two ends
+only: the mean step, its tok/s and floor / step, the floor taken at the sequences' mean
+context in the middle of the run. The engine loop is the served one (pipelined on CUDA:
+a step's host work overlaps the step before it on the device); where that is pipelined,
+the serial loop's step is timed too, side by side.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,23 +36,25 @@ def new_tokens(batch: int, context: int, steps: int) -> int:
     return steps + SPARE_TOKENS + cdiv(batch * context, PREFILL_CHUNK)
 
 
-def median_step(runner, batch: int, context: int, steps: int) -> tuple[float, float]:
-    """Seconds of the median of `steps` decode steps at `batch` (after WARMUP_STEPS), and
-    the mean context (cached tokens per sequence) at the middle timed step."""
+def mean_step(runner, batch: int, context: int, steps: int,
+              pipelined: bool | None = None) -> tuple[float, float, bool]:
+    """Seconds of the mean of `steps` consecutive decode steps at `batch` (after
+    WARMUP_STEPS), the mean context (cached tokens per sequence) at the middle step, and
+    whether the engine loop was pipelined (`pipelined`: which loop; None: as served)."""
     engine = prefilled_engine(runner, batch, context, new_tokens(batch, context, steps),
-                              max_num_batched_tokens=max(PREFILL_CHUNK, batch))
+                              max_num_batched_tokens=max(PREFILL_CHUNK, batch), pipelined=pipelined)
     for _ in range(WARMUP_STEPS):
         engine.step()
-    times, mean_context = [], float(context)
+    mean_context = float(context)
+    start = now(runner.device)
     for i in range(steps):
         if i == steps // 2:
             running = list(engine.scheduler.running)
             mean_context = sum(s.num_computed_tokens for s in running) / len(running)
-        start = now(runner.device)
         engine.step()
-        times.append(now(runner.device) - start)
-    runner.reset_requests()  # The next batch size starts from a fresh scheduler.
-    return statistics.median(times), mean_context
+    seconds = (now(runner.device) - start) / steps
+    runner.reset_requests()  # The next batch size starts from a fresh scheduler (and a plan may be in flight).
+    return seconds, mean_context, engine.pipelined
 
 
 def measure_decode_floor(model_dir, base, batches: list[int], context: int, steps: int,
@@ -66,14 +70,18 @@ def measure_decode_floor(model_dir, base, batches: list[int], context: int, step
     # NOTE: measured beside the model and its cache, as they will run: a few GiB spare.
     peak, bandwidth = measure_peak_and_bandwidth(runner.dtype, runner.device, calibrate_s)
     rows = {}
+    pipelined = False
     for batch in batches:
-        step, mean_context = median_step(runner, batch, context, steps)
+        step, mean_context, pipelined = mean_step(runner, batch, context, steps)
         floor = decode_floor(runner.config, runner.dtype, batch, round(mean_context), peak, bandwidth)
         rows[batch] = {"step_ms": 1000 * step, "tok_per_s": batch / step, "floor_ms": 1000 * floor["seconds"],
                        "bound": floor["bound"], "share_of_floor": floor["seconds"] / step,
                        "mean_context": mean_context}
+        if pipelined:
+            rows[batch]["serial_step_ms"] = 1000 * mean_step(runner, batch, context, steps, pipelined=False)[0]
     return {"device": str(runner.device), "dtype": str(runner.dtype).removeprefix("torch."),
-            "uses_graphs": runner.graphs is not None, "context": context, "steps": steps,
+            "uses_graphs": runner.graphs is not None, "loop": "pipelined" if pipelined else "serial",
+            "context": context, "steps": steps,
             "matmul_peak_gflop_per_s": peak / 1e9, "memory_bandwidth_gb_per_s": bandwidth / 1e9,
             "formula": DECODE_FORMULA, "batches": rows}
 
@@ -82,11 +90,13 @@ def print_table(result: dict, model: str) -> None:
     print(f"decode steps of {model}, context {result['context']}, {result['dtype']} on {result['device']} "
           f"({'CUDA graphs' if result['uses_graphs'] else 'eager'}); memory "
           f"{result['memory_bandwidth_gb_per_s']:,.0f} GB/s, matmul {result['matmul_peak_gflop_per_s']:,.0f} "
-          f"GFLOP/s, median of {result['steps']} steps:", flush=True)
+          f"GFLOP/s, {result['loop']} loop, mean of {result['steps']} steps:", flush=True)
     print(f"{'batch':>5}  {'step ms':>9}  {'tok/s':>10}  {'floor ms':>9}  {'of floor':>8}", flush=True)
     for batch, row in result["batches"].items():
+        serial = row.get("serial_step_ms")
+        versus = f"; serial loop {serial:.3f} ms = {serial / row['step_ms']:.2f}x" if serial else ""
         print(f"{batch:>5}  {row['step_ms']:>9.3f}  {row['tok_per_s']:>10,.0f}  {row['floor_ms']:>9.3f}  "
-              f"{100 * row['share_of_floor']:>7.1f}%  ({row['bound']}-bound)", flush=True)
+              f"{100 * row['share_of_floor']:>7.1f}%  ({row['bound']}-bound{versus})", flush=True)
     print(f"floor: {result['formula']}", flush=True)
 
 

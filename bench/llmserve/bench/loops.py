@@ -1,11 +1,11 @@
 """`llmserve bench loops`: the serial engine loop against the pipelined one
 (SchedulerConfig.async_scheduling False / True) on a real model, side by side in one run.
 
-The in-process engine (launcher/engine.py) has one loop, serial: schedule, execute,
-apply. The pipelined loop is the scheduler service's (scheduler/engine_loop.py: it plans
-step N+1 while the worker runs step N), so the comparison runs through a local cluster
-as deployed (router, scheduler, worker processes, mutual TLS), one cluster per loop, the
-same worker settings in both. Per batch size B: B requests at once, short random prompts,
+The comparison runs through a local cluster as deployed (router, scheduler, worker
+processes, mutual TLS; the scheduler service's loop, scheduler/engine_loop.py, plans step
+N+1 while the worker runs step N), one cluster per loop, the same worker settings in
+both: what the gRPC hops and the processes cost is in it. (`bench decode-floor` times
+the in-process engine's two loops, launcher/engine.py.) Per batch size B: B requests at once, short random prompts,
 `--max-tokens` each (eos ignored), streamed as clients see them. The figure is the steady
 decode rate: tokens per second while all B decode (bench/overhead.py's window: after the
 last first token, before the first finish), and pipelined / serial.

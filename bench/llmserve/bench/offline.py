@@ -25,8 +25,8 @@ from llmserve.bench.ceiling import offline_ceiling
 from llmserve.bench.clock import now
 from llmserve.bench.flops import measure_peak_and_bandwidth
 from llmserve.bench.report import machine_info, model_label, write_json
+from llmserve.bench.step_records import _PlanTap
 from llmserve.bench.workloads import BenchRequest, random_workload
-from llmserve.contract.outputs import RequestOutput
 from llmserve.contract.sampling import SamplingParams
 from llmserve.launcher.engine import InProcessEngine
 from llmserve.launcher.engine_settings import EngineSettings
@@ -34,6 +34,7 @@ from llmserve.settings import group
 from llmserve.worker.config import RunnerConfig, WorkerConfig
 
 TEMPERATURES = {"greedy": 0.0, "sampled": 1.0}  # vLLM's benchmark samples at temperature 1.0, top-p 1.
+STEP_KINDS = ("prefill", "decode")  # A plan that carries prompt tokens; one of one-token rows only.
 
 
 def _offline_engine() -> EngineSettings:
@@ -46,33 +47,48 @@ class OfflineSettings:
     engine: EngineSettings = group(_offline_engine)
 
 
-class _CountingEngine(InProcessEngine):
-    """The in-process engine, counting the steps it runs."""
-
-    num_steps = 0
-
-    def step(self) -> list[RequestOutput]:
-        self.num_steps += 1
-        return super().step()
+def step_kind(plan) -> str:
+    """"decode" when every row computes one token (its last sampled one), else "prefill"."""
+    if plan.new_requests or any(r.num_scheduled_tokens != 1 for r in plan.cached_requests):
+        return "prefill"
+    return "decode"
 
 
 def run_once(runner, scheduling, requests: list[BenchRequest], temperature: float) -> dict:
-    """Every request at once through a fresh scheduler on `runner`, timed to the last token."""
-    engine = _CountingEngine(runner, scheduling)
-    work = [(f"r{i}", r.prompt_token_ids, SamplingParams(max_tokens=r.output_len, temperature=temperature,
-                                                         ignore_eos=True)) for i, r in enumerate(requests)]
-    start = now(runner.device)
-    done = engine.run(work)
+    """Every request at once through a fresh scheduler on `runner`, timed to the last token;
+    with where the time went: each engine step's wall time, charged to the plan whose
+    result it read back (pipelined, the one launched before), by kind of plan."""
+    tap = _PlanTap(runner)
+    engine = InProcessEngine(tap, scheduling)
+    for i, r in enumerate(requests):
+        engine.add_request(f"r{i}", r.prompt_token_ids, SamplingParams(max_tokens=r.output_len,
+                                                                       temperature=temperature, ignore_eos=True))
+    split = {kind: {"steps": 0, "seconds": 0.0, "tokens": 0, "rows": 0} for kind in STEP_KINDS}
+    output_tokens = 0
+    start = last = now(runner.device)
+    while engine.has_unfinished():
+        tap.last = None
+        output_tokens += sum(len(out.new_token_ids) for out in engine.step())
+        # NOTE: no device sync per step: each step reads a result back (its one wait).
+        t = time.perf_counter()
+        if tap.last is not None:
+            plan = tap.last[0]
+            kind = split[step_kind(plan)]
+            kind["steps"] += 1
+            kind["seconds"] += t - last
+            kind["tokens"] += plan.total_scheduled_tokens
+            kind["rows"] += len(plan.new_requests) + len(plan.cached_requests)
+        last = t
     seconds = now(runner.device) - start
     runner.reset_requests()  # The last step's finished requests: the next scheduler never saw them.
-    output_tokens = sum(len(c.output_token_ids) for c in done.values())
     if output_tokens != sum(r.output_len for r in requests):
         raise RuntimeError(f"{output_tokens} output tokens, {sum(r.output_len for r in requests)} asked for")
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     return {"seconds": seconds, "requests_per_s": len(requests) / seconds, "output_tokens": output_tokens,
             "output_tokens_per_s": output_tokens / seconds,
-            "total_tokens_per_s": (prompt_tokens + output_tokens) / seconds, "num_steps": engine.num_steps,
-            "num_preemptions": engine.scheduler.stats().num_preemptions}
+            "total_tokens_per_s": (prompt_tokens + output_tokens) / seconds, "num_steps": engine.num_plans,
+            "num_preemptions": engine.scheduler.stats().num_preemptions,
+            "loop": "pipelined" if engine.pipelined else "serial", "steps_by_kind": split}
 
 
 @dataclass(frozen=True)
@@ -124,7 +140,12 @@ def measure_offline(model_dir: Path, runner_settings: RunnerConfig, scheduling, 
 def print_row(mode: str, r: dict) -> None:
     print(f"{mode:<8} {r['seconds']:8.2f} s  {r['requests_per_s']:8.2f} req/s  {r['output_tokens_per_s']:10,.0f} "
           f"output tok/s  {r['total_tokens_per_s']:11,.0f} total tok/s  {100 * r['share_of_ceiling']:5.1f}% of "
-          f"the ceiling  ({r['num_steps']} steps, {r['num_preemptions']} preemptions)", flush=True)
+          f"the ceiling  ({r['num_steps']} steps, {r['num_preemptions']} preemptions, {r['loop']} loop)", flush=True)
+    for kind, k in r["steps_by_kind"].items():
+        if k["steps"]:
+            print(f"         {kind} steps: {k['steps']} in {k['seconds']:.2f} s ({1000 * k['seconds'] / k['steps']:.2f} "
+                  f"ms each, {k['tokens'] / k['steps']:,.0f} tokens and {k['rows'] / k['steps']:,.0f} rows on "
+                  f"average)", flush=True)
 
 
 def print_ceiling(c: dict, dtype: torch.dtype, peak: float, bandwidth: float) -> None:

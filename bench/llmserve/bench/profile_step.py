@@ -77,13 +77,14 @@ def _ms(seconds: float) -> str:
 
 
 def prefilled_engine(runner, batch: int, context: int, max_new_tokens: int, seed: int = 1,
-                     max_num_batched_tokens: int | None = None) -> InProcessEngine:
+                     max_num_batched_tokens: int | None = None, pipelined: bool | None = None) -> InProcessEngine:
     """An in-process engine on `runner` with `batch` sequences of `context` random prompt
     tokens (ids within the model's vocabulary), all past their prefill: every further
     step is a pure decode step at that batch size, for `max_new_tokens` steps. The prefill
-    runs in one step unless `max_num_batched_tokens` caps it (chunks)."""
+    runs in one step unless `max_num_batched_tokens` caps it (chunks). `pipelined`: the
+    engine loop (None: by device, as served)."""
     budget = max_num_batched_tokens or max(4096, batch * (context + 16))
-    engine = InProcessEngine(runner, SchedulerConfig(max_num_batched_tokens=budget))
+    engine = InProcessEngine(runner, SchedulerConfig(max_num_batched_tokens=budget, async_scheduling=pipelined))
     vocab = runner.config.vocab_size
     for i, r in enumerate(random_workload(batch, (context, context), (1000, 1000), vocab, seed=seed)):
         engine.add_request(f"r{i}", r.prompt_token_ids, SamplingParams(max_tokens=max_new_tokens, temperature=0.0,

@@ -38,8 +38,9 @@ class StepRecord:
 
 
 class _PlanTap:
-    """A model runner that remembers the last plan it executed and its result; every
-    other attribute is the wrapped runner's."""
+    """A model runner that remembers the last plan whose result was read (executed, or
+    launched and finished: the pipelined engine's step reads back at most one) and that
+    result; every other attribute is the wrapped runner's."""
 
     def __init__(self, runner):
         self.runner = runner
@@ -48,6 +49,11 @@ class _PlanTap:
     def execute(self, plan: StepPlan) -> StepResult:
         result = self.runner.execute(plan)
         self.last = (plan, result)
+        return result
+
+    def finish(self, launched) -> StepResult:
+        result = self.runner.finish(launched)
+        self.last = (launched.plan, result)
         return result
 
     def __getattr__(self, name):

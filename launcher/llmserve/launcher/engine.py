@@ -1,6 +1,18 @@
 """The engine without the network: the scheduler core and a model runner in one
 process, driven by the same loop as the services (schedule -> execute -> update).
 
+Where the scheduling config is pipelined (async_scheduling: on for a CUDA runner unless
+set) and the runner can launch a plan without reading its tokens back (ModelRunner.launch
+/ finish), each step plans and launches N+1 while N runs on the device, then reads N back
+and applies it, as the scheduler service's loop does (scheduler/engine_loop.py):
+
+    serial:     schedule N | launch N, read N | apply N | schedule N+1 | ...
+    pipelined:  schedule N+1 | launch N+1 | read N, apply N | schedule N+2 | launch N+2 | read N+1 ...
+                             (device: N ........ N+1 .......................... N+2)
+
+N's sampled ids are placeholders in N+1 (the runner fills them on the device); a step the
+core cannot plan without N's real tokens (Scheduler.can_schedule_ahead) reads N back first.
+
 Used for offline batch generation; `llmserve bench` also runs it as the in-process
 baseline that the services are compared with (its figures are taken outside this class,
 in bench/llmserve/bench/).
@@ -8,6 +20,7 @@ in bench/llmserve/bench/).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -45,6 +58,9 @@ class InProcessEngine:
                                  info.max_model_len, info.num_kv_blocks * info.block_size),
                              num_cpu_blocks=info.num_cpu_blocks, sliding_window=info.sliding_window)
         self.scheduler = Scheduler(config, cache, info.eos_token_ids)
+        self.pipelined = bool(config.async_scheduling) and callable(getattr(runner, "launch", None))
+        self._in_flight: deque[tuple[StepPlan, object]] = deque()  # (plan, its LaunchedStep), oldest first
+        self.num_plans = 0  # Plans run, lifetime.
 
     @classmethod
     def from_model_dir(cls, model_dir: Path, **settings) -> "InProcessEngine":
@@ -68,12 +84,37 @@ class InProcessEngine:
         self.scheduler.add_request(request_id, prompt_token_ids, sampling, n=n, priority=priority)
 
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, execute, apply. Returns this step's outputs."""
+        """One iteration: schedule, execute, apply (pipelined: launch the next plan, then
+        read back and apply the one before it). Returns the outputs applied."""
+        if self.pipelined:
+            return self._pipelined_step()
         plan: StepPlan = self.scheduler.schedule()
         if plan.is_empty:
             return []
+        self.num_plans += 1
         result = self.runner.execute(plan)
         return self.scheduler.update_from_output(plan, result)
+
+    def has_unfinished(self) -> bool:
+        """Requests left to run, or a plan still in flight (whose tokens are not applied)."""
+        return self.scheduler.has_unfinished_requests() or bool(self._in_flight)
+
+    def _pipelined_step(self) -> list[RequestOutput]:
+        outputs = []
+        if self._in_flight and not self.scheduler.can_schedule_ahead(self._in_flight[-1][0]):
+            outputs += self._apply_oldest()  # N+1 needs N's real tokens: a serial step.
+        plan = self.scheduler.schedule() if self.scheduler.has_unfinished_requests() else None
+        if plan is None or plan.is_empty:
+            return outputs + (self._apply_oldest() if self._in_flight else [])
+        self.num_plans += 1
+        self._in_flight.append((plan, self.runner.launch(plan)))
+        if len(self._in_flight) > 1:
+            outputs += self._apply_oldest()  # (N+1 is on the device meanwhile)
+        return outputs
+
+    def _apply_oldest(self) -> list[RequestOutput]:
+        plan, launched = self._in_flight.popleft()
+        return self.scheduler.update_from_output(plan, self.runner.finish(launched))
 
     def run(self, requests: list[tuple[str, list[int], SamplingParams]],
             on_output: Callable[[RequestOutput], None] | None = None) -> dict[str, Completion]:
@@ -82,7 +123,7 @@ class InProcessEngine:
         for request_id, prompt, sampling in requests:
             self.add_request(request_id, prompt, sampling)
             completions[request_id] = Completion(request_id, list(prompt))
-        while self.scheduler.has_unfinished_requests():
+        while self.has_unfinished():
             for out in self.step():
                 done = completions[out.request_id]
                 done.output_token_ids += out.new_token_ids
