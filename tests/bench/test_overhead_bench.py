@@ -55,6 +55,12 @@ def test_smoke_every_phase_is_measured_and_the_tokens_are_the_simulated_ones(tmp
     decode8 = next(r for r in report["results"] if r["scenario"] == "decode-8")
     assert decode8["output_tokens"] == 8 * MAX_TOKENS
     assert 0 < decode8["figures"]["steady_busy"] <= 1 and decode8["figures"]["steady_steps"] < MAX_TOKENS
+    # The in-process engine over the same simulated device: both loops at each batch, its
+    # tokens the simulated ones; a step takes the device's 1 ms at least.
+    assert "in process" in out.stdout
+    assert [(r["loop"], r["batch"]) for r in report["in_process"]] == [
+        (loop, b) for b in (1, 8) for loop in ("serial", "pipelined")]
+    assert all(r["tokens_ok"] and 1.0 <= r["wall_ms_per_step"] and 0 < r["busy"] <= 1 for r in report["in_process"])
 
 
 def test_steady_state_counts_steps_while_every_decoder_runs():

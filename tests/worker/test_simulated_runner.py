@@ -7,12 +7,13 @@ import json
 import time
 
 import pytest
+import torch
 
 from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan
 from llmserve.contract.sampling import SamplingParams
 from llmserve.worker.config import RunnerConfig, WorkerConfig
 from llmserve.worker.service import load_runner
-from llmserve.worker.simulated_runner import SimulatedRunner, simulated_token
+from llmserve.worker.simulated_runner import SimulatedRunner, simulated_token, simulated_tokens
 
 VOCAB = 100
 
@@ -48,6 +49,17 @@ def test_the_token_function_is_fixed_and_steps_past_eos():
     assert simulated_token(6, 11, VOCAB) != token or simulated_token(5, 12, VOCAB) != token
     assert simulated_token(5, 11, VOCAB, frozenset({token})) == (token + 1) % VOCAB
     assert all(0 <= simulated_token(p, q, VOCAB) < VOCAB for p in range(50) for q in range(50))
+
+
+def test_the_device_computes_every_rows_token_at_once_as_the_function_does():
+    """The device thread's vectorized tokens equal simulated_token row by row, eos ids
+    stepped past too (here a run of three consecutive ones that many rows hit)."""
+    positions, previous = torch.arange(0, 4000, 7), torch.arange(4000, 0, -7) % VOCAB
+    plain = [simulated_token(p, q, VOCAB) for p, q in zip(positions.tolist(), previous.tolist())]
+    eos = frozenset(t + k for t in plain[::5] for k in range(3))
+    assert simulated_tokens(positions, previous, VOCAB).tolist() == plain
+    assert simulated_tokens(positions, previous, VOCAB, eos).tolist() == [
+        simulated_token(p, q, VOCAB, eos) for p, q in zip(positions.tolist(), previous.tolist())]
 
 
 def test_info_comes_from_config_json(model_dir):

@@ -216,7 +216,17 @@ def bench_overhead(args) -> int:
         for pipelined in loops:
             results += run_configuration(model_dir, step_ms, pipelined, todo, model, args.seed, log_dir,
                                          args.stream_interval)
+    in_process = []
+    if args.in_process_steps:
+        from llmserve.bench import in_process_overhead
+
+        for step_ms in args.simulated_step_ms:
+            in_process += in_process_overhead.run(model_dir, step_ms, args.batches, args.prompt_len,
+                                                  args.in_process_steps, model, args.seed)
     print(format_table(results))
+    if in_process:
+        print(f"\nin process (launcher/engine.py, as `bench offline` runs it), {args.in_process_steps} decode steps:")
+        print(in_process_overhead.format_table(in_process))
     print("phases: host ms per device step (bench/llmserve/bench/overhead_phases.py says what each covers); "
           "busy % = simulated device time / wall time; steady % = the same while every decoder runs "
           "(after the last first token, before the first finish); CPU: each process's own user + system ms per "
@@ -226,10 +236,10 @@ def bench_overhead(args) -> int:
                            "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
                            "loops": ["pipelined" if p else "serial" for p in loops], "transport": "mutual TLS",
                            "stream_interval": args.stream_interval},
-              "results": results}
+              "results": results, "in_process": in_process}
     if args.output_dir:
         write_json(report, Path(args.output_dir) / f"overhead-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    return 0 if all(r["tokens_ok"] for r in results) else 1
+    return 0 if all(r["tokens_ok"] for r in results + in_process) else 1
 
 
 def add_overhead_flags(p) -> None:
@@ -245,6 +255,9 @@ def add_overhead_flags(p) -> None:
     p.add_argument("--stream-interval", type=int, default=1,
                    help="the scheduler's --stream-interval: tokens sent to the router every N steps; above 1 it "
                         "separates the engine's host path from per-token streaming on a small host")
+    p.add_argument("--in-process-steps", type=int, default=200,
+                   help="decode steps timed per batch size and loop in the in-process engine over the same "
+                        "simulated device (0: skip that table)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default=None, help="the cluster's logs go here")
     p.add_argument("--output-dir", default="bench-results", help="JSON goes here ('' = none)")
