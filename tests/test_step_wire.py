@@ -110,3 +110,27 @@ async def test_a_worker_speaking_another_wire_revision_is_refused(credentials):
         assert servicer.engine is None  # nothing started for it
     finally:
         await server.stop(None)
+
+
+def test_request_outputs_cross_to_the_router_exactly():
+    """Scheduler -> router outputs: every field round-trips (the router reads only what a
+    message holds); an unknown error code reads INTERNAL, an unknown finish reason is refused."""
+    from llmserve.contract.outputs import ErrorCode, FinishReason, RequestOutput
+
+    lp = TokenLogprobs(7, -0.25, (7, 9), (-0.25, -1.5), 1)
+    outputs = [
+        RequestOutput("plain", new_token_ids=[5]),
+        RequestOutput("first", index=2, new_token_ids=[5, 6], num_cached_tokens=32, logprobs=[lp, lp],
+                      prompt_logprobs=[lp]),
+        RequestOutput("stopped", new_token_ids=[2], finish_reason=FinishReason.STOP, stop_token_id=2),
+        RequestOutput("refused", finish_reason=FinishReason.ERROR, error="too busy",
+                      error_code=ErrorCode.RESOURCE_EXHAUSTED, retry_after_ms=250),
+    ]
+    for out in outputs:
+        msg = scheduler_pb2.RequestOutput.FromString(wire.request_output_to_pb(out).SerializeToString())
+        back = wire.request_output_from_pb(msg)
+        assert back == out and type(back.finish_reason) is FinishReason and type(back.error_code) is ErrorCode
+    newer = scheduler_pb2.RequestOutput(request_id="x", finish_reason=4, error_code=99)
+    assert wire.request_output_from_pb(newer).error_code is ErrorCode.INTERNAL
+    with pytest.raises(ValueError):
+        wire.request_output_from_pb(scheduler_pb2.RequestOutput(request_id="x", finish_reason=42))

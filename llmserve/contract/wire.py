@@ -209,28 +209,37 @@ def request_output_to_pb(out: RequestOutput) -> scheduler_pb2.RequestOutput:
     return msg
 
 
+# Enum members by value: looked up, not constructed (an enum call costs about a
+# microsecond, and the router reads one output per running sample per step).
+_FINISH_REASONS = {reason.value: reason for reason in FinishReason}
+_ERROR_CODES = {code.value: code for code in ErrorCode}
+
+
 def request_output_from_pb(msg: scheduler_pb2.RequestOutput) -> RequestOutput:
+    # NOTE: the common output is one token, nothing else: the repeated fields are
+    # converted only when they hold something.
+    logprobs, prompt_logprobs = msg.logprobs, msg.prompt_logprobs
     return RequestOutput(
         request_id=msg.request_id,
         index=msg.index,
         new_token_ids=list(msg.new_token_ids),
-        logprobs=[logprobs_from_pb(lp) for lp in msg.logprobs],
-        finish_reason=FinishReason(msg.finish_reason),
+        logprobs=[logprobs_from_pb(lp) for lp in logprobs] if logprobs else [],
+        finish_reason=_finish_reason(msg.finish_reason),
         num_cached_tokens=msg.num_cached_tokens,
         error=msg.error,
         stop_token_id=msg.stop_token_id,
-        error_code=_error_code(msg.error_code),
+        # An unknown code (a newer scheduler's) reads as INTERNAL, never as a crash.
+        error_code=_ERROR_CODES.get(msg.error_code, ErrorCode.INTERNAL),
         retry_after_ms=msg.retry_after_ms,
-        prompt_logprobs=[logprobs_from_pb(lp) for lp in msg.prompt_logprobs],
+        prompt_logprobs=[logprobs_from_pb(lp) for lp in prompt_logprobs] if prompt_logprobs else [],
     )
 
 
-def _error_code(value: int) -> ErrorCode:
-    """An unknown code (a newer scheduler's) reads as INTERNAL, never as a crash."""
+def _finish_reason(value: int) -> FinishReason:
     try:
-        return ErrorCode(value)
-    except ValueError:
-        return ErrorCode.INTERNAL
+        return _FINISH_REASONS[value]
+    except KeyError:
+        return FinishReason(value)  # ValueError, as before: not a reason this router knows
 
 
 def scheduler_stats_to_pb(s, worker_ready: bool) -> scheduler_pb2.SchedulerStats:

@@ -25,7 +25,7 @@ from llmserve.bench.ceiling import offline_ceiling
 from llmserve.bench.clock import now
 from llmserve.bench.flops import measure_peak_and_bandwidth
 from llmserve.bench.report import machine_info, model_label, write_json
-from llmserve.bench.step_records import _PlanTap
+from llmserve.bench.step_records import PlanTap
 from llmserve.bench.workloads import BenchRequest, random_workload
 from llmserve.contract.sampling import SamplingParams
 from llmserve.launcher.engine import InProcessEngine
@@ -58,7 +58,7 @@ def run_once(runner, scheduling, requests: list[BenchRequest], temperature: floa
     """Every request at once through a fresh scheduler on `runner`, timed to the last token;
     with where the time went: each engine step's wall time, charged to the plan whose
     result it read back (pipelined, the one launched before), by kind of plan."""
-    tap = _PlanTap(runner)
+    tap = PlanTap(runner)
     engine = InProcessEngine(tap, scheduling)
     for i, r in enumerate(requests):
         engine.add_request(f"r{i}", r.prompt_token_ids, SamplingParams(max_tokens=r.output_len,

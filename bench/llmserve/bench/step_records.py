@@ -37,7 +37,7 @@ class StepRecord:
     kv_tokens_read: int = 0  # Cached tokens attention read (context of every scheduled row).
 
 
-class _PlanTap:
+class PlanTap:
     """A model runner that remembers the last plan whose result was read (executed, or
     launched and finished: the pipelined engine's step reads back at most one) and that
     result; every other attribute is the wrapped runner's."""
@@ -64,7 +64,7 @@ class RecordingEngine(InProcessEngine):
     """InProcessEngine recording a StepRecord per step it runs (in `steps`)."""
 
     def __init__(self, runner, config: SchedulerConfig = SchedulerConfig()):
-        super().__init__(runner if isinstance(runner, _PlanTap) else _PlanTap(runner), config)
+        super().__init__(runner if isinstance(runner, PlanTap) else PlanTap(runner), config)
         self.steps: list[StepRecord] = []
 
     def step(self) -> list[RequestOutput]:
