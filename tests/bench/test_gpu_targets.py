@@ -118,6 +118,11 @@ def test_decode_floor_times_each_batch_against_its_floor(tiny_model):
         assert row["mean_context"] == 16 + WARMUP_STEPS + 1
         assert row["tok_per_s"] == pytest.approx(batch * 1000 / row["step_ms"])
         assert row["share_of_floor"] == pytest.approx(row["floor_ms"] / row["step_ms"])
+    assert result["loop"] == "serial" and all("serial_step_ms" not in row for row in result["batches"].values())
+    # The pipelined loop (CUDA's, by device), with the serial loop's step timed beside it.
+    piped = measure_decode_floor(tiny_model["dir"], RunnerConfig(device="cpu", dtype="float32"), [2], context=16,
+                                 steps=2, calibrate_s=0.05, pipelined=True)
+    assert piped["loop"] == "pipelined" and piped["batches"][2]["serial_step_ms"] > 0
 
 
 @pytest.mark.slow

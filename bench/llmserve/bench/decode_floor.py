@@ -58,8 +58,9 @@ def mean_step(runner, batch: int, context: int, steps: int,
 
 
 def measure_decode_floor(model_dir, base, batches: list[int], context: int, steps: int,
-                         calibrate_s: float = 1.0) -> dict:
-    """Per batch size: the median step, tok/s, the floor and floor / step."""
+                         calibrate_s: float = 1.0, pipelined: bool | None = None) -> dict:
+    """Per batch size: the mean step, tok/s, the floor and floor / step; and the serial
+    loop's step where the loop (`pipelined`; None: as served) is pipelined."""
     from llmserve.worker.model_runner import ModelRunner
 
     largest = max(batches)
@@ -70,17 +71,17 @@ def measure_decode_floor(model_dir, base, batches: list[int], context: int, step
     # NOTE: measured beside the model and its cache, as they will run: a few GiB spare.
     peak, bandwidth = measure_peak_and_bandwidth(runner.dtype, runner.device, calibrate_s)
     rows = {}
-    pipelined = False
+    ran_pipelined = False
     for batch in batches:
-        step, mean_context, pipelined = mean_step(runner, batch, context, steps)
+        step, mean_context, ran_pipelined = mean_step(runner, batch, context, steps, pipelined)
         floor = decode_floor(runner.config, runner.dtype, batch, round(mean_context), peak, bandwidth)
         rows[batch] = {"step_ms": 1000 * step, "tok_per_s": batch / step, "floor_ms": 1000 * floor["seconds"],
                        "bound": floor["bound"], "share_of_floor": floor["seconds"] / step,
                        "mean_context": mean_context}
-        if pipelined:
+        if ran_pipelined:
             rows[batch]["serial_step_ms"] = 1000 * mean_step(runner, batch, context, steps, pipelined=False)[0]
     return {"device": str(runner.device), "dtype": str(runner.dtype).removeprefix("torch."),
-            "uses_graphs": runner.graphs is not None, "loop": "pipelined" if pipelined else "serial",
+            "uses_graphs": runner.graphs is not None, "loop": "pipelined" if ran_pipelined else "serial",
             "context": context, "steps": steps,
             "matmul_peak_gflop_per_s": peak / 1e9, "memory_bandwidth_gb_per_s": bandwidth / 1e9,
             "formula": DECODE_FORMULA, "batches": rows}
@@ -105,7 +106,7 @@ def bench_decode_floor(args) -> int:
 
     model_dir = resolve_model_dir(args.model)
     result = measure_decode_floor(model_dir, args.engine.worker.runner, sorted(set(args.batch)), args.context,
-                                  args.steps, args.calibrate_s)
+                                  args.steps, args.calibrate_s, args.engine.scheduling.async_scheduling)
     model = model_label(model_dir)
     print_table(result, model)
     report = {"kind": "decode-floor", "model": model, "machine": machine_info(),
