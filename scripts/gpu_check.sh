@@ -10,10 +10,10 @@
 #     ceiling from the measured matmul peak and bandwidth (target: >= 50%),
 #   - decode-floor-1b: decode at batch 1 / 8 / 64 / 256, context 1,024, against the
 #     bandwidth floor (target at batch 1: >= 60%),
-#   - loops: the serial vs the pipelined engine loop through a local cluster, batch 64
-#     (target: pipelined >= 1.3x),
 #   - a random Llama-3.1-8B-shaped model (16 GB in bf16) and offline-8b (target: >= 50%),
 #   - the GPU tests (pytest -m gpu), decode-floor-8b,
+#   - loops: the serial vs the pipelined engine loop through a local cluster, batch 64
+#     (target: pipelined >= 1.3x),
 #   - the KV cache the worker sizes vs what fits after start-up (target: within 5%),
 #   - decode tok/s with CUDA graphs vs --enforce-eager at batch 1, 2, 4, 8 (target: >= 1.5x),
 #     and a mixed step, a 256-token prefill + 63 decodes, piecewise graphs vs eager (target:
@@ -31,8 +31,8 @@
 # --quick: fewer decode steps, one throughput round, 256 prompts for the 8B model.
 # --budget S: seconds for the whole run (540); the summary always comes last.
 # --only STEP,...: those steps alone (a random model they need is made when missing), e.g.
-# --only offline-1b,loops; steps: verify gpu-tests make-model offline-1b decode-floor-1b
-# loops make-model-8b offline-8b decode-floor-8b kv-sizing decode throughput profile.
+# --only offline-1b,loops; steps: verify make-model offline-1b decode-floor-1b make-model-8b
+# offline-8b gpu-tests decode-floor-8b loops kv-sizing decode throughput profile.
 # --device cpu (or LLMSERVE_GPU_CHECK_DEVICE=cpu): a dry run of the same flow on the CPU
 # with tiny models and few prompts (performance targets are then SKIP). Without CUDA and
 # without --device cpu it stops at once with "no CUDA device: ...".
@@ -304,8 +304,6 @@ print("triton", triton.__version__); print("transformers", transformers.__versio
     --output-dir "$RESULTS/offline-1b"
   run_step decode-floor-1b "$(q 120 150)" "${BENCH[@]}" decode-floor "${COMMON[@]}" "${FLOOR[@]}" \
     --output-dir "$RESULTS/decode-floor-1b"
-  run_step loops "$(q 180 240)" "${BENCH[@]}" loops "${COMMON[@]}" "${LOOPS[@]}" --log-dir "$RESULTS/logs/loops" \
-    --output-dir "$RESULTS/loops"
   make_model make-model-8b "$MODEL_8B" "$PRESET_8B" 240 random-model-8b.json
   run_step offline-8b "$(q 200 360)" "${BENCH[@]}" offline "${COMMON_8B[@]}" "${OFFLINE_8B[@]}" \
     --output-dir "$RESULTS/offline-8b"
@@ -315,6 +313,9 @@ print("triton", triton.__version__); print("transformers", transformers.__versio
     "$PY" -m pytest -m gpu -q -rfE --durations=15 -p no:cacheprovider --ignore=tests/ops tests/ --junitxml "$RESULTS/gpu-tests.xml"
   run_step decode-floor-8b "$(q 120 150)" "${BENCH[@]}" decode-floor "${COMMON_8B[@]}" "${FLOOR[@]}" \
     --output-dir "$RESULTS/decode-floor-8b"
+  # (After the 8B figures: the first H100 run measured it, 1.90x on 2026-11-28.)
+  run_step loops "$(q 180 240)" "${BENCH[@]}" loops "${COMMON[@]}" "${LOOPS[@]}" --log-dir "$RESULTS/logs/loops" \
+    --output-dir "$RESULTS/loops"
   # ${KV[@]+...}: an empty array under `set -u` on bash before 4.4.
   run_step kv-sizing 300 "${BENCH[@]}" kv-sizing "${COMMON[@]}" ${KV[@]+"${KV[@]}"} --output-dir "$RESULTS/kv-sizing"
   run_step decode 300 "${BENCH[@]}" decode "${COMMON[@]}" "${DECODE[@]}" --output-dir "$RESULTS/decode"
