@@ -259,6 +259,7 @@ def decode_floor_rows(results: Path, steps: dict, step: str) -> list[Row]:
     if report is None:
         return [_missing(check, step, steps)]
     where = f"{report['model']}, context {report['context']}"
+
     def cell(r: dict) -> str:
         serial = f" (serial loop {r['serial_step_ms']:.3f} ms)" if "serial_step_ms" in r else ""
         return f"{r['step_ms']:.3f} ms vs {r['floor_ms']:.3f} = {100 * r['share_of_floor']:.1f}%{serial}"

@@ -1,6 +1,7 @@
-"""`llmserve bench overhead`'s second table: the in-process engine (launcher/engine.py, what
-`bench offline` and `bench decode-floor` drive) over the same simulated device, its serial
-loop against its pipelined one, no process or network in between.
+"""`llmserve bench overhead`'s third table (after the cluster's phases and its processes'
+CPU): the in-process engine (launcher/engine.py, what `bench offline` and `bench
+decode-floor` drive) over the same simulated device, its serial loop against its
+pipelined one, no process or network in between.
 
 Per decode batch B: B requests of `prompt_len` random tokens, prefilled, then `steps`
 whole engine steps timed after a few untimed ones (the simulated device runs each step
@@ -11,6 +12,7 @@ simulated worker's function.
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 
@@ -64,8 +66,6 @@ def measure(model_dir: Path, step_ms: float, batch: int, pipelined: bool, prompt
 def run(model_dir: Path, step_ms: float, batches: list[int], prompt_len: int, steps: int, model: dict,
         seed: int) -> list[dict]:
     """Each batch size, the serial loop then the pipelined one."""
-    import random
-
     rng = random.Random(seed)
     results = []
     for batch in batches:
