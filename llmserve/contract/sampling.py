@@ -100,7 +100,13 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     @property
+    def matches_bad_word_prefixes(self) -> bool:
+        """Whether a bad word has more than one token (its prefix is matched against the
+        output's last tokens)."""
+        return any(len(seq) > 1 for seq in self.bad_words_token_ids)
+
+    @property
     def needs_history(self) -> bool:
         """Whether the sampler reads the row's token history: a penalty, or a bad word of
-        more than one token (its prefix is matched against the output's last tokens)."""
-        return self.penalized or any(len(seq) > 1 for seq in self.bad_words_token_ids)
+        more than one token."""
+        return self.penalized or self.matches_bad_word_prefixes

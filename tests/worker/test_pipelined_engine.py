@@ -1,7 +1,7 @@
 """The in-process engine's pipelined loop (InProcessEngine with async_scheduling: plan and
 launch N+1, then read N back) against its serial loop, on a tiny random Llama on the CPU:
 seeded random workloads (greedy and seeded sampling, n = 2, logprobs, stop tokens,
-repetition penalties, shared prefixes, chunked prefill, a KV pool small enough to
+penalties, shared prefixes, chunked prefill, a KV pool small enough to
 preempt) give every sample the same tokens, logprobs and finish, the pipelined loop
 launches plans while another is in flight, and every block is free at the end.
 
@@ -31,8 +31,9 @@ def _sampling(rng: random.Random) -> SamplingParams:
     if kind == "seeded":
         return SamplingParams(max_tokens=max_tokens, temperature=1.0, top_p=0.9, top_k=40, seed=rng.randint(0, 99),
                               ignore_eos=True)
-    if kind == "penalized":  # its history is read on the host: the runner reads the step in flight back first
-        return SamplingParams(max_tokens=max_tokens, temperature=0.0, repetition_penalty=1.3, ignore_eos=True)
+    if kind == "penalized":  # its id in flight is penalized on the device (sampler.InFlightIds)
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.4,
+                              presence_penalty=0.2, ignore_eos=True)
     if kind == "logprobs":
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=2, ignore_eos=True)
     # Stop tokens that a random model's greedy output does reach: many of the vocabulary.

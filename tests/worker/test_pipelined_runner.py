@@ -147,22 +147,25 @@ def test_the_next_step_reads_the_placeholder_on_the_device(runners):
     assert state.token_ids == PROMPTS["a"] + [got[0][0][1], got[1][0][1]]
 
 
-def test_a_penalized_row_reads_the_step_in_flight_back_first(runners):
+def test_a_penalized_row_goes_ahead_its_id_in_flight_penalized_on_the_device(runners):
     serial, pipelined = runners()
     p = AheadPlanner()
     p.add("a", PROMPTS["a"])
-    p.add("r", PROMPTS["b"], SamplingParams(temperature=0.0, repetition_penalty=1.8, frequency_penalty=0.5))
+    # A +20 bias makes greedy take id 5 at every step; presence 50 forbids it once it is
+    # an output: the step after it has 5 only in flight (a penalty that skipped that id
+    # would take 5 again at once). Repetition and frequency beside it.
+    p.add("r", PROMPTS["b"], SamplingParams(temperature=0.0, logit_bias=((5, 20.0),), repetition_penalty=1.8,
+                                            frequency_penalty=0.5, presence_penalty=50.0))
     p.plan({"a": None})
     p.plan({"a": 1, "r": None})
-    for _ in range(6):
+    for _ in range(10):
         p.plan({"a": 1, "r": 1})
     expected = [tokens(serial.execute(plan)) for plan in p.plans]
     results, ahead = run_pipelined(pipelined, p.plans)
     assert [tokens(r) for r in results] == expected
-    # Every plan with the penalized row read the step before back first (its penalties read r's history).
-    assert ahead == [False] * (len(p.plans) - 1)
-    second = pipelined.launch(StepPlan(99, finished_seq_ids=[1, 2]))  # (drops both: nothing left to run)
-    assert pipelined.finish(second).sampled == []
+    assert ahead == [True] * (len(p.plans) - 1)  # Never read back first for the penalties.
+    outputs = [tok for r in results for sid, tok in tokens(r) if sid == 2]
+    assert len(outputs) == 11 and outputs[0] == 5 and len(set(outputs)) == len(outputs)
 
 
 def test_a_row_with_a_multi_token_bad_word_reads_the_step_in_flight_back_first(runners):
@@ -187,7 +190,8 @@ def test_must_finish_first_names_each_reason():
     states = {1: plain, 2: penalized}
     decode = StepPlan(1, cached_requests=[CachedRequestData(1, [], 3, 1)])
     assert not must_finish_first(in_flight, decode, states)
-    assert must_finish_first(in_flight, StepPlan(1, cached_requests=[CachedRequestData(2, [], 3, 1)]), states)
+    # A penalized row reads its id in flight on the device (sampler.InFlightIds).
+    assert not must_finish_first(in_flight, StepPlan(1, cached_requests=[CachedRequestData(2, [], 3, 1)]), states)
     assert must_finish_first(in_flight, StepPlan(1, cached_requests=[CachedRequestData(1, [], 3, 1)],
                                                  num_steps=4), states)
     assert must_finish_first(in_flight, StepPlan(1, cached_requests=[CachedRequestData(1, [], 3, 3, [7, 8])]),

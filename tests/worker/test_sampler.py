@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from llmserve.contract.sampling import SamplingParams as P
-from llmserve.worker.sampler import Sampler, SamplingRows, _greedy_as_is, adjusted_logits
+from llmserve.worker.sampler import InFlightIds, Sampler, SamplingRows, _greedy_as_is, adjusted_logits
 
 
 def _sample(sampler: Sampler, logits, params, output_indices) -> tuple[list[int], list]:
@@ -127,6 +127,30 @@ def test_adjusted_logits_match_the_definitions_exactly():
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
     assert torch.equal(got[0], lg[0])  # A row using none of them is untouched...
     assert got[5, 2] == got[5, 11] == float("-inf") and torch.equal(got[6], lg[6])  # ...and past min_tokens.
+
+
+def test_an_id_in_flight_is_penalized_as_the_same_id_read_back():
+    # Each row's last id is a placeholder of the step in flight (its id on the "device",
+    # at a shuffled index): the logits equal those of the read-back history bit for bit.
+    # Cases: the id in flight repeats an output (its count goes up: row 3), is in the
+    # prompt only (row 2), is new (row 4), is the row's only output (row 6 has none else).
+    params = MIXED + [P(temperature=0.0, frequency_penalty=0.5, presence_penalty=0.25, repetition_penalty=1.3)]
+    histories = HISTORIES + [[7, 8, 9]]
+    prompt_lens = PROMPT_LENS + [2]
+    output_index = OUTPUT_INDEX + [1]
+    lg = _logits(rows=len(params), vocab=50, seed=5)
+    known = adjusted_logits(lg.clone(), _rows(params, output_index, histories, prompt_lens))
+    penalized = [2, 3, 4, 7]
+    ids_in_flight = torch.tensor([0, histories[4][-1], histories[7][-1], 0, histories[2][-1], histories[3][-1]])
+    at = {2: 4, 3: 5, 4: 1, 7: 2}
+    with_holes = [list(h[:-1]) + [-1] if r in penalized else h for r, h in enumerate(histories)]
+    holes = {r: (len(histories[r]) - 1, at[r]) for r in penalized}
+    rows = replace(_rows(params, output_index, with_holes, prompt_lens), in_flight=InFlightIds(ids_in_flight, holes))
+    torch.testing.assert_close(adjusted_logits(lg.clone(), rows), known, rtol=0, atol=0)
+    # The ids in flight are read: other ids there change the penalized rows' logits only.
+    wrong = replace(rows, in_flight=InFlightIds((ids_in_flight + 1) % 50, holes))
+    differs = (adjusted_logits(lg.clone(), wrong) != known).any(dim=1)
+    assert differs[penalized].all() and not differs[[0, 1, 5, 6]].any()
 
 
 def test_no_row_using_them_costs_nothing():

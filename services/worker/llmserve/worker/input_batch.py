@@ -15,7 +15,7 @@ from llmserve.contract.plan import StepPlan
 from llmserve.contract.sampling import SamplingParams
 from llmserve.worker.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from llmserve.worker.block_table import BlockTables
-from llmserve.worker.sampler import SamplingRows, SamplingTable, TokenBitmask
+from llmserve.worker.sampler import InFlightIds, SamplingRows, SamplingTable, TokenBitmask
 from llmserve.worker.structured_output import Grammars, RowGrammar
 
 # A token sampled by a step launched and not read back yet: its id is still on the
@@ -50,9 +50,11 @@ class RequestState:
     # Its placeholder sampled by the last step launched, while that step is not read back
     # (a row the next step schedules takes the id from that step's device tensor).
     placeholder: Placeholder | None = field(default=None, repr=False, compare=False)
-    # Its sampling reads the row's token ids on the host (a penalty, a multi-token bad word,
-    # a grammar): decided once at arrival, not per step (sampling and grammar never change).
-    reads_host_ids: bool = field(init=False, repr=False, compare=False)
+    # Its sampling needs the row's last token on the host (a multi-token bad word matches
+    # the output's last ids, a grammar advances by it): decided once at arrival, not per
+    # step (sampling and grammar never change). A penalty does not: it reads a placeholder's
+    # id on the device (InFlightIds).
+    needs_last_id_on_host: bool = field(init=False, repr=False, compare=False)
 
     # host_ids' int64 copy of token_ids (capacity grown by doubling) and how many leading
     # ids of it are final (a placeholder's position and after are copied again).
@@ -60,7 +62,7 @@ class RequestState:
     _ids_final: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.reads_host_ids = self.sampling.needs_history or self.grammar is not None
+        self.needs_last_id_on_host = self.sampling.matches_bad_word_prefixes or self.grammar is not None
         self._ids = np.empty(0, dtype=np.int64)
 
     def host_ids(self) -> np.ndarray:
@@ -282,7 +284,7 @@ class InputBatch:
         return StepInputs(input_ids=input_ids, positions=positions, meta=meta,
                           sample_indices=logit_indices[: len(sample_states)], sample_states=sample_states,
                           sample_offsets=[0] * D + rest.sample_offsets, logit_indices=logit_indices,
-                          sampling=self._sampling_rows(sample_states, pos, table_rows[:D], rest),
+                          sampling=self._sampling_rows(sample_states, pos, table_rows[:D], rest, prev_sampled),
                           prompt_rows=rest.prompt_rows)
 
     def _index_tensors(self, plain: list[RequestState], pos: np.ndarray, table_rows: np.ndarray,
@@ -317,12 +319,14 @@ class InputBatch:
         return input_ids, positions, slot_mapping, logit_indices
 
     def _sampling_rows(self, sample_states: list[RequestState], pos: np.ndarray, plain_rows: np.ndarray,
-                       rest: _GeneralRows) -> SamplingRows:
+                       rest: _GeneralRows, prev_sampled: torch.Tensor | None) -> SamplingRows:
         """The sampled rows' settings (the D plain decode rows', then the rest's), gathered
         from the table. NOTE: position j of a row verifying drafts samples as the plain
         decode of its (num_output_tokens + j)-th token would: a seeded request draws the
         same token, and a penalized one (or one with multi-token bad words) sees
-        drafts[:j] as output (the only copy of a history made)."""
+        drafts[:j] as output (the only copy of a history made). A penalized row whose
+        history ends in the step in flight's placeholder has its id read from
+        prev_sampled ([S'] on the device) by the penalties (InFlightIds)."""
         states, offsets = rest.sample_states, rest.sample_offsets
         plain = sample_states[: len(plain_rows)]
         return self.sampling.gather(
@@ -330,7 +334,7 @@ class InputBatch:
             np.concatenate([pos + 1, np.array([len(st.token_ids) + j for st, j in zip(states, offsets)],
                                               dtype=np.int64)]),
             [_history(st) for st in plain] + [_history(st, j) for st, j in zip(states, offsets)],
-            self._token_bitmask(sample_states))
+            self._token_bitmask(sample_states), _in_flight_ids(sample_states, prev_sampled))
 
     def _token_bitmask(self, states: list[RequestState]) -> TokenBitmask | None:
         """The constrained rows' allowed tokens (TokenBitmask: their indices among the S
@@ -349,6 +353,16 @@ def _history(st: RequestState, drafts: int = 0) -> Sequence[int]:
     if not drafts:
         return st.host_ids()
     return np.concatenate([st.host_ids(), np.asarray(st.draft_token_ids[:drafts], dtype=np.int64)])
+
+
+def _in_flight_ids(states: list[RequestState], prev_sampled: torch.Tensor | None) -> InFlightIds | None:
+    """Where the penalized rows' histories end in a placeholder of the step in flight
+    (prev_sampled: its ids [S'] on the device), or None when no row's does."""
+    if prev_sampled is None:
+        return None
+    holes = {i: (ph.position, ph.index) for i, st in enumerate(states)
+             if (ph := st.placeholder) is not None and st.sampling.penalized}
+    return InFlightIds(prev_sampled, holes) if holes else None
 
 
 def _num_plain_decodes(rows: list[tuple[RequestState, int]]) -> int:

@@ -107,7 +107,6 @@ def must_finish_first(in_flight: LaunchedStep, plan: StepPlan, states: dict[int,
                                    (ModelRunner._launch_steps)
       a row carries drafts         a draft row's input is built from token_ids on the host
                                    and its acceptance compares host ids
-      a penalized row              penalties read the row's history (token ids) on the host
       a multi-token bad word       its prefix is matched against the row's last token ids
                                    on the host (one-token bad words read no history)
       a constrained row            its grammar's bitmask needs the matcher advanced by the
@@ -116,17 +115,18 @@ def must_finish_first(in_flight: LaunchedStep, plan: StepPlan, states: dict[int,
     Logprobs are no reason: they are of this step's own logits and ids (the sampler reads
     them back inside the launch, which costs that step's overlap, not exactness); nor are
     prompt logprobs (this step's logits at prompt tokens, never placeholders), seeds and
-    min_tokens (which read counts of tokens, placeholders counted, only).
+    min_tokens (which read counts of tokens, placeholders counted, only), nor penalties
+    (a placeholder in a penalized row's history is read on the device: sampler.InFlightIds).
     """
     if in_flight.result is not None:
         return False  # Read back already.
     if in_flight.verifies_drafts or plan.num_steps > 1:
         return True
     for r in plan.new_requests:
-        if r.draft_token_ids or r.sampling.needs_history or r.sampling.structured_output is not None:
+        if r.draft_token_ids or r.sampling.matches_bad_word_prefixes or r.sampling.structured_output is not None:
             return True
     for c in plan.cached_requests:
         st = states.get(c.seq_id)
-        if c.draft_token_ids or (st is not None and st.reads_host_ids):
+        if c.draft_token_ids or (st is not None and st.needs_last_id_on_host):
             return True
     return False

@@ -64,6 +64,18 @@ class TokenBitmask:
 
 
 @dataclass(frozen=True)
+class InFlightIds:
+    """The ids a pipelined loop's step in flight sampled, where a penalized row's history
+    ends in one of them (its placeholder: the id is on the device, not yet on the host).
+    The penalties read it there, so such a row need not wait for the step's read back."""
+
+    ids: torch.Tensor  # [S'] long on the device: the step in flight's sampled ids
+    # row (its index in the step's S sampled rows) -> (the placeholder's position in the
+    # row's history, its index in ids)
+    holes: dict[int, tuple[int, int]]
+
+
+@dataclass(frozen=True)
 class SamplingRows:
     """One step's sampled rows' settings, as the sampler reads them: gathered from the
     worker's SamplingTable (InputBatch.build_inputs), or built by `from_params`. A
@@ -72,7 +84,7 @@ class SamplingRows:
     logits' device."""
 
     ROW_STATE: ClassVar[frozenset[str]] = frozenset({"output_index", "token_ids", "num_prompt_tokens",
-                                                     "token_bitmask"})
+                                                     "token_bitmask", "in_flight"})
 
     temperature: torch.Tensor  # [S] float32; <= _GREEDY_EPS: greedy
     top_p: torch.Tensor  # [S] float32; 1: off
@@ -97,6 +109,8 @@ class SamplingRows:
     # The constrained rows' allowed ids (structured output: their grammar matchers',
     # worker/structured_output.py); None: no row is constrained.
     token_bitmask: TokenBitmask | None = None
+    # Penalized rows whose history ends in the step in flight's placeholder (None: no row).
+    in_flight: InFlightIds | None = None
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams], output_index: Sequence[int],
@@ -119,7 +133,7 @@ class SamplingRows:
         index = torch.tensor(rows, dtype=torch.long)
         picked = {}
         for f in fields(self):
-            if f.name == "token_bitmask":  # Applied before rows are selected.
+            if f.name in ("token_bitmask", "in_flight"):  # Applied before rows are selected.
                 continue
             column = getattr(self, f.name)
             picked[f.name] = column[index] if isinstance(column, torch.Tensor) else [column[i] for i in rows]
@@ -163,12 +177,13 @@ class SamplingTable:
             self._objects[i, row] = getattr(params, name)  # (one element: a tuple is stored as it is)
 
     def gather(self, rows: Sequence[int], num_known: np.ndarray, token_ids: Sequence[Sequence[int]] | None = None,
-               token_bitmask: TokenBitmask | None = None) -> SamplingRows:
+               token_bitmask: TokenBitmask | None = None, in_flight: InFlightIds | None = None) -> SamplingRows:
         """SamplingRows of these rows, in this order (a row may repeat: a row verifying
         drafts samples at each). num_known: [S] int64, the tokens before each sample
         (prompt, outputs, and a draft row's drafts before it); token_ids: each sample's
         history, read by the sampler for the rows with a penalty or a multi-token bad
-        word (None: no row reads it)."""
+        word (None: no row reads it); in_flight: where a penalized row's history ends in
+        a placeholder."""
         index = np.asarray(rows, dtype=np.int64)  # [S]
         floats = torch.from_numpy(self._floats[:, index])  # [6, S]: each column a contiguous row of it
         longs = self._longs[:, index]  # [3, S]
@@ -178,7 +193,7 @@ class SamplingTable:
             **dict(zip(self.OBJECTS, self._objects[:, index].tolist())),
             output_index=(num_known - prompt).tolist(),
             token_ids=list(token_ids) if token_ids is not None else [()] * len(index),
-            num_prompt_tokens=prompt.tolist(), token_bitmask=token_bitmask)
+            num_prompt_tokens=prompt.tolist(), token_bitmask=token_bitmask, in_flight=in_flight)
 
     def _grow(self) -> None:
         self._floats, self._longs, self._objects = (np.concatenate([t, np.full_like(t, fill)], axis=1) for t, fill in
@@ -399,41 +414,101 @@ def _apply_penalties(flat_logits: torch.Tensor, V: int, rows: SamplingRows, pena
     """In place on a [S, V] tensor's flat view, at the (row, id) entries of the
     `penalized` rows' histories only: repetition where an id is in the prompt or the
     output, then frequency and presence where it is in the output (each distinct output
-    id once, with its count), as the module's docstring defines them. For repetition an
-    id seen twice is written twice, with the same value (from the logit before).
+    id with its count), as the module's docstring defines them. An entry written twice
+    is written with the same value (computed from the logits before the write).
+
+    A history may end in a placeholder (rows.in_flight: a pipelined loop's step in flight
+    sampled that id, still on the device): that entry is read there, and joins the host's
+    entries so that every logit gets the value a read-back history would give it, bit for
+    bit (the same counts, the same float32 operations), without waiting for the step.
 
     NOTE: the entries' indices are built on the host with numpy (from the rows' int64
     histories, RequestState.host_ids), and the logits are read and written with
     index_select / index_copy_, not advanced indexing (`t[index]`: ~7.7 ms a gather of
-    131k entries on the CPU, against ~0.6). On the 2-core Intel Xeon (AMX host), 64 rows
-    x 2,048 ids: repetition 9.4 -> 4.9 ms a step, frequency + presence 16.3 -> 8.1;
-    256 x 1,024: 19.5 -> 11.8 and 43.7 -> 16.6 (the same logits, bit for bit)."""
+    131k entries on the CPU, against ~0.6). The distinct output ids are counted by a host
+    sort (np.unique: 1-6 ms at 64 x 2,048 or 256 x 1,024 ids, where torch's sort and
+    searchsorted took 16-53 ms on the 2-core Intel Xeon, AMX host)."""
     dev = flat_logits.device
+    known, holes = _known_history(rows, penalized)
     # [N] ids: a row's history is an int64 array where InputBatch keeps one (RequestState.host_ids).
-    history = [np.asarray(rows.token_ids[i], dtype=np.int64) for i in penalized]
-    lengths = np.array([len(h) for h in history], dtype=np.int64)  # [P]
-    ids = np.concatenate(history) if history else np.zeros(0, np.int64)
+    lengths = np.array([len(h) for h in known], dtype=np.int64)  # [P]
+    ids = np.concatenate(known) if known else np.zeros(0, np.int64)
     rows_of = np.asarray(penalized, dtype=np.int64)  # [P]: each penalized row's row in [S]
     local_row = np.repeat(np.arange(len(penalized)), lengths)  # [N]: the entry's row in [P]
     row = rows_of[local_row]  # [N]: its row in [S]
     # An entry is an output token where its position in the row is past the prompt.
     output_start = np.cumsum(lengths) - lengths + np.array([rows.num_prompt_tokens[i] for i in penalized], np.int64)
     output = np.flatnonzero(np.arange(len(ids)) >= output_start[local_row])  # [O] entry indices
+    # [H]: each hole's (row in [S], flat index of its id) on the device (an output token)
+    hole_row, hole_flat = _hole_entries(rows.in_flight, holes, V, dev)
     flat = to_device_async(torch.from_numpy(row * V + ids), dev)  # [N]
     rep = rows.repetition_penalty
     if bool((rep[penalized] != 1).any()):
-        seen = flat_logits.index_select(0, flat)
-        factor = to_device_async(rep.index_select(0, torch.from_numpy(row)), dev)  # [N]
-        flat_logits.index_copy_(0, flat, torch.where(seen > 0, seen / factor, seen * factor))
+        entries = torch.cat([flat, hole_flat]) if holes else flat  # [N + H]
+        seen = flat_logits.index_select(0, entries)
+        entry_rows = torch.from_numpy(row)
+        if holes:
+            entry_rows = torch.cat([entry_rows, hole_row])
+        factor = to_device_async(rep.index_select(0, entry_rows), dev)  # [N + H]
+        flat_logits.index_copy_(0, entries, torch.where(seen > 0, seen / factor, seen * factor))
     freq, presence = rows.frequency_penalty, rows.presence_penalty
     if bool((freq[penalized] != 0).any() or (presence[penalized] != 0).any()):
         # Each (row, id) of the outputs once, with its count: a sort on the host, where a
         # [P, V] count (zeroed, scattered into) took 22 ms a step at 256 rows on the CPU.
-        keys, counts = np.unique(local_row[output] * V + ids[output], return_counts=True)  # [U] each
+        keys, counts = np.unique(local_row[output] * V + ids[output], return_counts=True)  # [U] each, sorted
         out_row = torch.from_numpy(rows_of[keys // V])  # [U]: its row in [S]
-        out_flat = to_device_async(out_row * V + torch.from_numpy(keys % V), dev)  # [U]
-        penalty = freq.index_select(0, out_row) * torch.from_numpy(counts).float() + presence.index_select(0, out_row)
-        flat_logits.index_copy_(0, out_flat, flat_logits.index_select(0, out_flat) - to_device_async(penalty, dev))
+        # [U], ascending as keys are: rows_of ascends (penalized lists rows in order)
+        out_flat = to_device_async(out_row * V + torch.from_numpy(keys % V), dev)
+        count = torch.from_numpy(counts).float()
+        if holes:
+            out_row, out_flat, count = _count_holes(out_row, out_flat, count, hole_row, hole_flat, dev)
+        penalty = (to_device_async(freq.index_select(0, out_row), dev) * to_device_async(count, dev)
+                   + to_device_async(presence.index_select(0, out_row), dev))
+        flat_logits.index_copy_(0, out_flat, flat_logits.index_select(0, out_flat) - penalty)
+
+
+def _known_history(rows: SamplingRows, penalized: list[int]) -> tuple[list[np.ndarray], list[int]]:
+    """The penalized rows' histories ([P] int64 arrays) without their placeholder, and
+    the rows (in [S]) that had one (rows.in_flight.holes)."""
+    history = [np.asarray(rows.token_ids[i], dtype=np.int64) for i in penalized]
+    in_flight = rows.in_flight
+    holes = []
+    for k, i in enumerate(penalized):
+        hole = in_flight.holes.get(i) if in_flight is not None else None
+        if hole is not None:
+            h, position = history[k], hole[0]
+            history[k] = h[:position] if position == len(h) - 1 else np.delete(h, position)  # (a view: it is last)
+            holes.append(i)
+    return history, holes
+
+
+def _hole_entries(in_flight: InFlightIds | None, holes: list[int], V: int,
+                  dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """([H] row in [S] on the host, [H] flat index row * V + id on the device) of the
+    holes' ids, gathered on the device from the step in flight's ids."""
+    if not holes:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long, device=dev)
+    hole_row = torch.tensor(holes, dtype=torch.long)
+    src = to_device_async(torch.tensor([in_flight.holes[i][1] for i in holes], dtype=torch.long), in_flight.ids.device)
+    ids = in_flight.ids.index_select(0, src).to(dev)
+    return hole_row, to_device_async(hole_row, dev) * V + ids
+
+
+def _count_holes(out_row: torch.Tensor, out_flat: torch.Tensor, count: torch.Tensor, hole_row: torch.Tensor,
+                 hole_flat: torch.Tensor, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The host's distinct output entries ([U] row on the host, flat index on the device,
+    ascending, count float32 on the host) with the holes' ids counted in, on the device: a
+    hole whose (row, id) is a host entry adds 1 to that entry's count and is written again
+    with it (the same value); any other is an entry of its own with count 1. Returns
+    [U + H] rows (host), flat indices and counts (device), without a read back."""
+    count = to_device_async(count, dev)
+    hole_count = torch.ones(hole_flat.shape, dtype=count.dtype, device=dev)
+    if out_flat.numel():
+        at = torch.searchsorted(out_flat, hole_flat).clamp_(max=out_flat.numel() - 1)  # [H]
+        found = out_flat.index_select(0, at) == hole_flat  # [H]
+        count = count.index_add(0, at, found.float())  # NOTE: one hole a row: at most one add an entry
+        hole_count = torch.where(found, count.index_select(0, at), hole_count)
+    return torch.cat([out_row, hole_row]), torch.cat([out_flat, hole_flat]), torch.cat([count, hole_count])
 
 
 def _raw_logprobs(logits: torch.Tensor, rows: SamplingRows) -> tuple[list[int], torch.Tensor] | None:
