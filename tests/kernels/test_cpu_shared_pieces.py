@@ -69,6 +69,16 @@ def test_bfloat16_products(engine, rows):
     same_on_every_thread_count(lambda: cpu_kernels.bf16_linear(x, packed, engine))
 
 
+@pytest.mark.skipif(not cpu_kernels.f32_tiles_supported(), reason="float32 tiles need AVX-512 F")
+@pytest.mark.parametrize("rows", [1, 40])
+def test_float32_products(rows):
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(2000, 576, generator=gen)  # 42 tiles of 3 blocks, the last partial
+    x = torch.randn(rows, 576, generator=gen)
+    packed = cpu_kernels.f32_pack_weight(w)
+    same_on_every_thread_count(lambda: cpu_kernels.f32_linear(x, packed))
+
+
 @pytest.mark.skipif(not cpu_kernels.w8a8_supported(), reason="W8A8 int8 needs AVX-512 VNNI")
 @pytest.mark.parametrize("engine", ["vnni", "amx"])
 @pytest.mark.parametrize("rows", [1, 40])

@@ -115,7 +115,8 @@ def layout(monkeypatch):
     bfloat16_gemm.cache_clear()
 
 
-FLOAT32_LAYOUTS = ["dense"] + [k for k, ok in (("mkl", mkl_packing_available()),
+FLOAT32_LAYOUTS = ["dense"] + [k for k, ok in (("tiles", tiles_available(torch.float32)),
+                                               ("mkl", mkl_packing_available()),
                                                ("onednn", onednn_packing_available())) if ok]
 BFLOAT16_LAYOUTS = ["dense"] + [k for k, ok in (("tiles", tiles_available()),
                                                 ("onednn", onednn_packing_available())) if ok]

@@ -1,9 +1,11 @@
-"""The float32 CPU weight layout is chosen by timing both libraries once per machine
-and remembering it, not by the CPU's vendor name."""
+"""The float32 CPU weight layout is chosen by timing the layouts once per machine (our
+tiles, MKL's, oneDNN's) and remembering it, not by the CPU's vendor name."""
 
 from __future__ import annotations
 
 import json
+
+import torch
 
 from llmserve.worker.layers import packed_weight
 
@@ -19,9 +21,10 @@ def test_the_faster_layout_is_chosen_and_remembered(tmp_path, monkeypatch):
     assert packed_weight.measured_float32_gemm() == "mkl"
 
 
-def test_the_timing_runs_both_libraries_here():
+def test_the_timing_runs_every_layout_here():
     times = packed_weight._time_float32_gemms()
-    available = {k for k, ok in (("mkl", packed_weight.mkl_packing_available()),
+    available = {k for k, ok in (("tiles", packed_weight.tiles_available(torch.float32)),
+                                 ("mkl", packed_weight.mkl_packing_available()),
                                  ("onednn", packed_weight.onednn_packing_available())) if ok}
     assert set(times) == available and all(t > 0 for t in times.values())
 

@@ -54,18 +54,20 @@ def test_unknown_architecture():
 
 def test_bfloat16_close_to_float32(tiny_llama_dir):
     from llmserve.worker.attention import TorchPagedAttention
-    from llmserve.worker.layers.packed_weight import bfloat16_gemm, float32_gemm
+    from llmserve.worker.layers.packed_weight import bfloat16_gemm, float32_gemm, mkl_packing_available
 
     outs = []
     for dtype in ("float32", "bfloat16"):
         m = load_model(tiny_llama_dir, dtype)
         # On CPU every product runs on a packed weight in the layout timed fastest on this
         # machine, and the layers' dense copies are released. (The tiny head's 300 rows
-        # are no multiple of our bfloat16 kernel's 16-channel blocks: oneDNN takes it.)
+        # are no multiple of our kernels' 16-channel blocks: a library takes it, oneDNN
+        # for bfloat16, MKL where torch has it for float32.)
         kind = {"float32": float32_gemm(), "bfloat16": bfloat16_gemm()}[dtype]
         qkv = m.model.layers[0].self_attn.qkv_proj
         assert qkv.packed.kind == kind
-        assert m.lm_head.w_packed.kind == ("onednn" if kind == "tiles" else kind)
+        library = "mkl" if dtype == "float32" and mkl_packing_available() else "onednn"
+        assert m.lm_head.w_packed.kind == (library if kind == "tiles" else kind)
         assert m.lm_head.w_packed.dtype == qkv.packed.dtype == getattr(torch, dtype)
         assert qkv.weight.numel() == 0 and m.lm_head.w_t.numel() == 0
         cfg = m.config

@@ -35,7 +35,7 @@ _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / "paged_attention_decode.cpp", _CSRC / "elementwise.cpp", _CSRC / "int8_linear.cpp",
             _CSRC / "bf16_linear.cpp", _CSRC / "rotary_kv_write.cpp", _CSRC / "paged_attention_prefill.cpp",
             _CSRC / "argmax_rows.cpp", _CSRC / "decoder_layers.cpp", _CSRC / "amx_bf16.cpp",
-            _CSRC / "amx_int8.cpp"]
+            _CSRC / "amx_int8.cpp", _CSRC / "f32_linear.cpp"]
 
 
 @lru_cache(maxsize=1)
@@ -219,6 +219,22 @@ def bf16_linear(x: torch.Tensor, packed: torch.Tensor, engine: str = "auto") -> 
     engine: "auto" (AMX tiles where usable and K % 32 == 0, else AVX-512 BF16 registers),
     or "avx512" / "amx" by name (benchmarks, tests)."""
     return torch.ops.llmserve_cpu.bf16_linear(x, packed, BF16_ENGINES[engine])
+
+
+def f32_tiles_supported() -> bool:
+    """True when the kernels were built with AVX-512 F, which f32_linear needs."""
+    return load() and bool(torch.ops.llmserve_cpu.f32_tiles_supported())
+
+
+def f32_pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """w [N, K] float32 (N % 16 == 0) -> [N/16, K, 16] float32."""
+    return torch.ops.llmserve_cpu.f32_pack_weight(w)
+
+
+def f32_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 @ W.T for W packed by f32_pack_weight -> y [M, N] float32, each
+    output summed over k in order (a row's result does not depend on the other rows)."""
+    return torch.ops.llmserve_cpu.f32_linear(x, packed)
 
 
 def decoder_layers(hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,

@@ -18,8 +18,8 @@
 //   hidden, residual = add_rms_norm(o_proj(o), residual)
 //   hidden = down_proj(silu_and_mul(gate_up_proj(hidden)))
 // Projection i (qkv, o, gate_up, down of each layer) multiplies as kinds[i] says:
-//   0 W8A8 int8 (weights: w8a8_pack_weight's, extras: w_scale), 1 bfloat16 tiles
-//   (bf16_pack_weight's), 2 oneDNN's packed layout, 3 MKL's packed sgemm (extras: the
+//   0 W8A8 int8 (weights: w8a8_pack_weight's, extras: w_scale), 1 our tiles
+//   (bf16_pack_weight's or f32_pack_weight's, by the activations' dtype), 2 oneDNN's packed layout, 3 MKL's packed sgemm (extras: the
 //   [out, in] stand-in _mkl_linear takes), 4 dense [out, in] (aten::linear). biases: empty
 //   for none; added as linear.py does (inside the product for the column-parallel qkv and
 //   gate_up, after it for o and down).
@@ -39,7 +39,7 @@
 
 namespace {
 
-enum ProjectionKind : int64_t { kW8A8 = 0, kBf16Tiles = 1, kOneDnn = 2, kMkl = 3, kDense = 4 };
+enum ProjectionKind : int64_t { kW8A8 = 0, kTiles = 1, kOneDnn = 2, kMkl = 3, kDense = 4 };
 
 // Our ops, found once by name (their files register them; their functions are private to
 // those files).
@@ -71,6 +71,8 @@ struct Ops {
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>();
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)> bf16_linear =
       find("llmserve_cpu::bf16_linear").typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>();
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&)> f32_linear =
+      find("llmserve_cpu::f32_linear").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
 
   static c10::OperatorHandle find(const char* name) {
     return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
@@ -110,8 +112,8 @@ at::Tensor project(const at::Tensor& x, int64_t kind, const at::Tensor& w, const
     case kW8A8:
       y = ops().w8a8_linear.call(x, w, extra, 0);
       break;
-    case kBf16Tiles:
-      y = ops().bf16_linear.call(x, w, 0);
+    case kTiles:
+      y = x.scalar_type() == at::kFloat ? ops().f32_linear.call(x, w) : ops().bf16_linear.call(x, w, 0);
       break;
     case kOneDnn:
     case kMkl: {

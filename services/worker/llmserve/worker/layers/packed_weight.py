@@ -2,13 +2,17 @@
 them fastest, then held only in that layout (the dense copy is released).
 
   float32:  MKL's packed-GEMM format (cblas_sgemm_pack / sgemm_compute, through
-            torch's `mkl::_mkl_linear`) or oneDNN's blocked layout, whichever multiplies
-            decode-sized products faster on this machine: timed once per machine (CPU
-            flags, torch version, our kernels' sources) and kept in the cache directory,
-            so every process of a machine uses the same one. (MKL wins on the Intel
-            Xeons measured so far, oneDNN on the AMD EPYCs, where MKL takes slower
-            kernels; a rule by vendor name would break on the next CPU that differs.)
-            LLMSERVE_CPU_FP32_GEMM = mkl | onednn | dense overrides the choice.
+            torch's `mkl::_mkl_linear`), oneDNN's blocked layout, or, where the CPU
+            kernels were built with AVX-512, the 16-channel blocks of our kernel
+            (llmserve_cpu::f32_linear, the bfloat16 kernel's register tiles with FMAs),
+            whichever multiplies decode-sized products fastest on this machine: timed
+            once per machine (CPU flags, torch version, our kernels' sources) and kept in
+            the cache directory, so every process of a machine uses the same one. (Of
+            the two libraries MKL won on the Intel Xeons measured so far, oneDNN on the
+            AMD EPYCs, where MKL takes slower kernels; a rule by vendor name would break
+            on the next CPU that differs.) LLMSERVE_CPU_FP32_GEMM = tiles | mkl | onednn |
+            dense overrides the choice. A shape our kernel cannot take (out % 16) keeps
+            a library's layout.
   bfloat16: oneDNN's blocked layout (the reorder torch's own compiler applies to frozen
             linears), or, where the CPU kernels were built with AVX-512 BF16, the
             16-channel blocks of our kernel (llmserve_cpu::bf16_linear: on AMX tiles
@@ -61,20 +65,22 @@ def mkl_packing_available() -> bool:
 
 
 FLOAT32_GEMM_ENV = "LLMSERVE_CPU_FP32_GEMM"
-FLOAT32_GEMMS = ("auto", "mkl", "onednn", "dense")
+FLOAT32_GEMMS = ("auto", "tiles", "mkl", "onednn", "dense")
 BFLOAT16_GEMM_ENV = "LLMSERVE_CPU_BF16_GEMM"
 BFLOAT16_GEMMS = ("auto", "tiles", "onednn", "dense")
-TILE_BLOCK = 16  # output channels per block of our bfloat16 layout (gemm_tiles.h)
+TILE_BLOCK = 16  # output channels per block of our bfloat16 and float32 layouts (gemm_tiles.h)
 
 
-def tiles_available() -> bool:
-    """True when our bfloat16 GEMM kernel was built for this CPU (AVX-512 BF16; AMX-BF16
-    as well where the CPU has it)."""
+def tiles_available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """True when our GEMM kernel for `dtype` was built for this CPU: bfloat16 needs
+    AVX-512 BF16 (and multiplies on AMX-BF16 where the CPU has it), float32 AVX-512 F."""
+    if dtype == torch.float32:
+        return cpu_kernels.f32_tiles_supported()
     return cpu_kernels.bf16_tiles_supported()
 
 
-def tiles_fit(out_features: int, in_features: int) -> bool:
-    return out_features % TILE_BLOCK == 0 and in_features % 2 == 0
+def tiles_fit(out_features: int, in_features: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+    return out_features % TILE_BLOCK == 0 and (dtype == torch.float32 or in_features % 2 == 0)
 
 
 # Decode-shaped products the choice is timed on: rows x [out, in] (a 0.5B-1B model's
@@ -135,7 +141,8 @@ def _time_layouts(dtype: torch.dtype, available: dict[str, Callable[[], bool]]) 
 
 
 def _time_float32_gemms() -> dict[str, float]:
-    return _time_layouts(torch.float32, {"mkl": mkl_packing_available, "onednn": onednn_packing_available})
+    return _time_layouts(torch.float32, {"tiles": functools.partial(tiles_available, torch.float32),
+                                         "mkl": mkl_packing_available, "onednn": onednn_packing_available})
 
 
 def _time_bfloat16_gemms() -> dict[str, float]:
@@ -193,21 +200,24 @@ def _layout_setting(env: str, choices: tuple[str, ...]) -> str:
 
 
 def measured_float32_gemm() -> str:
-    """The faster packed float32 layout on this machine: "mkl", "onednn" ("dense" if this
-    torch packs neither)."""
+    """The fastest packed float32 layout on this machine: "tiles", "mkl", "onednn"
+    ("dense" if none can be packed here)."""
     return _measured_layout("float32-gemm", lambda: _time_float32_gemms())
 
 
 @functools.lru_cache(maxsize=None)
 def float32_gemm() -> str:
-    """Which layout float32 CPU weights take: "mkl", "onednn" or "dense" (see above).
+    """Which layout float32 CPU weights take: "tiles", "mkl", "onednn" or "dense" (see
+    above).
 
-    NOTE: timed once per machine and remembered, not per process: the two libraries sum
-    in different orders, and a choice that flipped between processes on a noisy host
-    could flip a greedy near-tie between an engine and its own cluster."""
+    NOTE: timed once per machine and remembered, not per process: the layouts sum in
+    different orders, and a choice that flipped between processes on a noisy host could
+    flip a greedy near-tie between an engine and its own cluster."""
     choice = _layout_setting(FLOAT32_GEMM_ENV, FLOAT32_GEMMS)
     if choice == "auto":
         choice = measured_float32_gemm()
+    if choice == "tiles" and not tiles_available(torch.float32):
+        choice = "mkl"
     if choice == "mkl" and not mkl_packing_available():
         choice = "onednn"
     if choice == "onednn" and not onednn_packing_available():
@@ -263,7 +273,8 @@ class PackedWeight:
 
     def __init__(self, kind: str, packed: torch.Tensor, out_features: int, in_features: int, dtype: torch.dtype):
         self.kind = kind  # "mkl" | "onednn" | "tiles"
-        self.packed = packed  # opaque (mkldnn layout) tensor, or [out/16, in/2, 16, 2] for "tiles"
+        # opaque (mkldnn layout) tensor, or for "tiles" [out/16, in/2, 16, 2] bfloat16 / [out/16, in, 16] float32
+        self.packed = packed
         self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
         # [out, in] at stride 0 (no storage): the shape _mkl_linear is given beside the packed weight
         self.shape_standin = torch.zeros(1, dtype=dtype).expand(out_features, in_features)
@@ -277,6 +288,10 @@ class PackedWeight:
         w = weight.detach().contiguous()
         if weight.dtype == torch.float32:
             gemm = float32_gemm()
+            if gemm == "tiles":
+                if tiles_fit(out_features, in_features, torch.float32):
+                    return cls.packed_as("tiles", w)
+                gemm = "mkl" if mkl_packing_available() else "onednn"  # (a library's layout: out % 16)
             if gemm == "mkl" and mkl_packed_rows_agree(out_features, in_features):
                 return cls.packed_as("mkl", w)
             if gemm != "onednn":
@@ -295,7 +310,7 @@ class PackedWeight:
     def packed_as(cls, kind: str, w: torch.Tensor) -> PackedWeight:
         """`w` [out, in] (contiguous, CPU) reordered for `kind`: "mkl", "onednn" or "tiles"."""
         if kind == "tiles":
-            packed = cpu_kernels.bf16_pack_weight(w)
+            packed = cpu_kernels.f32_pack_weight(w) if w.dtype == torch.float32 else cpu_kernels.bf16_pack_weight(w)
         elif kind == "mkl":
             packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS_HINT)
         else:
@@ -305,8 +320,9 @@ class PackedWeight:
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # x: [rows, in_features] -> [rows, out_features]
-        if self.kind == "tiles":  # (the kernel makes x contiguous itself)
-            y = cpu_kernels.bf16_linear(x, self.packed)
+        if self.kind == "tiles":  # (the kernels make x contiguous themselves)
+            linear = cpu_kernels.f32_linear if self.dtype == torch.float32 else cpu_kernels.bf16_linear
+            y = linear(x, self.packed)
             return y if bias is None else y + bias
         x = x.contiguous()
         if self.kind == "mkl":

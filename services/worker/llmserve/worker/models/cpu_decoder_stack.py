@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 ENV = "LLMSERVE_CPU_DECODER_STACK"
 
 # Projection kinds, as decoder_layers.cpp numbers them.
-W8A8, BF16_TILES, ONEDNN, MKL, DENSE = range(5)
-_PACKED_KINDS = {"tiles": BF16_TILES, "onednn": ONEDNN, "mkl": MKL}
+W8A8, TILES, ONEDNN, MKL, DENSE = range(5)  # TILES: our bfloat16 or float32 layout, by the dtype
+_PACKED_KINDS = {"tiles": TILES, "onednn": ONEDNN, "mkl": MKL}
 _EMPTY = torch.empty(0)
 
 
@@ -120,7 +120,10 @@ class CpuDecoderStack:
             log.info("CPU steps: the eager layers (%s)", reason)
             return None
         stack = cls(layers, projections)
-        tiles = "bfloat16 tiles (AMX)" if cpu_kernels.amx_supported() else "bfloat16 tiles (AVX-512)"
+        if stack.dtype == torch.float32:
+            tiles = "float32 tiles (AVX-512)"
+        else:
+            tiles = "bfloat16 tiles (AMX)" if cpu_kernels.amx_supported() else "bfloat16 tiles (AVX-512)"
         names = sorted({["W8A8 int8", tiles, "oneDNN", "MKL", "dense"][k] for k in stack.kinds})
         log.info("CPU steps: %d layers in one C++ call (%s products)", len(layers), ", ".join(names))
         return stack

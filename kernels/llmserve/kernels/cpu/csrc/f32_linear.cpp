@@ -1,0 +1,105 @@
+// float32 linear for CPUs with AVX-512 F: y = x @ W.T, x [M, K] and W [N, K] float32,
+// each output a sum over k in order (one FMA per k: VFMADD231PS, 16 output channels a
+// lane each), so a row's result does not depend on how many rows share the call.
+//
+// Why ours beside MKL's and oneDNN's packed float32 GEMMs: at decode row counts their
+// products read the weights at 51-79% (MKL) and 43-89% (oneDNN) of the memory bandwidth
+// at 4-16 rows on the 2-core Intel Xeon (AMX host), and both keep opaque layouts that
+// cannot move to huge pages; this kernel uses the register tiles and next-tile prefetches
+// of the bfloat16 one (gemm_tiles.h) and a layout of our own. The worker times it
+// against both once per machine and build and takes the fastest (packed_weight.py).
+//
+// Packed weight layout, so that each 64-byte load is 16 output channels at one k:
+//   packed [N/16, K, 16] float32,  packed[b, k, j] = W[16b + j, k]
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "gemm_tiles.h"
+
+namespace {
+
+constexpr int64_t kBlockN = 16;  // output channels per packed block (gemm_tiles.h)
+
+bool f32_tiles_supported() {
+#if defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor f32_pack_weight(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat, "f32 tiles: weight must be 2-D float32");
+  const int64_t N = w.size(0), K = w.size(1);
+  TORCH_CHECK(N % kBlockN == 0, "f32 tiles: output features (", N, ") must be a multiple of ", kBlockN);
+  // [N/16, 16, K] -> [N/16, K, 16]: a transpose of each block of 16 rows.
+  return w.contiguous().view({N / kBlockN, kBlockN, K}).transpose(1, 2).contiguous();
+}
+
+#if defined(__AVX512F__)
+// One tile: y[m0:m0+MT, 16*b0 : 16*(b0+NB)].
+struct F32Tile {
+  const float* x;
+  const float* w;
+  float* y;
+  int64_t N, K;
+
+  const char* block(int64_t b) const { return reinterpret_cast<const char*>(w + b * K * kBlockN); }
+  int64_t block_bytes() const { return K * kBlockN * 4; }
+
+  // 8 rows x 3 blocks: 24 sums, 3 weight vectors and a broadcast row in 28 of the 32
+  // registers (the bfloat16 tile's shape: gemm_tiles.h).
+  static constexpr int kRowTile = 8;
+  static constexpr int kLonePrefetchRows = 2;
+
+  template <int MT, int NB, int C>
+  void run(int64_t m0, int64_t b0, llmserve_tiles::NextTile next) const {
+    __m512 acc[MT][NB];
+    for (int m = 0; m < MT; ++m)
+      for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+      if (llmserve_tiles::issues_at<C>(k)) next.issue();
+      __m512 wv[NB];
+      for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_ps(w + ((b0 + b) * K + k) * kBlockN);
+      for (int m = 0; m < MT; ++m) {
+        const __m512 xv = _mm512_set1_ps(x[(m0 + m) * K + k]);
+        for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_fmadd_ps(wv[b], xv, acc[m][b]);
+      }
+    }
+    for (int b = 0; b < NB; ++b)
+      for (int m = 0; m < MT; ++m) llmserve_tiles::store_row(y + (m0 + m) * N + (b0 + b) * kBlockN, acc[m][b]);
+  }
+};
+#endif
+
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed) {
+  TORCH_CHECK(f32_tiles_supported(), "f32 tiles: this build has no AVX-512");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "f32 tiles: x must be [rows, in] float32");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kFloat && packed.size(2) == kBlockN &&
+                  packed.is_contiguous(),
+              "f32 tiles: weight must come from f32_pack_weight");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * kBlockN;
+  TORCH_CHECK(packed.size(1) == K, "f32 tiles: x has ", K, " features, the weight ", packed.size(1));
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0) return y;
+#if defined(__AVX512F__)
+  llmserve_tiles::for_each_tile(F32Tile{xc.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), N, K},
+                                M, N, K);
+#endif
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(llmserve_cpu, m) {
+  m.def("f32_tiles_supported() -> bool", &f32_tiles_supported);  // no tensor to dispatch on
+  m.def("f32_pack_weight(Tensor w) -> Tensor");
+  m.def("f32_linear(Tensor x, Tensor packed) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(llmserve_cpu, CPU, m) {
+  m.impl("f32_pack_weight", &f32_pack_weight);
+  m.impl("f32_linear", &f32_linear);
+}
