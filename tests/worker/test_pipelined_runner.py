@@ -147,6 +147,26 @@ def test_the_next_step_reads_the_placeholder_on_the_device(runners):
     assert state.token_ids == PROMPTS["a"] + [got[0][0][1], got[1][0][1]]
 
 
+def test_logprobs_are_read_with_the_ids_not_in_the_launch(runners, monkeypatch):
+    from llmserve.worker.sampler import PendingLogprobs
+
+    serial, pipelined = runners()
+    p = AheadPlanner()
+    p.add("l", PROMPTS["a"], SamplingParams(temperature=0.0, logprobs=3))
+    p.plan({"l": None})
+    p.plan({"l": 1})
+    expected = [[(t.token_id, t.logprobs) for t in serial.execute(plan).sampled] for plan in p.plans]
+    reads = []
+    read = PendingLogprobs.read
+    monkeypatch.setattr(PendingLogprobs, "read", lambda self: reads.append(self.rows) or read(self))
+    first = pipelined.launch(p.plans[0])
+    second = pipelined.launch(p.plans[1])  # ahead of the first: nothing read back yet
+    assert reads == [] and first.result is None
+    got = [[(t.token_id, t.logprobs) for t in pipelined.finish(step).sampled] for step in (first, second)]
+    assert reads == [(0,), (0,)] and got == expected
+    assert got[0][0][1].top_token_ids and len(got[0][0][1].top_token_ids) == 3
+
+
 def test_a_penalized_row_goes_ahead_its_id_in_flight_penalized_on_the_device(runners):
     serial, pipelined = runners()
     p = AheadPlanner()

@@ -57,6 +57,10 @@ def test_logprobs_from_raw_logits():
     assert list(lp0.top_token_ids) == ref[0].topk(4).indices.tolist()
     torch.testing.assert_close(torch.tensor(lp0.top_logprobs), ref[0].topk(4).values)
     assert lps[2].top_token_ids == () and abs(lps[2].logprob - ref[2].max().item()) < 1e-5
+    # The sampler leaves them as tensors (a pipelined step reads them back with its ids).
+    pending = Sampler(seed=0)(lg.clone(), SamplingRows.from_params(params, [0, 0, 0])).pending_logprobs
+    assert pending.rows == (0, 2) and pending.ks == (4, 0) and all(isinstance(t, torch.Tensor) for t in pending.tensors)
+    assert pending.read() == lps
 
 
 def test_temperature_sampling_frequencies():

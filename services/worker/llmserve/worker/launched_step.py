@@ -2,7 +2,7 @@
 later (ModelRunner.launch / finish), and when a plan may not be launched ahead.
 
     compute stream:  forward N ─ sample N ─┬─ forward N+1 (placeholders <- ids N) ─ sample N+1
-    copy stream:                           └─ ids N -> pinned host ─ event N
+    copy stream:                           └─ (logprobs N,) ids N -> pinned host ─ event N
     host:            launch N | launch N+1 | finish N (wait event N, fill placeholders) | ...
 
 Step N's sampled ids stay a device tensor [S]; each sampled row gets a PLACEHOLDER in its
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmserve.contract.outputs import TokenLogprobs
 from llmserve.contract.plan import PromptLogprobs, SampledToken, StepPlan, StepResult
 from llmserve.worker.input_batch import Placeholder, RequestState
+from llmserve.worker.sampler import PendingLogprobs
 
 
 class HostIds:
@@ -36,10 +36,13 @@ class HostIds:
         self._stream = torch.cuda.Stream(device) if self.on_cuda else None
         self._turn = 0
 
-    def copy(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """ids: [S] long on the device -> ([S] on the host once the event has fired, the event)."""
+    def copy(self, ids: torch.Tensor, along: tuple[torch.Tensor, ...] = ()
+             ) -> tuple[torch.Tensor, torch.cuda.Event | None, tuple[torch.Tensor, ...]]:
+        """ids: [S] long on the device -> ([S] on the host once the event has fired, the
+        event, and `along`'s tensors on the host, copied before the ids on the same stream:
+        valid once the event has fired too; pinned, from the caching host allocator)."""
         if not self.on_cuda:
-            return ids, None
+            return ids, None, along
         if ids.shape[0] > self._buffers[0].shape[0]:
             self._buffers = [torch.empty(ids.shape[0], dtype=torch.long, pin_memory=True) for _ in range(2)]
         host = self._buffers[self._turn][: ids.shape[0]]
@@ -47,10 +50,12 @@ class HostIds:
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         event = torch.cuda.Event()
         with torch.cuda.stream(self._stream):
+            host_along = tuple(t.to("cpu", non_blocking=True) for t in along)  # (pinned: non_blocking)
             host.copy_(ids, non_blocking=True)
             event.record()
-        ids.record_stream(self._stream)  # NOTE: allocated on the compute stream, read on this one.
-        return host, event
+        for t in (ids, *along):
+            t.record_stream(self._stream)  # NOTE: allocated on the compute stream, read on this one.
+        return host, event, host_along
 
 
 @dataclass
@@ -60,7 +65,7 @@ class DeviceStep:
 
     states: list[RequestState]  # [S]
     offsets: list[int]  # [S]: 0, or the draft position of a row verifying drafts
-    logprobs: list[TokenLogprobs | None]  # [S], read back at launch by the sampler
+    logprobs: PendingLogprobs  # [S] rows', copied to the host beside the ids (read with them)
     ids: torch.Tensor  # [S] long on the device: the next step's placeholders read it
     host_ids: torch.Tensor  # [S] long on the host (pinned on CUDA), valid once `copied` has fired
     copied: torch.cuda.Event | None  # None: host_ids is already valid (CPU)
@@ -112,8 +117,8 @@ def must_finish_first(in_flight: LaunchedStep, plan: StepPlan, states: dict[int,
       a constrained row            its grammar's bitmask needs the matcher advanced by the
                                    token in flight
 
-    Logprobs are no reason: they are of this step's own logits and ids (the sampler reads
-    them back inside the launch, which costs that step's overlap, not exactness); nor are
+    Logprobs are no reason: they are of this step's own logits and ids (copied to the host
+    beside the ids, read with them); nor are
     prompt logprobs (this step's logits at prompt tokens, never placeholders), seeds and
     min_tokens (which read counts of tokens, placeholders counted, only), nor penalties
     (a placeholder in a penalized row's history is read on the device: sampler.InFlightIds).

@@ -34,7 +34,7 @@ from llmserve.worker.models.decoder import DecoderModel, head_dim_of, local_kv_h
 from llmserve.worker.pipeline import forward_step
 from llmserve.worker.models.loader import load_config, load_model
 from llmserve.worker.piecewise_graphs import PiecewiseGraphs, token_ladder
-from llmserve.worker.sampler import Sampler, SamplingRows, prompt_logprobs
+from llmserve.worker.sampler import PendingLogprobs, Sampler, SamplingRows, prompt_logprobs
 from llmserve.worker.structured_output import Grammars
 
 logger = logging.getLogger(__name__)
@@ -466,16 +466,17 @@ class ModelRunner:
     def _sample(self, inp, logits: torch.Tensor | None) -> DeviceStep:
         """The step's sampling (logits: [S, vocab] on the driver, None elsewhere)."""
         states = inp.sample_states
-        logprobs: list = [None] * len(states)
+        logprobs = PendingLogprobs(len(states))
         if self.parallel.is_driver:  # sampling happens on the last stage's TP rank 0 only
             out = self.sampler(logits, inp.sampling)
-            tokens, logprobs = out.token_ids, out.logprobs
+            tokens, logprobs = out.token_ids, out.pending_logprobs
         else:
             tokens = torch.empty(len(states), dtype=torch.long, device=self.device)
         # Every rank keeps the same ids: a broadcast on the device (a collective: in the
-        # launch, on every rank alike); the read back is finish's.
+        # launch, on every rank alike); the read back is finish's, logprobs' too.
         tokens = self.parallel.broadcast_tensor_from_driver(tokens)  # [S]
-        host_ids, copied = self.host_ids.copy(tokens)
+        host_ids, copied, host_logprobs = self.host_ids.copy(tokens, logprobs.tensors)
+        logprobs = logprobs.with_tensors(host_logprobs)
         # A row verifying drafts appends its kept tokens at read back (the next plan waits for it).
         placeholders = [None if st.draft_token_ids else self._placeholder(st, k) for k, st in enumerate(states)]
         return DeviceStep(states, inp.sample_offsets, logprobs, tokens, host_ids, copied, placeholders)
@@ -492,9 +493,10 @@ class ModelRunner:
         if step.copied is not None:
             step.copied.synchronize()
         token_ids = step.host_ids.tolist()
+        logprobs = step.logprobs.read()
         out = []
         rejected: set[int] = set()  # Rows verifying drafts whose kept tokens are complete.
-        for st, j, tok, lp, ph in zip(step.states, step.offsets, token_ids, step.logprobs, step.placeholders):
+        for st, j, tok, lp, ph in zip(step.states, step.offsets, token_ids, logprobs, step.placeholders):
             if st.seq_id in rejected:
                 continue
             if ph is not None:

@@ -200,10 +200,42 @@ class SamplingTable:
                                                     ((self._floats, 0), (self._longs, 0), (self._objects, None)))
 
 
+@dataclass(frozen=True)
+class PendingLogprobs:
+    """The sampled tokens' logprobs of the rows that ask, as tensors not read yet: on the
+    device from the sampler, so that a pipelined step reads them back with its ids (the
+    worker copies them beside the ids, without a wait: launched_step.HostIds), never
+    inside the launch."""
+
+    num_rows: int  # S
+    rows: tuple[int, ...] = ()  # [L]: the rows asking
+    ks: tuple[int, ...] = ()  # [L]: each one's top k
+    # token ids [L] long, their logprobs [L] float32, ranks [L] long, the top ids [L, k]
+    # long and logprobs [L, k] float32 (k: the largest asked for); () when no row asks
+    tensors: tuple[torch.Tensor, ...] = ()
+
+    def with_tensors(self, tensors: tuple[torch.Tensor, ...]) -> PendingLogprobs:
+        """The same logprobs held in `tensors` (their copies on the host)."""
+        return replace(self, tensors=tensors)
+
+    def read(self) -> list[TokenLogprobs | None]:
+        """[S]: each asking row's TokenLogprobs (its own top k), None for the others."""
+        out: list[TokenLogprobs | None] = [None] * self.num_rows
+        if self.rows:
+            for i, k, got in zip(self.rows, self.ks, _as_token_logprobs(*self.tensors)):
+                out[i] = replace(got, top_token_ids=got.top_token_ids[:k], top_logprobs=got.top_logprobs[:k])
+        return out
+
+
 @dataclass
 class SamplerOutput:
     token_ids: torch.Tensor  # [S] long, on the logits' device
-    logprobs: list[TokenLogprobs | None]  # [S]; None where a row did not ask
+    pending_logprobs: PendingLogprobs  # not read back yet (see PendingLogprobs)
+
+    @property
+    def logprobs(self) -> list[TokenLogprobs | None]:
+        """[S]; None where a row did not ask (read back now)."""
+        return self.pending_logprobs.read()
 
 
 class Sampler:
@@ -221,7 +253,7 @@ class Sampler:
         if logits.dtype != torch.float32 and _greedy_as_is(rows):
             # The argmax of bfloat16 logits is their float32 copy's (widening is exact and
             # keeps the order): no [S, V] float32 copy (64 x 49,152: 12 MB written).
-            return SamplerOutput(greedy_ids(logits), [None] * len(rows))
+            return SamplerOutput(greedy_ids(logits), PendingLogprobs(len(rows)))
         logits = logits.float()
         # Logprobs are of the raw logits: taken before the in-place adjustments.
         raw_logprobs = _raw_logprobs(logits, rows)
@@ -517,38 +549,46 @@ def _raw_logprobs(logits: torch.Tensor, rows: SamplingRows) -> tuple[list[int], 
     rows_asking = [i for i, k in enumerate(rows.logprobs) if k is not None]
     if not rows_asking:
         return None
-    return rows_asking, torch.log_softmax(logits[torch.tensor(rows_asking, device=logits.device)], dim=-1)
+    index = to_device_async(torch.tensor(rows_asking), logits.device)
+    return rows_asking, torch.log_softmax(logits.index_select(0, index), dim=-1)
 
 
-def _logprobs(raw: tuple[list[int], torch.Tensor] | None, rows: SamplingRows,
-              tokens: torch.Tensor) -> list[TokenLogprobs | None]:
-    """The asking rows' logprobs (`raw`: _raw_logprobs's) of the sampled ids and their top k.
-    tokens: [S] long, the sampled ids (on the logits' device)."""
+def _logprobs(raw: tuple[list[int], torch.Tensor] | None, rows: SamplingRows, tokens: torch.Tensor) -> PendingLogprobs:
+    """The asking rows' logprobs (`raw`: _raw_logprobs's) of the sampled ids and their top
+    k, on the device. tokens: [S] long, the sampled ids (on the logits' device)."""
     asked = rows.logprobs
-    out: list[TokenLogprobs | None] = [None] * len(asked)
     if raw is None:
-        return out
+        return PendingLogprobs(len(asked))
     rows_asking, lp = raw
-    index = torch.tensor(rows_asking, device=lp.device)
-    chosen_ids = tokens[index]  # [L]
-    max_k = min(max(max(asked[i] or 0 for i in rows_asking), 0), lp.shape[1])
-    for i, got in zip(rows_asking, token_logprobs(lp, chosen_ids, max_k)):
-        k = min(asked[i] or 0, lp.shape[1])
-        out[i] = replace(got, top_token_ids=got.top_token_ids[:k], top_logprobs=got.top_logprobs[:k])
-    return out
+    chosen_ids = tokens.index_select(0, to_device_async(torch.tensor(rows_asking), lp.device))  # [L]
+    ks = tuple(min(asked[i] or 0, lp.shape[1]) for i in rows_asking)
+    return PendingLogprobs(len(asked), tuple(rows_asking), ks, _logprob_tensors(lp, chosen_ids, max(ks)))
+
+
+def _logprob_tensors(lp: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """lp: [N, V] log_softmax rows; token_ids: [N] long (same device) -> (token ids [N],
+    their logprobs [N], ranks [N] (1 + how many ids are more likely), the rows' top k ids
+    and logprobs [N, k]), on that device."""
+    chosen = lp.gather(1, token_ids[:, None])  # [N, 1]
+    ranks = (lp > chosen).sum(dim=-1) + 1  # [N]
+    k = min(k, lp.shape[1])
+    top_vals, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], token_ids[:, None][:, :0])  # [N, k]
+    return token_ids, chosen[:, 0], ranks, top_ids, top_vals
+
+
+def _as_token_logprobs(token_ids: torch.Tensor, values: torch.Tensor, ranks: torch.Tensor, top_ids: torch.Tensor,
+                       top_vals: torch.Tensor) -> list[TokenLogprobs]:
+    """_logprob_tensors' tensors, read (one .tolist() each), as TokenLogprobs [N]."""
+    ids, values, ranks, top_ids, top_vals = (t.tolist() for t in (token_ids, values, ranks, top_ids, top_vals))
+    return [TokenLogprobs(t, v, tuple(ti), tuple(tv), r)
+            for t, v, r, ti, tv in zip(ids, values, ranks, top_ids, top_vals)]
 
 
 def token_logprobs(lp: torch.Tensor, token_ids: torch.Tensor, k: int) -> list[TokenLogprobs]:
     """lp: [N, V] log_softmax rows; token_ids: [N] long (same device): each row's token's
     logprob and rank (1 + how many ids are more likely), and its row's top k, read back
     together."""
-    chosen = lp.gather(1, token_ids[:, None])  # [N, 1]
-    ranks = (lp > chosen).sum(dim=-1) + 1  # [N]
-    k = min(k, lp.shape[1])
-    top_vals, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], token_ids[:, None][:, :0])  # [N, k]
-    ids, values, ranks, top_ids, top_vals = (t.tolist() for t in (token_ids, chosen[:, 0], ranks, top_ids, top_vals))
-    return [TokenLogprobs(t, v, tuple(ti), tuple(tv), r)
-            for t, v, r, ti, tv in zip(ids, values, ranks, top_ids, top_vals)]
+    return _as_token_logprobs(*_logprob_tensors(lp, token_ids, k))
 
 
 PROMPT_LOGPROBS_SLICE = 1024  # Positions per float32 log_softmax: bounds its [slice, V] copy.
