@@ -55,6 +55,10 @@ class RequestState:
     # step (sampling and grammar never change). A penalty does not: it reads a placeholder's
     # id on the device (InFlightIds).
     needs_last_id_on_host: bool = field(init=False, repr=False, compare=False)
+    # Its sampler reads its history (SamplingParams.needs_history), and whether for a
+    # penalty: decided once at arrival too (read for every row of every step).
+    reads_history: bool = field(init=False, repr=False, compare=False)
+    penalized: bool = field(init=False, repr=False, compare=False)
 
     # host_ids' int64 copy of token_ids (capacity grown by doubling) and how many leading
     # ids of it are final (a placeholder's position and after are copied again).
@@ -63,6 +67,8 @@ class RequestState:
 
     def __post_init__(self) -> None:
         self.needs_last_id_on_host = self.sampling.matches_bad_word_prefixes or self.grammar is not None
+        self.reads_history = self.sampling.needs_history
+        self.penalized = self.sampling.penalized
         self._ids = np.empty(0, dtype=np.int64)
 
     def host_ids(self) -> np.ndarray:
@@ -348,7 +354,7 @@ class InputBatch:
 def _history(st: RequestState, drafts: int = 0) -> Sequence[int]:
     """What the sampler reads as the row's history: its ids and its first `drafts` drafts
     (host_ids) where its sampling reads them, else token_ids (a reference, not read)."""
-    if not st.sampling.needs_history:
+    if not st.reads_history:
         return st.token_ids
     if not drafts:
         return st.host_ids()
@@ -361,7 +367,7 @@ def _in_flight_ids(states: list[RequestState], prev_sampled: torch.Tensor | None
     if prev_sampled is None:
         return None
     holes = {i: (ph.position, ph.index) for i, st in enumerate(states)
-             if (ph := st.placeholder) is not None and st.sampling.penalized}
+             if st.penalized and (ph := st.placeholder) is not None}
     return InFlightIds(prev_sampled, holes) if holes else None
 
 

@@ -491,10 +491,10 @@ def _apply_penalties(flat_logits: torch.Tensor, V: int, rows: SamplingRows, pena
         out_row = torch.from_numpy(rows_of[keys // V])  # [U]: its row in [S]
         # [U], ascending as keys are: rows_of ascends (penalized lists rows in order)
         out_flat = to_device_async(out_row * V + torch.from_numpy(keys % V), dev)
-        count = torch.from_numpy(counts).float()
+        count = to_device_async(torch.from_numpy(counts).float(), dev)  # [U]
         if holes:
-            out_row, out_flat, count = _count_holes(out_row, out_flat, count, hole_row, hole_flat, dev)
-        penalty = (to_device_async(freq.index_select(0, out_row), dev) * to_device_async(count, dev)
+            out_row, out_flat, count = _count_holes(out_row, out_flat, count, hole_row, hole_flat)
+        penalty = (to_device_async(freq.index_select(0, out_row), dev) * count
                    + to_device_async(presence.index_select(0, out_row), dev))
         flat_logits.index_copy_(0, out_flat, flat_logits.index_select(0, out_flat) - penalty)
 
@@ -527,14 +527,13 @@ def _hole_entries(in_flight: InFlightIds | None, holes: list[int], V: int,
 
 
 def _count_holes(out_row: torch.Tensor, out_flat: torch.Tensor, count: torch.Tensor, hole_row: torch.Tensor,
-                 hole_flat: torch.Tensor, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 hole_flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The host's distinct output entries ([U] row on the host, flat index on the device,
-    ascending, count float32 on the host) with the holes' ids counted in, on the device: a
+    ascending, count float32 on the device) with the holes' ids counted in, there: a
     hole whose (row, id) is a host entry adds 1 to that entry's count and is written again
     with it (the same value); any other is an entry of its own with count 1. Returns
     [U + H] rows (host), flat indices and counts (device), without a read back."""
-    count = to_device_async(count, dev)
-    hole_count = torch.ones(hole_flat.shape, dtype=count.dtype, device=dev)
+    hole_count = torch.ones(hole_flat.shape, dtype=count.dtype, device=hole_flat.device)
     if out_flat.numel():
         at = torch.searchsorted(out_flat, hole_flat).clamp_(max=out_flat.numel() - 1)  # [H]
         found = out_flat.index_select(0, at) == hole_flat  # [H]
