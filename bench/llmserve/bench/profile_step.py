@@ -39,6 +39,7 @@ FAMILIES = [
     ("_weight_int8pack_mm", "matmul"),
     ("w8a8_linear", "matmul"),
     ("bf16_linear", "matmul"),
+    ("f32_linear", "matmul"),
     ("decoder_layers", "the C++ layer loop (between its ops)"),
     ("llmserve_cpu::", "fused element-wise (C++)"),
 ]
