@@ -211,13 +211,13 @@ def test_router_that_cannot_reach_its_scheduler():
     """The router too: says why it waits every few seconds, gives up after --connect-timeout."""
     scheduler = f"localhost:{free_port()}"  # Nothing listens there.
     result = llmserve("router", "--insecure", "--model", "default", "--port", "0", "--metrics-port", "0",
-                      "--scheduler", scheduler, "--connect-timeout", "12")
+                      "--scheduler", scheduler, "--connect-timeout", "7")
     assert result.returncode != 0
     fix = "is the scheduler running? --scheduler sets its address"
     waits = [line for line in result.stderr.splitlines()
              if f"router: cannot reach the scheduler at {scheduler}: connection refused ({fix}); waiting " in line]
     assert len(waits) >= 1, result.stderr[-3000:]  # Every 5 s, from 5 s on.
-    assert last_line(result) == (f"router: cannot reach the scheduler at {scheduler}: connection refused after 12 s "
+    assert last_line(result) == (f"router: cannot reach the scheduler at {scheduler}: connection refused after 7 s "
                                  f"({fix}; --connect-timeout sets how long to wait)"), result.stderr[-3000:]
     assert "Traceback" not in result.stderr
 
