@@ -20,27 +20,40 @@ def expected_products() -> set[str]:
         names.add("int8 W8A8")
         if cpu_kernels.amx_supported():
             names.add("int8 W8A8 AMX")
+    if cpu_kernels.f32_tiles_supported():
+        names.add("float32 tiles")
+    if torch.backends.mkl.is_available():
+        names.add("float32 MKL")
+    if torch.backends.mkldnn.is_available():
+        names.add("float32 oneDNN")
     return names
+
+
+def weight_bytes(name: str, out_features: int, in_features: int) -> int:
+    if name.startswith("int8"):
+        return out_features * in_features + 4 * out_features
+    return (4 if name.startswith("float32") else 2) * out_features * in_features
 
 
 def test_each_product_computes_x_times_w_transposed():
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(64, 128, generator=gen) / 128**0.5  # [out, in]
-    x = torch.randn(5, 128, generator=gen).bfloat16()  # [rows, in]
-    want = x.float() @ w.t()
+    x = torch.randn(5, 128, generator=gen)  # [rows, in]
     made = products(w, copies=2)
     assert set(made) == expected_products()
-    for name, (calls, nbytes) in made.items():
-        assert len(calls) == 2
-        assert nbytes == (64 * 128 + 4 * 64 if name.startswith("int8") else 2 * 64 * 128)
+    for name, (calls, nbytes, dtype) in made.items():
+        assert len(calls) == 2 and nbytes == weight_bytes(name, 64, 128)
+        assert dtype == (torch.float32 if name.startswith("float32") else torch.bfloat16)
+        want = x.to(dtype).float() @ w.t()
         for call in calls:  # bf16 rounding of W and y; int8: W and x quantized too
-            torch.testing.assert_close(call(x).float(), want, atol=0.08, rtol=0.05)
+            tolerance = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.08, rtol=0.05)
+            torch.testing.assert_close(call(x.to(dtype)).float(), want, **tolerance)
 
 
 def test_the_table_has_every_product_at_every_row_count():
     table = measure({"135M o": (576, 576)}, (1, 5), passes=1)
     assert {(r["product"], r["rows"]) for r in table} == {(p, m) for p in expected_products() for m in (1, 5)}
     for r in table:
-        nbytes = 576 * 576 + 4 * 576 if r["product"].startswith("int8") else 2 * 576 * 576
+        nbytes = weight_bytes(r["product"], 576, 576)
         assert r["weight_bytes_per_s"] == pytest.approx(nbytes / (r["us"] / 1e6))
         assert r["gflop_per_s"] == pytest.approx(2 * r["rows"] * 576 * 576 / (r["us"] / 1e6) / 1e9)

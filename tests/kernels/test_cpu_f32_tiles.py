@@ -13,7 +13,8 @@ pytestmark = pytest.mark.skipif(not cpu_kernels.f32_tiles_supported(), reason="f
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17, 64])
-@pytest.mark.parametrize("shape", [(96, 40), (2000, 576), (16, 1)])  # 2,000: a partial last tile of 3 blocks
+# 2,000: a partial last tile of 3 blocks; depth 2,100: above 8 rows, three slices of the depth, the last partial
+@pytest.mark.parametrize("shape", [(96, 40), (2000, 576), (16, 1), (64, 2100)])
 def test_float32_products_match_float64(rows, shape):
     gen = torch.Generator().manual_seed(rows * 31 + shape[0])
     w = torch.randn(*shape, generator=gen)
@@ -28,15 +29,16 @@ def test_float32_products_match_float64(rows, shape):
 
 
 @pytest.mark.parametrize("rows", [5, 24, 41])
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it(rows):
+@pytest.mark.parametrize("depth", [200, 2100])  # 2,100: sliced in depth above 8 rows (one pass at 1 row)
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(rows, depth):
     gen = torch.Generator().manual_seed(rows)
-    w = torch.randn(304, 200, generator=gen)
-    x = torch.randn(rows, 200, generator=gen)
+    w = torch.randn(304, depth, generator=gen)
+    x = torch.randn(rows, depth, generator=gen)
     packed = cpu_kernels.f32_pack_weight(w)
     together = cpu_kernels.f32_linear(x, packed)
     for i in range(rows):  # (bit for bit: the same sums in the same order)
         assert torch.equal(together[i], cpu_kernels.f32_linear(x[i : i + 1], packed)[0]), i
-    strided = cpu_kernels.f32_linear(torch.randn(200, rows, generator=gen).t(), packed)  # made contiguous inside
+    strided = cpu_kernels.f32_linear(torch.randn(depth, rows, generator=gen).t(), packed)  # made contiguous inside
     assert strided.shape == (rows, 304)
 
 

@@ -13,6 +13,9 @@ throughput` divides by), for:
   int8 W8A8        our VNNI kernel (int8_linear.cpp), bfloat16 x; absent without VNNI
   int8 W8A8 AMX    the same product on AMX tiles (amx_int8.cpp; the same bits), what
                    W8A8 takes where the CPU has AMX-INT8; absent without
+  float32 tiles    our AVX-512 FMA kernel (f32_linear.cpp), float32 x; absent without AVX-512
+  float32 MKL      MKL's packed sgemm; absent where torch has no MKL
+  float32 oneDNN   oneDNN's blocked float32 weight
 
 NOTE: the weights are cold, as in a decode step (a whole model's weights pass through
 the cache once per step): each product cycles through copies of its weight that together
@@ -48,23 +51,29 @@ ROWS = (1, 4, 16, 64)
 TARGET_SHARE = 0.8  # issue #34: decode-sized products at >= 80% of the host's bandwidth
 
 
-def products(w: torch.Tensor, copies: int) -> dict[str, tuple[list[Callable[[torch.Tensor], torch.Tensor]], int]]:
-    """name -> (one x -> x @ W.T per copy of the weight, bytes one call streams)."""
+Product = tuple[list[Callable[[torch.Tensor], torch.Tensor]], int, torch.dtype]
+
+
+def products(w: torch.Tensor, copies: int) -> dict[str, Product]:
+    """name -> (one x -> x @ W.T per copy of the weight, bytes one call streams, the
+    dtype of the x it takes)."""
+    from llmserve.worker.layers.packed_weight import PackedWeight, mkl_packing_available
+
     out_features, in_features = w.shape
-    made: dict[str, tuple[list, int]] = {}
+    made: dict[str, Product] = {}
     wb = w.bfloat16()
     if cpu_kernels.bf16_tiles_supported():
         tiles = [cpu_kernels.bf16_pack_weight(wb) for _ in range(copies)]
         made["bfloat16 tiles"] = ([lambda x, t=t: cpu_kernels.bf16_linear(x, t, "avx512") for t in tiles],
-                                  2 * w.numel())
+                                  2 * w.numel(), torch.bfloat16)
         if cpu_kernels.amx_supported() and in_features % 32 == 0:
             made["bfloat16 AMX"] = ([lambda x, t=t: cpu_kernels.bf16_linear(x, t, "amx") for t in tiles],
-                                    2 * w.numel())
+                                    2 * w.numel(), torch.bfloat16)
     if torch.backends.mkldnn.is_available():
         linear = torch.ops.mkldnn._linear_pointwise
         blocked = [torch.ops.mkldnn._reorder_linear_weight(wb, 64) for _ in range(copies)]
         made["bfloat16 oneDNN"] = ([lambda x, b=b: linear(x, b, None, "none", [], "") for b in blocked],
-                                   2 * w.numel())
+                                   2 * w.numel(), torch.bfloat16)
     if cpu_kernels.w8a8_supported():
         q, scale = quantize_rows(w)
         int8 = [Int8Weight(q, scale, quantize_activations=True) for _ in range(copies)]
@@ -72,7 +81,13 @@ def products(w: torch.Tensor, copies: int) -> dict[str, tuple[list[Callable[[tor
             if engine == "amx" and not cpu_kernels.amx_supported():
                 continue
             made[name] = ([lambda x, i=i, e=engine: cpu_kernels.w8a8_linear(x, i.w8a8_packed, i.scale, e)
-                           for i in int8], w.numel() + 4 * out_features)
+                           for i in int8], w.numel() + 4 * out_features, torch.bfloat16)
+    layouts = [("tiles", cpu_kernels.f32_tiles_supported() and out_features % 16 == 0),
+               ("MKL", mkl_packing_available()), ("oneDNN", torch.backends.mkldnn.is_available())]
+    for name, available in layouts:
+        if available:
+            packed = [PackedWeight.packed_as(name.lower(), w.contiguous()) for _ in range(copies)]
+            made[f"float32 {name}"] = ([p.matmul for p in packed], 4 * w.numel(), torch.float32)
     return made
 
 
@@ -100,9 +115,9 @@ def measure(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], passes: i
         copies = max(2, -(-cold_bytes // (2 * w.numel())))
         made = products(w, copies)
         for m in rows:
-            x = torch.randn(m, in_features, generator=gen).bfloat16()  # [m, in]
-            for product, (calls, nbytes) in made.items():
-                seconds = fastest_call_seconds(calls, x, passes)
+            x = torch.randn(m, in_features, generator=gen)  # [m, in]
+            for product, (calls, nbytes, dtype) in made.items():
+                seconds = fastest_call_seconds(calls, x.to(dtype), passes)
                 table.append({"shape": name, "out": out_features, "in": in_features, "rows": m, "product": product,
                               "us": 1e6 * seconds, "weight_bytes_per_s": nbytes / seconds,
                               "gflop_per_s": 2 * m * w.numel() / seconds / 1e9})
