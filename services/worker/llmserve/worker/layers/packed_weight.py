@@ -8,11 +8,11 @@ them fastest, then held only in that layout (the dense copy is released).
             whichever multiplies decode-sized products fastest on this machine: timed
             once per machine (CPU flags, torch version, our kernels' sources) and kept in
             the cache directory, so every process of a machine uses the same one. (Of
-            the two libraries MKL won on the Intel Xeons measured so far, oneDNN on the
-            AMD EPYCs, where MKL takes slower kernels; a rule by vendor name would break
-            on the next CPU that differs.) LLMSERVE_CPU_FP32_GEMM = tiles | mkl | onednn |
-            dense overrides the choice. A shape our kernel cannot take (out % 16) keeps
-            a library's layout.
+            the two libraries oneDNN won by far on the AMD EPYCs, where MKL takes slower
+            kernels, and either won by ~10% on the Intel Xeons measured; a rule by vendor
+            name would break on the next CPU that differs.) LLMSERVE_CPU_FP32_GEMM =
+            tiles | mkl | onednn | dense overrides the choice. A shape our kernel cannot
+            take (out % 16) keeps a library's layout.
   bfloat16: oneDNN's blocked layout (the reorder torch's own compiler applies to frozen
             linears), or, where the CPU kernels were built with AVX-512 BF16, the
             16-channel blocks of our kernel (llmserve_cpu::bf16_linear: on AMX tiles
