@@ -148,23 +148,30 @@ def test_the_next_step_reads_the_placeholder_on_the_device(runners):
 
 
 def test_logprobs_are_read_with_the_ids_not_in_the_launch(runners, monkeypatch):
+    from llmserve.worker.launched_step import PendingPromptLogprobs
     from llmserve.worker.sampler import PendingLogprobs
 
     serial, pipelined = runners()
     p = AheadPlanner()
     p.add("l", PROMPTS["a"], SamplingParams(temperature=0.0, logprobs=3))
-    p.plan({"l": None})
-    p.plan({"l": 1})
-    expected = [[(t.token_id, t.logprobs) for t in serial.execute(plan).sampled] for plan in p.plans]
+    p.add("p", PROMPTS["c"], SamplingParams(temperature=0.0, prompt_logprobs=2))
+    p.plan({"l": None, "p": 3})  # a chunk of p's prompt: its prompt logprobs, nothing sampled
+    p.plan({"l": 1, "p": None})
+    expected = [serial.execute(plan) for plan in p.plans]
     reads = []
-    read = PendingLogprobs.read
-    monkeypatch.setattr(PendingLogprobs, "read", lambda self: reads.append(self.rows) or read(self))
+    for pending in (PendingLogprobs, PendingPromptLogprobs):
+        monkeypatch.setattr(pending, "read", lambda self, read=pending.read: reads.append(type(self)) or read(self))
     first = pipelined.launch(p.plans[0])
     second = pipelined.launch(p.plans[1])  # ahead of the first: nothing read back yet
     assert reads == [] and first.result is None
-    got = [[(t.token_id, t.logprobs) for t in pipelined.finish(step).sampled] for step in (first, second)]
-    assert reads == [(0,), (0,)] and got == expected
-    assert got[0][0][1].top_token_ids and len(got[0][0][1].top_token_ids) == 3
+    got = [pipelined.finish(step) for step in (first, second)]
+    assert reads == [PendingLogprobs, PendingPromptLogprobs, PendingLogprobs, PendingPromptLogprobs]
+    assert [[(t.seq_id, t.token_id, t.logprobs) for t in r.sampled] for r in got] == \
+        [[(t.seq_id, t.token_id, t.logprobs) for t in r.sampled] for r in expected]
+    assert [r.prompt_logprobs for r in got] == [r.prompt_logprobs for r in expected]
+    assert got[0].sampled[0].logprobs.top_token_ids and len(got[0].sampled[0].logprobs.top_token_ids) == 3
+    (chunk,) = got[0].prompt_logprobs
+    assert (chunk.start, len(chunk.logprobs), len(chunk.logprobs[0].top_token_ids)) == (1, 3, 2)
 
 
 def test_a_penalized_row_goes_ahead_its_id_in_flight_penalized_on_the_device(runners):

@@ -12,13 +12,13 @@ token ids, which step N+1's inputs take from that tensor on the device
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from llmserve.contract.plan import PromptLogprobs, SampledToken, StepPlan, StepResult
 from llmserve.worker.input_batch import Placeholder, RequestState
-from llmserve.worker.sampler import PendingLogprobs
+from llmserve.worker.sampler import PendingLogprobs, as_token_logprobs
 
 
 class HostIds:
@@ -47,15 +47,52 @@ class HostIds:
             self._buffers = [torch.empty(ids.shape[0], dtype=torch.long, pin_memory=True) for _ in range(2)]
         host = self._buffers[self._turn][: ids.shape[0]]
         self._turn ^= 1
+        event, host_along = self._copy_out(along, (host, ids))
+        return host, event, host_along
+
+    def copy_tensors(self, tensors: tuple[torch.Tensor, ...]
+                     ) -> tuple[torch.cuda.Event | None, tuple[torch.Tensor, ...]]:
+        """`tensors` on the device -> (the event, their copies on the host once it has
+        fired), as copy() does without ids (the ids' two buffers keep their turns)."""
+        if not self.on_cuda:
+            return None, tensors
+        return self._copy_out(tensors)
+
+    def _copy_out(self, tensors: tuple[torch.Tensor, ...], ids: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[torch.cuda.Event, tuple[torch.Tensor, ...]]:
+        """Copies `tensors` (and ids: (host buffer, device ids)) to the host on the copy
+        stream, once the compute stream's work so far is done; the event marks the end."""
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         event = torch.cuda.Event()
         with torch.cuda.stream(self._stream):
-            host_along = tuple(t.to("cpu", non_blocking=True) for t in along)  # (pinned: non_blocking)
-            host.copy_(ids, non_blocking=True)
+            host = tuple(t.to("cpu", non_blocking=True) for t in tensors)  # (pinned: non_blocking)
+            if ids is not None:
+                ids[0].copy_(ids[1], non_blocking=True)
             event.record()
-        for t in (ids, *along):
+        for t in (*tensors, *(ids[1:] if ids is not None else ())):
             t.record_stream(self._stream)  # NOTE: allocated on the compute stream, read on this one.
-        return host, event, host_along
+        return event, host
+
+
+@dataclass(frozen=True)
+class PendingPromptLogprobs:
+    """One forward's prompt logprobs on their way to the host (HostIds.copy_tensors): read
+    back by finish, never inside the launch."""
+
+    rows: tuple[tuple[int, int, int, int], ...]  # (seq id, start, count, k) per row asking, in the tensors' order
+    tensors: tuple[torch.Tensor, ...]  # sampler.prompt_logprob_tensors', on the host once `copied` has fired
+    copied: torch.cuda.Event | None  # None: on the host already (CPU)
+
+    def read(self) -> list[PromptLogprobs]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        got, at, out = as_token_logprobs(*self.tensors), 0, []
+        for seq_id, start, count, k in self.rows:
+            out.append(PromptLogprobs(seq_id, start, [
+                replace(lp, top_token_ids=lp.top_token_ids[:k], top_logprobs=lp.top_logprobs[:k])
+                for lp in got[at : at + count]]))
+            at += count
+        return out
 
 
 @dataclass
@@ -80,7 +117,7 @@ class LaunchedStep:
     plan: StepPlan
     rows: list[tuple[RequestState, int]]
     sampled: list[SampledToken] = field(default_factory=list)
-    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # Read back at launch
+    prompt_logprobs: list[PendingPromptLogprobs] = field(default_factory=list)  # Read back by finish
     num_steps: int = 1
     pending: DeviceStep | None = None  # None: nothing sampled, or already read back
     result: StepResult | None = None  # Set by finish (which may run inside a later launch)

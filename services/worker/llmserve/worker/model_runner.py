@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from llmserve.contract.arith import cdiv
-from llmserve.contract.plan import NewRequestData, PromptLogprobs, SampledToken, StepPlan, StepResult
+from llmserve.contract.plan import NewRequestData, SampledToken, StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
 from llmserve.contract.step_budget import resolve_step_budget
 from llmserve.contract.worker_info import WorkerInfo
@@ -25,7 +25,8 @@ from llmserve.worker.config import RunnerConfig
 from llmserve.worker.cuda_graphs import DecodeGraphs, capture_sizes
 from llmserve.worker.device import dtype_choice, dtype_name, resolve_device
 from llmserve.worker.input_batch import PLACEHOLDER, InputBatch, Placeholder, PromptRows, RequestState
-from llmserve.worker.launched_step import DeviceStep, HostIds, LaunchedStep, must_finish_first
+from llmserve.worker.launched_step import (DeviceStep, HostIds, LaunchedStep, PendingPromptLogprobs,
+                                           must_finish_first)
 from llmserve.worker.layers.int8_weight import describe_quantization
 from llmserve.worker.distributed import DistInit, init_parallel
 from llmserve.worker.models.attribute_binding import bind_registered_attributes
@@ -34,7 +35,7 @@ from llmserve.worker.models.decoder import DecoderModel, head_dim_of, local_kv_h
 from llmserve.worker.pipeline import forward_step
 from llmserve.worker.models.loader import load_config, load_model
 from llmserve.worker.piecewise_graphs import PiecewiseGraphs, token_ladder
-from llmserve.worker.sampler import PendingLogprobs, Sampler, SamplingRows, prompt_logprobs
+from llmserve.worker.sampler import PendingLogprobs, Sampler, SamplingRows, prompt_logprob_tensors
 from llmserve.worker.structured_output import Grammars
 
 logger = logging.getLogger(__name__)
@@ -351,7 +352,8 @@ class ModelRunner:
                 if launched.pending is not None:  # A multi-step run: its next step reads these ids.
                     launched.sampled += self._read_back(launched.pending)
                 launched.pending, prompt = self._launch_step(rows, prev.ids if prev is not None else None)
-                launched.prompt_logprobs += prompt
+                if prompt is not None:
+                    launched.prompt_logprobs.append(prompt)
                 steps_run += 1
             launched.num_steps = max(steps_run, 1)
         self._unfinished.append(launched)
@@ -372,7 +374,8 @@ class ModelRunner:
                     launched.pending = None
                 launched.result = StepResult(step_id=launched.plan.step_id, sampled=launched.sampled,
                                              num_steps=launched.num_steps,
-                                             prompt_logprobs=launched.prompt_logprobs)
+                                             prompt_logprobs=[chunk for pending in launched.prompt_logprobs
+                                                              for chunk in pending.read()])
             except BaseException as exc:
                 launched.error = exc
                 raise
@@ -430,10 +433,11 @@ class ModelRunner:
         return self.piecewise.run(size, inp.input_ids, inp.positions, inp.meta) if size is not None else None
 
     def _launch_step(self, rows, prev_sampled: torch.Tensor | None
-                     ) -> tuple[DeviceStep | None, list[PromptLogprobs]]:
+                     ) -> tuple[DeviceStep | None, PendingPromptLogprobs | None]:
         """One forward and its sampling, the ids left on the device (and on their way to
         the host), None when the step samples nothing (prefill chunks only); and the
-        prompt logprobs of the rows that ask (read back here, on the driver only).
+        prompt logprobs of the rows that ask, on their way to the host too (the driver's;
+        None elsewhere or when no row asks).
         prev_sampled: [S'] the ids of the step in flight, where this step's inputs'
         placeholders are."""
         inp = self.batch.build_inputs(rows, prev_sampled)
@@ -442,26 +446,20 @@ class ModelRunner:
             st.num_computed_tokens += n - len(st.draft_token_ids)  # Drafts count once accepted.
         S = len(inp.sample_states)
         on_driver = logits is not None and self.parallel.is_driver
-        prompt = self._prompt_logprobs(inp.prompt_rows, logits[S:]) if on_driver else []
+        prompt = self._prompt_logprobs(inp.prompt_rows, logits[S:]) if on_driver else None
         if not S:
             return None, prompt
         return self._sample(inp, logits[:S] if logits is not None else None), prompt
 
-    @staticmethod
-    def _prompt_logprobs(rows: list[PromptRows], logits: torch.Tensor) -> list[PromptLogprobs]:
+    def _prompt_logprobs(self, rows: list[PromptRows], logits: torch.Tensor) -> PendingPromptLogprobs | None:
         """logits: [P, vocab], the rows' prompt positions in order."""
         if not rows:
-            return []
+            return None
         targets = torch.tensor([t for r in rows for t in r.targets], dtype=torch.long)
-        got = prompt_logprobs(logits, targets, max(r.state.sampling.prompt_logprobs for r in rows))
-        out, at = [], 0
-        for r in rows:
-            k = r.state.sampling.prompt_logprobs
-            out.append(PromptLogprobs(r.state.seq_id, r.start, [
-                replace(lp, top_token_ids=lp.top_token_ids[:k], top_logprobs=lp.top_logprobs[:k])
-                for lp in got[at : at + r.count]]))
-            at += r.count
-        return out
+        tensors = prompt_logprob_tensors(logits, targets, max(r.state.sampling.prompt_logprobs for r in rows))
+        copied, host = self.host_ids.copy_tensors(tensors)
+        return PendingPromptLogprobs(tuple((r.state.seq_id, r.start, r.count, r.state.sampling.prompt_logprobs)
+                                           for r in rows), host, copied)
 
     def _sample(self, inp, logits: torch.Tensor | None) -> DeviceStep:
         """The step's sampling (logits: [S, vocab] on the driver, None elsewhere)."""

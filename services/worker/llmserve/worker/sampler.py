@@ -222,7 +222,7 @@ class PendingLogprobs:
         """[S]: each asking row's TokenLogprobs (its own top k), None for the others."""
         out: list[TokenLogprobs | None] = [None] * self.num_rows
         if self.rows:
-            for i, k, got in zip(self.rows, self.ks, _as_token_logprobs(*self.tensors)):
+            for i, k, got in zip(self.rows, self.ks, as_token_logprobs(*self.tensors)):
                 out[i] = replace(got, top_token_ids=got.top_token_ids[:k], top_logprobs=got.top_logprobs[:k])
         return out
 
@@ -575,7 +575,7 @@ def _logprob_tensors(lp: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple
     return token_ids, chosen[:, 0], ranks, top_ids, top_vals
 
 
-def _as_token_logprobs(token_ids: torch.Tensor, values: torch.Tensor, ranks: torch.Tensor, top_ids: torch.Tensor,
+def as_token_logprobs(token_ids: torch.Tensor, values: torch.Tensor, ranks: torch.Tensor, top_ids: torch.Tensor,
                        top_vals: torch.Tensor) -> list[TokenLogprobs]:
     """_logprob_tensors' tensors, read (one .tolist() each), as TokenLogprobs [N]."""
     ids, values, ranks, top_ids, top_vals = (t.tolist() for t in (token_ids, values, ranks, top_ids, top_vals))
@@ -583,23 +583,17 @@ def _as_token_logprobs(token_ids: torch.Tensor, values: torch.Tensor, ranks: tor
             for t, v, r, ti, tv in zip(ids, values, ranks, top_ids, top_vals)]
 
 
-def token_logprobs(lp: torch.Tensor, token_ids: torch.Tensor, k: int) -> list[TokenLogprobs]:
-    """lp: [N, V] log_softmax rows; token_ids: [N] long (same device): each row's token's
-    logprob and rank (1 + how many ids are more likely), and its row's top k, read back
-    together."""
-    return _as_token_logprobs(*_logprob_tensors(lp, token_ids, k))
-
-
 PROMPT_LOGPROBS_SLICE = 1024  # Positions per float32 log_softmax: bounds its [slice, V] copy.
 
 
-def prompt_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> list[TokenLogprobs]:
-    """Prompt logprobs: logits [P, V] at P prompt positions, token_ids [P] long the prompt
-    tokens that follow each; log_softmax in float32 (raw logits, as the sampled tokens'),
+def prompt_logprob_tensors(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """Prompt logprobs as _logprob_tensors' tensors on the logits' device, not read back:
+    logits [P, V] at P prompt positions, token_ids [P] long (on the host) the prompt tokens
+    that follow each; log_softmax in float32 (raw logits, as the sampled tokens'),
     PROMPT_LOGPROBS_SLICE positions at a time."""
-    token_ids = token_ids.to(logits.device)
-    out = []
-    for start in range(0, logits.shape[0], PROMPT_LOGPROBS_SLICE):
-        piece = slice(start, start + PROMPT_LOGPROBS_SLICE)
-        out += token_logprobs(torch.log_softmax(logits[piece].float(), dim=-1), token_ids[piece], k)
-    return out
+    token_ids = to_device_async(token_ids, logits.device)
+    parts = [_logprob_tensors(torch.log_softmax(logits[start : start + PROMPT_LOGPROBS_SLICE].float(), dim=-1),
+                              token_ids[start : start + PROMPT_LOGPROBS_SLICE], k)
+             for start in range(0, logits.shape[0], PROMPT_LOGPROBS_SLICE)]
+    return tuple(torch.cat(column) for column in zip(*parts))
+
