@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from llmserve.contract import event_loop
+from llmserve.contract import event_loop, parent_watch
 from llmserve.contract.security import SecurityOptions, internal_credentials, server_credentials
 from llmserve.contract.startup_errors import port_error
 from llmserve.settings import Command, format_bytes, parse_bytes, setting
@@ -188,15 +188,24 @@ def channel(target: str, security: SecurityOptions, max_message_bytes: int = MAX
 
 def run_until_signal(serve: Callable[[Any, asyncio.Event], Awaitable[None]], config: Any) -> int:
     """Runs `serve(config, stop)` on a new event loop (uvloop's unless LLMSERVE_EVENT_LOOP
-    says asyncio: contract/event_loop.py); SIGINT or SIGTERM sets `stop`, and the service
-    drains and returns. Returns the process's exit code."""
+    says asyncio: contract/event_loop.py); SIGINT or SIGTERM sets `stop`, and so does the
+    exit of the launcher that started it (contract/parent_watch.py); the service drains
+    and returns. Returns the process's exit code."""
+
+    parent = parent_watch.parent_to_follow()
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop)
+        # A launcher's child stops when the launcher is gone.
+        watch = asyncio.create_task(parent_watch.stop_when_orphaned(parent, stop)) if parent is not None else None
+        try:
+            await serve(config, stop)
+        finally:
+            if watch is not None:
+                watch.cancel()
 
     try:
         name, factory = event_loop.loop_factory()

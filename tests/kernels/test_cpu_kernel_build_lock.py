@@ -1,5 +1,7 @@
 """A CPU-kernel build killed midway leaves torch's `lock` file behind; the next worker
-must not wait on it forever (it used to hang silently at model load)."""
+must not wait on it forever (it used to hang silently at model load). Each torch
+installation builds in a directory of its own (torch's builder rebuilds for another
+one's include paths: two environments sharing a directory rebuilt it in turn)."""
 
 from __future__ import annotations
 
@@ -25,3 +27,12 @@ def test_a_stale_build_lock_is_removed_not_waited_on(tmp_path):
     assert result.stdout.strip() == "True", result.stderr[-2000:]
     assert "left by a CPU-kernel build that was killed" in result.stderr
     assert not (target / "lock").exists()
+
+
+def test_each_torch_installation_builds_in_its_own_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("LLMSERVE_CACHE", str(tmp_path))
+    here = cpu._build_dir()
+    monkeypatch.setattr(cpu.torch, "__file__", str(tmp_path / "other-venv" / "torch" / "__init__.py"))
+    other = cpu._build_dir()
+    assert here != other and here.parent == other.parent
+    assert here.name.rsplit("-", 1)[0] == other.name.rsplit("-", 1)[0]  # the same torch, CPU and sources

@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmserve.certs import ClusterCredentials, write_credentials
 from llmserve.contract.api_keys import ApiKeyOptions
 from llmserve.contract.grpc_server import ServerOptions
+from llmserve.contract.parent_watch import EXIT_WITH_PARENT_ENV
 from llmserve.contract.peers import ROUTER, SCHEDULER, WORKER
 from llmserve.contract.security import SecurityOptions, channel_credentials
 from llmserve.contract.startup_errors import StartupError
@@ -314,6 +315,7 @@ class LocalCluster:
             stderr = open(self.spec.log_dir / f"{name}.log", "ab")
         cmd = self.commands[name]
         env = dict(os.environ, **self.spec.service_env.get(service_of(name), {}))
+        env[EXIT_WITH_PARENT_ENV] = str(os.getpid())  # Gone with this process, even SIGKILLed (parent_watch.py).
         workers = self.spec.tp_size * self.spec.pp_size * self.spec.dp_size
         if service_of(name) == "worker" and workers > 1 and "OMP_NUM_THREADS" not in env:
             # NOTE: ranks and replicas share this host's cores; don't oversubscribe them.

@@ -46,10 +46,15 @@ def source_key() -> str:
 
 def _build_dir() -> Path:
     # -march=native code is only valid on the CPU it was built for: key the cache on it,
-    # and on the sources, so an edited kernel is rebuilt rather than loaded stale.
+    # and on the sources, so an edited kernel is rebuilt rather than loaded stale. And on
+    # the torch installation: torch's builder records the include paths it built with
+    # and rebuilds for any other, so two virtual environments sharing one directory
+    # rebuilt the kernels in turn (~70 s each, every time a process of the other one
+    # started: a test suite's clusters waited 10 minutes on the build lock).
     cpu_key = hashlib.sha1(cpu_facts().key.encode()).hexdigest()[:10]
+    install_key = hashlib.sha1(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:8]
     root = Path(os.environ.get("LLMSERVE_CACHE", Path.home() / ".cache" / "llmserve"))
-    path = root / "torch_extensions" / f"{torch.__version__}-{cpu_key}-{source_key()}"
+    path = root / "torch_extensions" / f"{torch.__version__}-{cpu_key}-{source_key()}-{install_key}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
