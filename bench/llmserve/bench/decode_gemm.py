@@ -57,7 +57,8 @@ Product = tuple[list[Callable[[torch.Tensor], torch.Tensor]], int, torch.dtype]
 def products(w: torch.Tensor, copies: int) -> dict[str, Product]:
     """name -> (one x -> x @ W.T per copy of the weight, bytes one call streams, the
     dtype of the x it takes)."""
-    from llmserve.worker.layers.packed_weight import PackedWeight, mkl_packing_available
+    from llmserve.worker.layers.packed_weight import (PackedWeight, mkl_packing_available, onednn_packing_available,
+                                                      tiles_available, tiles_fit)
 
     out_features, in_features = w.shape
     made: dict[str, Product] = {}
@@ -82,8 +83,8 @@ def products(w: torch.Tensor, copies: int) -> dict[str, Product]:
                 continue
             made[name] = ([lambda x, i=i, e=engine: cpu_kernels.w8a8_linear(x, i.w8a8_packed, i.scale, e)
                            for i in int8], w.numel() + 4 * out_features, torch.bfloat16)
-    layouts = [("tiles", cpu_kernels.f32_tiles_supported() and out_features % 16 == 0),
-               ("MKL", mkl_packing_available()), ("oneDNN", torch.backends.mkldnn.is_available())]
+    layouts = [("tiles", tiles_available(torch.float32) and tiles_fit(out_features, in_features, torch.float32)),
+               ("MKL", mkl_packing_available()), ("oneDNN", onednn_packing_available())]
     for name, available in layouts:
         if available:
             packed = [PackedWeight.packed_as(name.lower(), w.contiguous()) for _ in range(copies)]

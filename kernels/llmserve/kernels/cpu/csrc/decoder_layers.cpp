@@ -19,10 +19,11 @@
 //   hidden = down_proj(silu_and_mul(gate_up_proj(hidden)))
 // Projection i (qkv, o, gate_up, down of each layer) multiplies as kinds[i] says:
 //   0 W8A8 int8 (weights: w8a8_pack_weight's, extras: w_scale), 1 our tiles
-//   (bf16_pack_weight's or f32_pack_weight's, by the activations' dtype), 2 oneDNN's packed layout, 3 MKL's packed sgemm (extras: the
-//   [out, in] stand-in _mkl_linear takes), 4 dense [out, in] (aten::linear). biases: empty
-//   for none; added as linear.py does (inside the product for the column-parallel qkv and
-//   gate_up, after it for o and down).
+//   (bf16_pack_weight's or f32_pack_weight's, by the activations' dtype), 2 oneDNN's
+//   packed layout, 3 MKL's packed sgemm (extras: the [out, in] stand-in _mkl_linear
+//   takes), 4 dense [out, in] (aten::linear). biases: empty for none; added as linear.py
+//   does (inside the product for the column-parallel qkv and gate_up, after it for o and
+//   down).
 //
 // Why: an eager step of a 30-layer model is ~270 op calls from Python, each through the
 // layers' modules and torch's Python bindings. On a 2-core Zen 5, SmolLM2-135M decode at

@@ -214,8 +214,12 @@ def float32_gemm() -> str:
     different orders, and a choice that flipped between processes on a noisy host could
     flip a greedy near-tie between an engine and its own cluster."""
     choice = _layout_setting(FLOAT32_GEMM_ENV, FLOAT32_GEMMS)
-    if choice == "auto":
-        choice = measured_float32_gemm()
+    return _usable_float32_layout(measured_float32_gemm() if choice == "auto" else choice)
+
+
+def _usable_float32_layout(choice: str) -> str:
+    """`choice`, or the layout that stands in for it where this build or torch cannot
+    pack it: tiles -> MKL -> oneDNN (-> MKL) -> dense."""
     if choice == "tiles" and not tiles_available(torch.float32):
         choice = "mkl"
     if choice == "mkl" and not mkl_packing_available():
@@ -291,7 +295,7 @@ class PackedWeight:
             if gemm == "tiles":
                 if tiles_fit(out_features, in_features, torch.float32):
                     return cls.packed_as("tiles", w)
-                gemm = "mkl" if mkl_packing_available() else "onednn"  # (a library's layout: out % 16)
+                gemm = _usable_float32_layout("mkl")  # (a library's layout: out % 16)
             if gemm == "mkl" and mkl_packed_rows_agree(out_features, in_features):
                 return cls.packed_as("mkl", w)
             if gemm != "onednn":
