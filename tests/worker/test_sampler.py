@@ -311,7 +311,7 @@ def test_prompt_logprobs_in_slices_equal_one_log_softmax(monkeypatch):
 
     logits, targets = _logits(rows=7, vocab=30, seed=9), torch.tensor([3, 0, 29, 5, 5, 17, 8])
     monkeypatch.setattr(sampler, "PROMPT_LOGPROBS_SLICE", 3)  # 7 positions: slices of 3, 3 and 1.
-    got = sampler.as_token_logprobs(*sampler.prompt_logprob_tensors(logits, targets, 2))
+    got = sampler.as_token_logprobs(sampler.prompt_logprob_tensors(logits, targets, 2), [2] * 7)
     ref = torch.log_softmax(logits, dim=-1)
     assert [lp.token_id for lp in got] == targets.tolist()
     assert [lp.logprob for lp in got] == ref.gather(1, targets[:, None])[:, 0].tolist()

@@ -12,7 +12,7 @@ token ids, which step N+1's inputs take from that tensor on the device
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -69,7 +69,7 @@ class HostIds:
             if ids is not None:
                 ids[0].copy_(ids[1], non_blocking=True)
             event.record()
-        for t in (*tensors, *(ids[1:] if ids is not None else ())):
+        for t in (*tensors, ids[1]) if ids is not None else tensors:
             t.record_stream(self._stream)  # NOTE: allocated on the compute stream, read on this one.
         return event, host
 
@@ -86,11 +86,10 @@ class PendingPromptLogprobs:
     def read(self) -> list[PromptLogprobs]:
         if self.copied is not None:
             self.copied.synchronize()
-        got, at, out = as_token_logprobs(*self.tensors), 0, []
-        for seq_id, start, count, k in self.rows:
-            out.append(PromptLogprobs(seq_id, start, [
-                replace(lp, top_token_ids=lp.top_token_ids[:k], top_logprobs=lp.top_logprobs[:k])
-                for lp in got[at : at + count]]))
+        got = as_token_logprobs(self.tensors, [k for _, _, count, k in self.rows for _ in range(count)])
+        out, at = [], 0
+        for seq_id, start, count, _ in self.rows:
+            out.append(PromptLogprobs(seq_id, start, got[at : at + count]))
             at += count
         return out
 

@@ -222,8 +222,8 @@ class PendingLogprobs:
         """[S]: each asking row's TokenLogprobs (its own top k), None for the others."""
         out: list[TokenLogprobs | None] = [None] * self.num_rows
         if self.rows:
-            for i, k, got in zip(self.rows, self.ks, as_token_logprobs(*self.tensors)):
-                out[i] = replace(got, top_token_ids=got.top_token_ids[:k], top_logprobs=got.top_logprobs[:k])
+            for i, got in zip(self.rows, as_token_logprobs(self.tensors, self.ks)):
+                out[i] = got
         return out
 
 
@@ -575,12 +575,12 @@ def _logprob_tensors(lp: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple
     return token_ids, chosen[:, 0], ranks, top_ids, top_vals
 
 
-def as_token_logprobs(token_ids: torch.Tensor, values: torch.Tensor, ranks: torch.Tensor, top_ids: torch.Tensor,
-                       top_vals: torch.Tensor) -> list[TokenLogprobs]:
-    """_logprob_tensors' tensors, read (one .tolist() each), as TokenLogprobs [N]."""
-    ids, values, ranks, top_ids, top_vals = (t.tolist() for t in (token_ids, values, ranks, top_ids, top_vals))
-    return [TokenLogprobs(t, v, tuple(ti), tuple(tv), r)
-            for t, v, r, ti, tv in zip(ids, values, ranks, top_ids, top_vals)]
+def as_token_logprobs(tensors: tuple[torch.Tensor, ...], ks: Sequence[int]) -> list[TokenLogprobs]:
+    """_logprob_tensors' tensors, read (one .tolist() each), as TokenLogprobs [N], row i
+    with its top ks[i] (the tensors hold the largest k asked for)."""
+    ids, values, ranks, top_ids, top_vals = (t.tolist() for t in tensors)
+    return [TokenLogprobs(t, v, tuple(ti[:k]), tuple(tv[:k]), r)
+            for t, v, r, ti, tv, k in zip(ids, values, ranks, top_ids, top_vals, ks)]
 
 
 PROMPT_LOGPROBS_SLICE = 1024  # Positions per float32 log_softmax: bounds its [slice, V] copy.
