@@ -373,6 +373,7 @@ class GenerateOptions:
     request_id: str = ""
     model: str = ""
     priority: int = 0
+    cache_salt: str = ""  # Prefix-cache isolation: cached blocks shared only with this salt's requests.
     # ChatMessages' fields. chat_template_kwargs: JSON values ({"enable_thinking": False}).
     chat_template_kwargs: Mapping[str, Any] | None = None
     tools: Sequence[Mapping[str, Any]] = ()  # Function definitions (tool_pb).
@@ -404,7 +405,7 @@ class GenerateOptions:
         if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
             raise ValueError("pass exactly one of prompt, messages or token_ids")
         request = pb.GenerateRequest(request_id=self.request_id, model=self.model, params=self.sampling_pb(),
-                                     priority=self.priority)
+                                     priority=self.priority, cache_salt=self.cache_salt)
         if messages is not None:
             request.messages.CopyFrom(self.chat_pb(messages))
             return request

@@ -6,11 +6,18 @@ Definition, for a subscriber in any language:
 
     hash_block(parent, ids) = SHA-256( parent || int64_le(ids[0]) || int64_le(ids[1]) || ... )
 
-`parent` is the 32-byte key of the previous block of the same token list, or nothing at
-all (zero bytes) for the first block; each token id is 8 bytes, two's-complement,
-little-endian. Block i of a token list is keyed by hash_block(key of block i-1, its
-block_size ids), so a key names the whole prefix up to the end of its block. Nothing
-else enters the key (no model name, no salt): one scheduler serves one model.
+`parent` is the 32-byte key of the previous block of the same token list; for the first
+block it is nothing at all (zero bytes), or, for a request with a cache salt, the salt's
+key; each token id is 8 bytes, two's-complement, little-endian. Block i of a token list
+is keyed by hash_block(key of block i-1, its block_size ids), so a key names the whole
+prefix up to the end of its block. No model name enters the key: one scheduler serves
+one model.
+
+    salt_key(salt) = SHA-256( "llmserve cache salt" || 0x00 || utf8(salt) )
+
+A cache salt (vLLM's `cache_salt`) keeps a tenant's blocks apart: a request shares cached
+blocks only with requests of the same salt (or, unsalted, only with unsalted ones), so a
+client cannot time another tenant's prompts through the cache. The empty salt is none.
 
     tokens:   [ 3 1 4 1 | 5 9 2 6 | 5 3 ]     (block_size = 4)
     keys:       h0 = H(-, 3141)
@@ -29,6 +36,14 @@ from array import array
 from collections.abc import Sequence
 
 BLOCK_HASH_BYTES = 32
+# NOTE: read as little-endian int64 ids, the salt's input starts with 0x65767265736d6c6c
+# ("llmserve"), far above any vocabulary's ids: no token list's first key is a salt's key.
+_SALT_DOMAIN = b"llmserve cache salt\x00"
+
+
+def salt_key(salt: str) -> bytes | None:
+    """The parent key of a salted token list's first block (None for no salt: "")."""
+    return hashlib.sha256(_SALT_DOMAIN + salt.encode()).digest() if salt else None
 
 
 def hash_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
@@ -42,12 +57,13 @@ def hash_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
     return digest.digest()
 
 
-def prompt_block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:
+def prompt_block_hashes(token_ids: Sequence[int], block_size: int, cache_salt: str = "") -> list[bytes]:
     """The keys of every full block of `token_ids`, first block first (a partial last
-    block has none)."""
+    block has none), for a request with this cache salt."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     hashes: list[bytes] = []
+    root = salt_key(cache_salt)
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[start : start + block_size]))
+        hashes.append(hash_block(hashes[-1] if hashes else root, token_ids[start : start + block_size]))
     return hashes

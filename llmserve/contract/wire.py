@@ -179,10 +179,10 @@ def public_str(value: str) -> str:
 
 def add_request_to_pb(request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                       n: int = 1, priority: int = 0, trace_context: dict[str, str] | None = None,
-                      deadline_ms: int = 0) -> scheduler_pb2.AddRequest:
+                      deadline_ms: int = 0, cache_salt: str = "") -> scheduler_pb2.AddRequest:
     return scheduler_pb2.AddRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
                                     sampling=sampling_to_pb(sampling), n=n, priority=priority,
-                                    trace_context=trace_context, deadline_ms=deadline_ms)
+                                    trace_context=trace_context, deadline_ms=deadline_ms, cache_salt=cache_salt)
 
 
 def request_output_to_pb(out: RequestOutput) -> scheduler_pb2.RequestOutput:

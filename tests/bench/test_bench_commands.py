@@ -69,6 +69,12 @@ def test_bench_throughput_smoke(tmp_path):
     # and the TLS cost pairs the two by round.
     plain = report["results"]["grpc-insecure"]
     assert plain["same_tokens_as_engine"] == 1.0 and len(plain["rounds_output_tokens_per_s"]) == 2
+    # One cluster per security mode served both rounds, each round under its own cache salt:
+    # a round finds cached only the one 16-token block its warm-up request (the first
+    # prompt's first 16 tokens) left, never the previous round's prompts (they would hit:
+    # the prompts hold more than one whole block each on average).
+    assert report["workload"]["prompt_tokens"] > 6 * 16
+    assert grpc_run["rounds_cached_prompt_tokens"] == plain["rounds_cached_prompt_tokens"] == [16, 16]
     assert report["tls_cost_rounds"] == pytest.approx(
         [p / t for p, t in zip(plain["rounds_output_tokens_per_s"], grpc_run["rounds_output_tokens_per_s"])])
 

@@ -156,11 +156,13 @@ def test_bench_throughput_runs_each_precision_beside_the_engine_and_grpc(tiny_ll
 
     grpc_tok_s = 1000.0
 
-    def fake_grpc(model_dir, requests, args, insecure=False):
+    def fake_grpc(cluster, requests, cache_salt):
+        assert cluster == "a cluster" and cache_salt
         tokens = sum(r.output_len for r in requests)
         return {"seconds": tokens / grpc_tok_s, "output_tokens": tokens, "output_tokens_per_s": grpc_tok_s,
                 "outputs": {}}
 
+    monkeypatch.setattr(throughput.GrpcClusters, "get", lambda self, insecure: "a cluster")
     monkeypatch.setattr(throughput, "run_through_grpc", fake_grpc)
     # The machine's peaks take seconds to measure and play no part here.
     monkeypatch.setattr(throughput, "measure_matmul_peak", lambda *a, **k: 1e11)

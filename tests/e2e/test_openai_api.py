@@ -190,6 +190,29 @@ async def test_repeated_prompt_reports_cached_tokens(cluster):
 
 
 @pytest.mark.slow
+async def test_a_cache_salt_shares_cached_blocks_only_within_its_tenant(cluster):
+    prompt = f"{uuid.uuid4().hex} " + "Pack my box with five dozen liquor jugs. " * 8
+
+    async def cached(**salt) -> int:
+        reply = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0,
+                                                extra_body=salt)
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    async with sdk(cluster) as client:
+        assert await cached() == 0
+        assert await cached(cache_salt="tenant-a") == 0  # Not the unsalted request's blocks.
+        assert await cached(cache_salt="tenant-b") == 0
+        hits = [await cached(cache_salt="tenant-a"), await cached(cache_salt="tenant-b"), await cached()]
+        assert all(h >= 16 and h % 16 == 0 for h in hits), hits
+        with pytest.raises(openai.BadRequestError) as err:
+            await cached(cache_salt="")
+        assert "cache_salt" in str(err.value.body)
+        with pytest.raises(openai.BadRequestError) as err:
+            await cached(cache_salt="s" * 1025)
+        assert "cache_salt is 1025 bytes; the limit is 1024" in err.value.body["message"]
+
+
+@pytest.mark.slow
 async def test_errors_are_openai_shaped(cluster):
     async with sdk(cluster, api_key="not-a-key") as bad:
         with pytest.raises(openai.AuthenticationError) as err:

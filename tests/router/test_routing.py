@@ -158,6 +158,21 @@ async def test_choose_follows_the_cache_and_expects_what_it_placed():
     await replicas.close()
 
 
+async def test_a_salted_request_follows_only_its_salts_cached_blocks():
+    replicas = await serving_set("cache-aware")
+    a, b = sorted(replicas.replicas.values(), key=lambda r: r.name)
+    prompt = list(range(20))
+    unsalted, salted = prompt_block_hashes(prompt, 4), prompt_block_hashes(prompt, 4, "tenant")
+    b.kv.apply(batch(1, stored(unsalted[0]), stored(unsalted[1], unsalted[0])))
+    a.kv.apply(batch(1, stored(salted[0])))
+    b.in_flight = a.in_flight = 1
+    assert replicas.choose(prompt) == (b, 8)
+    assert replicas.choose(prompt, cache_salt="tenant") == (a, 4)
+    # The placement expects the salt's keys on its replica, not the unsalted ones.
+    assert a.kv.matched_blocks(salted) == 5 and a.kv.matched_blocks(unsalted) == 0
+    await replicas.close()
+
+
 async def test_saturated_replicas_are_avoided_while_another_is_not():
     replicas = await serving_set("least-load")
     a, b = sorted(replicas.replicas.values(), key=lambda r: r.name)

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from llmserve.contract.block_hash import hash_block, prompt_block_hashes
+from llmserve.contract.block_hash import hash_block, prompt_block_hashes, salt_key
 
 from .scheduler_testkit import FakeWorker, make_scheduler, params, run_until_done
 
@@ -38,3 +38,36 @@ def test_the_prefix_cache_keys_blocks_with_the_shared_hash():
     cached = set(scheduler.kv.pool._cached)
     # The prompt's two full blocks (the last one is never a hit, but it is cached).
     assert set(prompt_block_hashes(prompt, 4)) <= cached
+
+
+def test_a_cache_salt_chains_the_first_block_from_the_salts_own_key():
+    tokens = list(range(8))
+    salted_root = hashlib.sha256(b"llmserve cache salt\x00tenant-a").digest()
+    assert salt_key("tenant-a") == salted_root and salt_key("") is None
+    h0 = hashlib.sha256(salted_root + struct.pack("<4q", 0, 1, 2, 3)).digest()
+    assert prompt_block_hashes(tokens, 4, "tenant-a") == [h0, hash_block(h0, tokens[4:])]
+    assert prompt_block_hashes(tokens, 4, "") == prompt_block_hashes(tokens, 4)
+    keys = {tuple(prompt_block_hashes(tokens, 4, salt)) for salt in ("", "tenant-a", "tenant-b")}
+    assert len(keys) == 3  # Every block differs between salts, the later ones by the chain.
+    assert not set(prompt_block_hashes(tokens, 4, "tenant-a")) & set(prompt_block_hashes(tokens, 4))
+
+
+def test_requests_share_cached_blocks_only_with_the_same_salt():
+    scheduler = make_scheduler(num_blocks=32, block_size=4, enable_prefix_caching=True)
+    prompt = list(range(5, 18))  # 13 tokens: three full blocks, all but the last a possible hit.
+    worker = FakeWorker(4)
+
+    def admitted(request_id: str, cache_salt: str) -> int:
+        request = scheduler.add_request(request_id, prompt, params(max_tokens=1), cache_salt=cache_salt)
+        run_until_done(scheduler, worker)
+        return request.num_cached_tokens
+
+    assert admitted("unsalted", "") == 0
+    assert admitted("tenant-a", "a") == 0  # The unsalted request's blocks are not a's.
+    assert admitted("tenant-a-again", "a") == 12
+    assert admitted("tenant-b", "b") == 0
+    assert admitted("unsalted-again", "") == 12
+    # The cache holds each salt's keys as the router computes them.
+    cached = set(scheduler.kv.pool._cached)
+    for salt in ("", "a", "b"):
+        assert set(prompt_block_hashes(prompt, 4, salt)) <= cached

@@ -5,6 +5,7 @@ cluster over gRPC, through HF transformers and through llama.cpp's llama-server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 import time
@@ -119,30 +120,58 @@ def cluster_spec(model_dir: Path, args, insecure: bool = False):
                        log_level="WARNING", insecure=insecure)
 
 
-def run_through_grpc(model_dir: Path, requests: list[BenchRequest], args, insecure: bool = False) -> dict:
-    from llmserve.launcher.cluster import LocalCluster
+class GrpcClusters:
+    """The run's local clusters, one per security mode, each started at its first round
+    and kept for the rest: a round's requests carry a cache salt of their own, so no round
+    finds what an earlier one left in the prefix cache (as a fresh cluster would not), and
+    the run pays one cluster start per mode (~10 s each on 2 cores), not one per round."""
 
-    spec = cluster_spec(model_dir, args, insecure)
+    def __init__(self, model_dir: Path, args):
+        self.model_dir, self.args = model_dir, args
+        self._open: dict[bool, Any] = {}
+        self._stack = contextlib.ExitStack()
+
+    def get(self, insecure: bool):
+        from llmserve.launcher.cluster import LocalCluster
+
+        if insecure not in self._open:
+            self._open[insecure] = self._stack.enter_context(LocalCluster(cluster_spec(self.model_dir, self.args,
+                                                                                       insecure)))
+        return self._open[insecure]
+
+    def __enter__(self) -> GrpcClusters:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+
+def run_through_grpc(cluster, requests: list[BenchRequest], cache_salt: str) -> dict:
+    """One round of the workload through a running cluster, its requests salted with
+    `cache_salt` (each round its own: see GrpcClusters)."""
+
+    cached = {}  # Request id -> prompt tokens it found in the prefix cache.
 
     async def one(client, rid: str, r: BenchRequest) -> tuple[str, list[int]]:
         ids = []
         async for delta in client.generate(token_ids=r.prompt_token_ids, max_tokens=r.output_len,
-                                           temperature=0.0, ignore_eos=True):
+                                           temperature=0.0, ignore_eos=True, cache_salt=cache_salt):
             ids += delta.token_ids
+            if delta.usage is not None:
+                cached[rid] = delta.usage["cached_tokens"]
         return rid, ids
 
-    async def run_all(cluster) -> tuple[float, dict]:
+    async def run_all() -> tuple[float, dict]:
         async with cluster.client() as client:
             await one(client, "warmup", BenchRequest(requests[0].prompt_token_ids[:16], 2))
             start = time.perf_counter()
             results = await asyncio.gather(*(one(client, f"r{i}", r) for i, r in enumerate(requests)))
             return time.perf_counter() - start, dict(results)
 
-    with LocalCluster(spec) as cluster:
-        seconds, outputs = asyncio.run(run_all(cluster))
+    seconds, outputs = asyncio.run(run_all())
     out_tokens = sum(len(v) for v in outputs.values())
     return {"seconds": seconds, "output_tokens": out_tokens, "output_tokens_per_s": out_tokens / seconds,
-            "outputs": outputs}
+            "outputs": outputs, "cached_prompt_tokens": sum(cached.get(rid, 0) for rid in outputs)}
 
 
 def _same_outputs(a: dict, b: dict) -> float:
@@ -183,6 +212,8 @@ def _summarize_rounds(rounds: list[dict]) -> dict:
         return rounds[0]
     chosen = median_round(ok, key=lambda r: r["output_tokens_per_s"])
     chosen["rounds_output_tokens_per_s"] = [r["output_tokens_per_s"] for r in ok]
+    if all("cached_prompt_tokens" in r for r in ok):
+        chosen["rounds_cached_prompt_tokens"] = [r["cached_prompt_tokens"] for r in ok]
     for ratio in RATIOS:
         if ratio in chosen:
             chosen[f"rounds_{ratio}"] = [r[ratio] for r in ok if ratio in r]
@@ -305,34 +336,38 @@ def _run_rounds(run: _Run) -> tuple[dict[str, list[dict]], int]:
         engine = compile_pass(engine, run.requests, scheduling)
     block_size = engine.scheduler.kv.block_size
     rounds: dict[str, list[dict]] = {}
-    for round_index in range(run.args.repeat):
-        if round_index:  # A fresh scheduler: no prefix-cache hits on the previous round's prompts.
-            engine = RecordingEngine(engine.runner, scheduling)
-        result = run_in_process(engine, run.requests)
-        result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / run.peak
-        result.update(roofline(engine, run.peak, run.bandwidth, run.torch_dtype, result, run.quantization))
-        rounds.setdefault("engine", []).append(result)
-        _print_row(f"[{round_index + 1}] {_label('engine', run.args.hf_batch_size)}", result)
-        this_round: dict[str, dict] = {}
-        for system in _grpc_systems(run.args, round_index) + _baseline_systems(run.args, run.llama_cpp_quants):
-            this_round[system] = _run_system(run, system, result, this_round)
-            rounds.setdefault(system, []).append(this_round[system])
-            if "error" in this_round[system]:
-                print(f"[{round_index + 1}] {system}: failed: {this_round[system]['error']}", flush=True)
-            else:
-                _print_row(f"[{round_index + 1}] {_label(system, run.args.hf_batch_size)}", this_round[system])
+    with GrpcClusters(run.model_dir, run.args) as clusters:
+        for round_index in range(run.args.repeat):
+            if round_index:  # A fresh scheduler: no prefix-cache hits on the previous round's prompts.
+                engine = RecordingEngine(engine.runner, scheduling)
+            result = run_in_process(engine, run.requests)
+            result["mfu"] = result["achieved_gflop_per_s"] * 1e9 / run.peak
+            result.update(roofline(engine, run.peak, run.bandwidth, run.torch_dtype, result, run.quantization))
+            rounds.setdefault("engine", []).append(result)
+            _print_row(f"[{round_index + 1}] {_label('engine', run.args.hf_batch_size)}", result)
+            this_round: dict[str, dict] = {}
+            for system in _grpc_systems(run.args, round_index) + _baseline_systems(run.args, run.llama_cpp_quants):
+                if system.startswith("grpc"):
+                    this_round[system] = run_through_grpc(clusters.get(system == "grpc-insecure"), run.requests,
+                                                          cache_salt=f"bench-throughput-round-{round_index}")
+                else:
+                    this_round[system] = _run_baseline(system, run.model_dir, run.requests, run.args,
+                                                       run.torch_dtype, run.device)
+                _pair_with_round(system, result, this_round)
+                rounds.setdefault(system, []).append(this_round[system])
+                if "error" in this_round[system]:
+                    print(f"[{round_index + 1}] {system}: failed: {this_round[system]['error']}", flush=True)
+                else:
+                    _print_row(f"[{round_index + 1}] {_label(system, run.args.hf_batch_size)}", this_round[system])
     return rounds, block_size
 
 
-def _run_system(run: _Run, system: str, engine_result: dict, this_round: dict[str, dict]) -> dict:
-    """One run of a system other than the engine, with its ratios to this round's engine
-    run (and to this round's gRPC runs, for a baseline)."""
-    if system.startswith("grpc"):
-        result = run_through_grpc(run.model_dir, run.requests, run.args, insecure=system == "grpc-insecure")
-    else:
-        result = _run_baseline(system, run.model_dir, run.requests, run.args, run.torch_dtype, run.device)
+def _pair_with_round(system: str, engine_result: dict, this_round: dict[str, dict]) -> None:
+    """Adds to a system's run (this_round[system]) its ratios to this round's engine run
+    (and to this round's gRPC runs, for a baseline)."""
+    result = this_round[system]
     if "error" in result:
-        return result
+        return
     if "outputs" in result:  # Token ids (llama-server streams text only).
         result["same_tokens_as_engine"] = _same_outputs(engine_result["outputs"], result["outputs"])
     # Paired with this round's engine run: the host's drift between rounds
@@ -343,7 +378,6 @@ def _run_system(run: _Run, system: str, engine_result: dict, this_round: dict[st
             grpc_run = this_round.get(grpc_system)
             if grpc_run is not None and "error" not in grpc_run:
                 result[ratio] = grpc_run["output_tokens_per_s"] / result["output_tokens_per_s"]
-    return result
 
 
 def _print_summary(run: _Run, results: dict[str, dict], block_size: int) -> None:

@@ -38,6 +38,14 @@ export interface GenerateRequest {
    */
   'priority'?: (number);
   /**
+   * Prefix-cache isolation (vLLM's cache_salt): the request reuses cached KV blocks only
+   * of requests that gave the same salt, so one tenant cannot learn another's prompts
+   * from how fast theirs are served. Give each tenant a secret, unguessable salt (e.g. 32
+   * random bytes, base64). Empty: unsalted, shared with every unsalted request. At most
+   * 1,024 bytes.
+   */
+  'cache_salt'?: (string);
+  /**
    * The prompt, in exactly one of three forms.
    */
   'input'?: "text"|"token_ids"|"messages";
@@ -76,6 +84,14 @@ export interface GenerateRequest__Output {
    * Equal priorities are served first come, first served. Default 0.
    */
   'priority': (number);
+  /**
+   * Prefix-cache isolation (vLLM's cache_salt): the request reuses cached KV blocks only
+   * of requests that gave the same salt, so one tenant cannot learn another's prompts
+   * from how fast theirs are served. Give each tenant a secret, unguessable salt (e.g. 32
+   * random bytes, base64). Empty: unsalted, shared with every unsalted request. At most
+   * 1,024 bytes.
+   */
+  'cache_salt': (string);
   /**
    * The prompt, in exactly one of three forms.
    */

@@ -41,13 +41,14 @@ class GenerationError(Exception):
 class Job:
     """What a request asks of the engine: `n` samples of a prompt (one engine request,
     sharing the prompt's KV; sample i draws with seed + i). `deadline_ms`: what is left
-    of the client's deadline (0: none)."""
+    of the client's deadline (0: none); `cache_salt`: see GenerateRequest.cache_salt."""
 
     prompt_ids: list[int]
     sampling: SamplingParams
     n: int
     priority: int = 0
     deadline_ms: int = 0
+    cache_salt: str = ""
 
 
 class Attempts:
@@ -116,7 +117,7 @@ class Attempts:
         record, job, placements = self.record, self.job, self.replicas.placements
         migrated, refused = bool(record.tried), []
         while True:
-            choice = self.replicas.choose(prompt_ids, record.tried + refused)
+            choice = self.replicas.choose(prompt_ids, record.tried + refused, job.cache_salt)
             if choice is None:
                 reason = ("no replica is left to resume it on: " if migrated else "") + NO_REPLICA
                 record.outcome = ("error", reason)
@@ -128,7 +129,8 @@ class Attempts:
             placements.place(record, replica, unfinished)
             try:
                 await replica.link.add(record.request_id, prompt_ids, sampling, n=job.n, priority=job.priority,
-                                       trace_context=record.telemetry.trace_context(), deadline_ms=job.deadline_ms)
+                                       trace_context=record.telemetry.trace_context(), deadline_ms=job.deadline_ms,
+                                       cache_salt=job.cache_salt)
             except SchedulerUnavailable:
                 placements.unplace(record)  # Its session just ended, before the write: try another.
                 refused.append(replica)

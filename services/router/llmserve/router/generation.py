@@ -28,7 +28,7 @@ from llmserve.contract.outputs import FinishReason, RequestOutput
 from llmserve.contract.sampling import SamplingParams
 from llmserve.router.attempts import Attempts, GenerationError, Job
 from llmserve.router.detokenizer import new_detokenizer
-from llmserve.router.limits import check_prompt_size, check_stop_sizes
+from llmserve.router.limits import check_cache_salt, check_prompt_size, check_stop_sizes
 from llmserve.router.placements import Placement, Placements
 from llmserve.router.reasoning import REASONING_PARSERS, ReasoningSplitter
 from llmserve.router.replicas import Replica, ReplicaSet
@@ -218,6 +218,7 @@ class Generation:
             check_stop_sizes(sampling)
             await check_grammar(sampling)  # A schema that cannot be compiled: refused, nothing queued.
             check_prompt_size(request, self.served)  # Before tokenizing: bounded work from here on.
+            check_cache_salt(request.cache_salt)
             prompt_ids = await self._prompt_ids(request)
             sampling = resolve_sampling(sampling, len(prompt_ids), self.served)
             if sampling.bad_words:
@@ -226,7 +227,7 @@ class Generation:
         except BaseException:  # A refusal, an error, or the client gone while tokenizing.
             self.placements.release(record)
             raise
-        return record, Job(prompt_ids, sampling, n, request.priority, deadline_ms), tools
+        return record, Job(prompt_ids, sampling, n, request.priority, deadline_ms, request.cache_salt), tools
 
     async def _prompt_ids(self, request) -> list[int]:
         kind = request.WhichOneof("input")

@@ -10,6 +10,7 @@ starts: before tokenizing, rendering a chat template or copying a repeated field
     max_model_len token_ids or more               INVALID_ARGUMENT     here
     over 16 stop strings, one over 256 chars      INVALID_ARGUMENT     here
     over 256 stop_token_ids                       INVALID_ARGUMENT     here
+    cache_salt over 1,024 bytes                   INVALID_ARGUMENT     here
     a prompt of max_model_len tokens or more      INVALID_ARGUMENT     validation, after tokenizing
 
 Each error names the limit it hit.
@@ -29,6 +30,8 @@ MAX_STOP_TOKEN_IDS = 256
 # Bad words: each is tokenized twice by the router and matched every step by the sampler.
 MAX_BAD_WORDS = 128
 MAX_BAD_WORD_BYTES = 256
+# Hashed once per request (its first block's parent key); a 256-bit secret is 44 base64 chars.
+MAX_CACHE_SALT_BYTES = 1024
 
 
 def prompt_byte_limit(configured: int | None, max_model_len: int, longest_token_bytes: int) -> int:
@@ -41,6 +44,12 @@ def check_request_id(request_id: str) -> None:
     size = len(request_id.encode("utf-8"))
     if size > MAX_REQUEST_ID_BYTES:
         raise invalid(f"request_id is {size} bytes; the limit is {MAX_REQUEST_ID_BYTES}")
+
+
+def check_cache_salt(salt: str) -> None:
+    size = len(salt.encode("utf-8"))
+    if size > MAX_CACHE_SALT_BYTES:
+        raise invalid(f"cache_salt is {size} bytes; the limit is {MAX_CACHE_SALT_BYTES}", param="cache_salt")
 
 
 def check_prompt_size(request, served: ServedModel) -> None:

@@ -242,9 +242,11 @@ class ReplicaSet:
     def serving_infos(self) -> list[tuple[WorkerInfo, int, StepBudget]]:
         return [r.info for r in self.replicas.values() if r.routable and r.info is not None]
 
-    def choose(self, prompt_ids: Sequence[int], exclude: Sequence[Replica] = ()) -> tuple[Replica, int] | None:
-        """The replica for a request of these prompt ids (not one of `exclude`), and the
-        prompt tokens it is expected to hold cached; None when no replica can take it."""
+    def choose(self, prompt_ids: Sequence[int], exclude: Sequence[Replica] = (),
+               cache_salt: str = "") -> tuple[Replica, int] | None:
+        """The replica for a request of these prompt ids and cache salt (not one of
+        `exclude`), and the prompt tokens it is expected to hold cached; None when no
+        replica can take it."""
         replicas = [r for r in self.routable() if r not in exclude]
         if not replicas:
             return None
@@ -257,7 +259,7 @@ class ReplicaSet:
             cached = 0
             if block_size and self.policy.name == "cache-aware":
                 if block_size not in hashes:
-                    hashes[block_size] = prompt_block_hashes(prompt_ids, block_size)
+                    hashes[block_size] = prompt_block_hashes(prompt_ids, block_size, cache_salt)
                 # The last prompt token is always computed (its logits are sampled).
                 cached = min(replica.kv.matched_blocks(hashes[block_size]) * block_size, len(prompt_ids) - 1)
             candidates[replica.name] = (replica, Candidate(replica.name, replica.load, max(0, cached)))

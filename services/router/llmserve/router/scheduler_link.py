@@ -147,13 +147,14 @@ class SchedulerLink:
 
     async def add(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                   n: int = 1, priority: int = 0, trace_context: dict[str, str] | None = None,
-                  deadline_ms: int = 0) -> None:
+                  deadline_ms: int = 0, cache_salt: str = "") -> None:
         """Queue a request of `n` samples, already placed here (Placements.place): its
         outputs (every sample's) land in its record's queue. `deadline_ms`: what is left
-        of the client's deadline (0: none)."""
+        of the client's deadline (0: none); `cache_salt`: its prefix-cache isolation."""
         if not self.connected.is_set():
             raise SchedulerUnavailable(f"not connected to scheduler {self.address}")
-        add = wire.add_request_to_pb(request_id, prompt_token_ids, sampling, n, priority, trace_context, deadline_ms)
+        add = wire.add_request_to_pb(request_id, prompt_token_ids, sampling, n, priority, trace_context, deadline_ms,
+                                     cache_salt)
         await self._write(scheduler_pb2.RouterMessage(add=add))
 
     async def _write(self, message: scheduler_pb2.RouterMessage) -> None:

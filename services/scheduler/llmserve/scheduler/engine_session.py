@@ -113,10 +113,10 @@ class EngineSession:
     # --- requests --------------------------------------------------------------
 
     def submit(self, owner: RouterSession, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-               n: int, priority: int, deadline: float | None) -> Request:
+               n: int, priority: int, deadline: float | None, cache_salt: str = "") -> Request:
         """Queues a router's request, owned by `owner`; raises as Scheduler.submit does."""
         request, displaced = self.core.submit(request_id, prompt_token_ids, sampling, n=n, priority=priority,
-                                              deadline=deadline)
+                                              deadline=deadline, cache_salt=cache_salt)
         request.stream.owner = owner
         self.loop.deliver(displaced)
         self._work.set()

@@ -1,9 +1,10 @@
 """Prefix caching: finding a sample's leading blocks already in the cache, and offering
 the blocks it fills to the cache.
 
-Block keys: `llmserve.contract.block_hash` (chained SHA-256 over the token ids), shared
-with the router, which computes the same keys from a prompt to route on the scheduler's
-KV events (kv_events.py).
+Block keys: `llmserve.contract.block_hash` (chained SHA-256 over the token ids, the
+first block's chained from the request's cache salt if it has one), shared with the
+router, which computes the same keys from a prompt to route on the scheduler's KV events
+(kv_events.py).
 """
 
 from __future__ import annotations
@@ -71,6 +72,6 @@ class PrefixCache:
         if len(hashes) < num_full:
             tokens, bs = sample.all_token_ids, self.block_size
             for index in range(len(hashes), num_full):
-                parent = hashes[-1] if hashes else None
+                parent = hashes[-1] if hashes else sample.request.salt_key
                 hashes.append(hash_block(parent, tokens[index * bs : (index + 1) * bs]))
         return hashes

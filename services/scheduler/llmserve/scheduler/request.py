@@ -95,6 +95,9 @@ class Request:
     arrival_order: int = 0  # FCFS rank among equal priorities.
     arrival_time: float = field(default_factory=time.monotonic)
     deadline: float | None = None  # time.monotonic() after which it ends with DEADLINE_EXCEEDED.
+    # The parent key of its first block (block_hash.salt_key of its cache salt; None: unsalted):
+    # its blocks are shared only with requests of the same salt.
+    salt_key: bytes | None = None
     samples: list[Sample] = field(default_factory=list)  # Live ones (the root, or the samples).
     num_cached_tokens: int = 0  # Prompt tokens found in the prefix cache at admission.
     # With sampling.prompt_logprobs: prompt tokens 1.. so far (the workers compute them

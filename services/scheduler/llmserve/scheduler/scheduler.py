@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from llmserve.contract.block_hash import salt_key
 from llmserve.contract.outputs import ErrorCode, RequestOutput
 from llmserve.contract.plan import StepPlan, StepResult
 from llmserve.contract.sampling import SamplingParams
@@ -119,14 +120,16 @@ class Scheduler:
     # ---- requests in and out ----
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                    n: int = 1, priority: int = 0, deadline: float | None = None) -> Request:
+                    n: int = 1, priority: int = 0, deadline: float | None = None, cache_salt: str = "") -> Request:
         """Queue a request of `n` samples (WAITING) and return its record, whatever the
         queue bounds (see submit). Raises ValueError on a duplicate id or bad input.
         Sample i gets seed + i when a seed is set. `deadline` (on the scheduler's clock):
-        see expire."""
+        see expire. `cache_salt`: it shares cached blocks only with requests of the same
+        salt (block_hash.salt_key)."""
         self._validate(request_id, prompt_token_ids, sampling, n)
         request = Request(request_id, list(prompt_token_ids), sampling, self.eos_token_ids, n=n,
-                          priority=priority, arrival_order=self._next_arrival, deadline=deadline)
+                          priority=priority, arrival_order=self._next_arrival, deadline=deadline,
+                          salt_key=salt_key(cache_salt))
         self._next_arrival += 1
         samples = request.first_samples()
         self.live.add(request, samples)
@@ -137,7 +140,8 @@ class Scheduler:
         return request
 
     def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-               n: int = 1, priority: int = 0, deadline: float | None = None) -> tuple[Request, list[RequestOutput]]:
+               n: int = 1, priority: int = 0, deadline: float | None = None,
+               cache_salt: str = "") -> tuple[Request, list[RequestOutput]]:
         """add_request within the queue bounds (max_queued_requests, max_queued_tokens).
 
         Returns the request and the end outputs of the queued requests of worse priority
@@ -154,7 +158,8 @@ class Scheduler:
             ended = self.outputs.end_requests([r.request_id for r in victims], RequestStatus.FINISHED_ERROR, error,
                                               ErrorCode.RESOURCE_EXHAUSTED)
             outputs = [replace(out, retry_after_ms=retry_ms) for out in ended]
-        return self.add_request(request_id, prompt_token_ids, sampling, n, priority, deadline), outputs
+        request = self.add_request(request_id, prompt_token_ids, sampling, n, priority, deadline, cache_salt)
+        return request, outputs
 
     def expire(self, now: float) -> list[RequestOutput]:
         """End every request whose deadline is at or before `now` with ERROR

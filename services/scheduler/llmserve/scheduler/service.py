@@ -142,7 +142,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         try:
             request = engine.submit(session, request_id, list(add.prompt_token_ids),
                                     wire.sampling_from_pb(add.sampling), n=add.n or 1,
-                                    priority=add.priority, deadline=deadline)
+                                    priority=add.priority, deadline=deadline, cache_salt=add.cache_salt)
         except ValueError as err:
             session.refuse(request_id, ErrorCode.INVALID_ARGUMENT, str(err))
             return

@@ -19,7 +19,7 @@ gRPC. Tool calling (`tools`, `tool_choice`, `parallel_tool_calls`, messages' `to
 them); the deprecated `functions` and `function_call` are refused. Extensions beyond
 OpenAI's fields, as vLLM names them: `top_k`, `min_p`,
 `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `priority`,
-`guided_regex`, `guided_choice`, `guided_grammar`, `bad_words`, `prompt_logprobs`.
+`guided_regex`, `guided_choice`, `guided_grammar`, `bad_words`, `prompt_logprobs`, `cache_salt`.
 """
 
 from __future__ import annotations
@@ -126,6 +126,8 @@ class _Sampling(BaseModel):
     # Extension (vLLM's): each prompt token's logprob given the tokens before it, and the top k.
     prompt_logprobs: int | None = None
     priority: int = 0  # Extension: lower is served first (the gRPC API's priority).
+    # Extension (vLLM's): prefix-cache isolation, GenerateRequest.cache_salt ("" refused, as vLLM does).
+    cache_salt: str | None = Field(default=None, min_length=1)
     # Structured output: OpenAI's response_format, or one of the extensions (at most one).
     response_format: ResponseFormat | None = None
     guided_regex: str | None = None  # Extension: the output matches this regex in full.
@@ -327,7 +329,7 @@ class ChatCompletionRequest(_Sampling):
         elif self.tool_choice is not None:
             messages.tool_choice.mode = _TOOL_CHOICE_MODES[self.tool_choice]
         return generation_pb2.GenerateRequest(request_id=request_id, model=self.model, messages=messages,
-                                              priority=self.priority)
+                                              priority=self.priority, cache_salt=self.cache_salt or "")
 
     def sampling(self) -> tuple[SamplingParams, int]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -368,7 +370,8 @@ class CompletionRequest(_Sampling):
         share the body's sampling settings (`sampling`)."""
         requests = []
         for request_id, prompt in zip(request_ids, self.prompts(), strict=True):
-            request = generation_pb2.GenerateRequest(request_id=request_id, model=self.model, priority=self.priority)
+            request = generation_pb2.GenerateRequest(request_id=request_id, model=self.model, priority=self.priority,
+                                                     cache_salt=self.cache_salt or "")
             if isinstance(prompt, str):
                 request.text = prompt
             else:
