@@ -16,6 +16,9 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <type_traits>
+
+#include "vec_math.h"
 
 namespace {
 
@@ -85,6 +88,36 @@ void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& 
   });
 }
 
+// The first multiple of 16 of a row's d outputs, 16 lanes at a time, with the scalar
+// loop's roundings (float32 and bfloat16 on AVX-512; returns how many it did). Against the
+// scalar loop on the 2-core Xeon (AMX host), [512, 2 x 1536], three alternating pairs:
+// bfloat16 417 / 455 / 364 -> 317 / 379 / 310 us, float32 342 / 324 / 310 -> 216 / 318 /
+// 197 us; at 64 rows within noise. exp() saturates below -87: silu(-100) is -6e-37 where
+// torch gives -0, and silu(-inf) is -inf where torch gives NaN.
+template <typename T>
+inline int64_t silu_and_mul_row16(const T* gate, const T* up, T* out, int64_t d) {
+#if defined(__AVX512F__)
+  using namespace llmserve_vec;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+    constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
+    const __m512 one = _mm512_set1_ps(1.f);
+    int64_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+      const __m512 g = kBf16 ? load_bf16(gate + i) : _mm512_loadu_ps(reinterpret_cast<const float*>(gate + i));
+      const __m512 u = kBf16 ? load_bf16(up + i) : _mm512_loadu_ps(reinterpret_cast<const float*>(up + i));
+      __m512 act = _mm512_div_ps(g, _mm512_add_ps(one, exp(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+      if constexpr (kBf16) {
+        store_bf16(out + i, round_bf16(_mm512_mul_ps(round_bf16(act), u)));
+      } else {
+        _mm512_storeu_ps(reinterpret_cast<float*>(out + i), _mm512_mul_ps(act, u));
+      }
+    }
+    return i;
+  }
+#endif
+  return 0;
+}
+
 at::Tensor silu_and_mul(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0 && x.stride(1) == 1, "silu_and_mul: x [T, 2d], rows contiguous");
   const int64_t T = x.size(0), d = x.size(1) / 2, stride = x.stride(0);
@@ -97,7 +130,8 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
         const scalar_t* gate = in + r * stride;
         const scalar_t* up = gate + d;
         scalar_t* orow = o + r * d;
-        for (int64_t i = 0; i < d; ++i) {
+        const int64_t vectorized = silu_and_mul_row16<scalar_t>(gate, up, orow, d);
+        for (int64_t i = vectorized; i < d; ++i) {
           const float g = static_cast<float>(gate[i]);
           const float act = round_to<scalar_t>(g / (1.f + std::exp(-g)));
           orow[i] = static_cast<scalar_t>(act * static_cast<float>(up[i]));

@@ -24,5 +24,25 @@ inline __m512 exp(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// x rounded to bfloat16 and back (round to nearest even, as c10::BFloat16 converts; a
+// NaN stays a NaN): what `static_cast<float>(static_cast<c10::BFloat16>(x))` gives.
+inline __m512 round_bf16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __m512 r = _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, x);
+}
+
+// 16 bfloat16 values widened to float (exact), and float values already on the bfloat16
+// grid (round_bf16's) narrowed back (exact: the low 16 bits are zero).
+inline __m512 load_bf16(const void* p) {
+  const __m256i half = _mm256_loadu_si256(static_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+inline void store_bf16(void* p, __m512 on_grid) {
+  _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(on_grid), 16)));
+}
+
 }  // namespace llmserve_vec
 #endif
