@@ -23,7 +23,8 @@ PARAMS = [
     P(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.25),
     P(temperature=0.9, top_k=20, top_p=0.9, seed=7, logprobs=0),
     P(temperature=0.7, min_p=0.05),
-    P(temperature=0.0, logit_bias=((3, 5.0),), frequency_penalty=1.0),
+    # (11, 3): 3 is banned where the id in flight is 11 (it is), despite its +50.
+    P(temperature=0.0, logit_bias=((3, 50.0),), frequency_penalty=1.0, bad_words_token_ids=((11, 3),)),
 ]
 HISTORIES = [[1, 2], [4, 4, 9, 7, -1], [5, 6], [8], [0, 3, 3, -1]]  # -1: a placeholder of the step in flight
 PROMPT_LENS = [1, 2, 1, 1, 1]
@@ -61,6 +62,7 @@ def test_sampling_on_the_device_reads_nothing_back_and_matches_the_host():
     # comes from the device's own generator: another stream of numbers on CUDA).
     got, expected = out.token_ids.cpu().tolist(), want.token_ids.tolist()
     assert [got[i] for i in (0, 1, 4)] == [expected[i] for i in (0, 1, 4)]
+    assert got[4] != 3 and expected[4] != 3
     assert all(0 <= t < 64 for t in got)
     lps, want_lps = out.logprobs, want.logprobs
     assert [lp is None for lp in lps] == [False, True, False, True, True]

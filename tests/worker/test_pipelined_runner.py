@@ -195,19 +195,23 @@ def test_a_penalized_row_goes_ahead_its_id_in_flight_penalized_on_the_device(run
     assert len(outputs) == 11 and outputs[0] == 5 and len(set(outputs)) == len(outputs)
 
 
-def test_a_row_with_a_multi_token_bad_word_reads_the_step_in_flight_back_first(runners):
+def test_a_row_with_a_multi_token_bad_word_goes_ahead_its_ban_read_on_the_device(runners):
     serial, pipelined = runners()
     p = AheadPlanner()
     p.add("a", PROMPTS["a"])
-    p.add("w", PROMPTS["b"], SamplingParams(temperature=0.0, bad_words_token_ids=((5, 6), (11,))))
+    # Biases make greedy take 6, else 5; the bad words (6, 6) and (5, 5) forbid either
+    # twice in a row, so the output alternates 6, 5, 6, ...: each step's ban hangs on the
+    # id the step in flight sampled (a ban that missed it would repeat an id at once).
+    p.add("w", PROMPTS["b"], SamplingParams(temperature=0.0, logit_bias=((6, 30.0), (5, 20.0)),
+                                            bad_words_token_ids=((6, 6), (5, 5), (11,))))
     p.plan({"a": None, "w": None})
-    for _ in range(5):
+    for _ in range(7):
         p.plan({"a": 1, "w": 1})
     expected = [tokens(serial.execute(plan)) for plan in p.plans]
     results, ahead = run_pipelined(pipelined, p.plans)
     assert [tokens(r) for r in results] == expected
-    assert ahead == [False] * (len(p.plans) - 1)
-    assert 11 not in [tok for r in results for sid, tok in tokens(r) if sid == 2]
+    assert ahead == [True] * (len(p.plans) - 1)  # Never read back first for the bad words.
+    assert [tok for r in results for sid, tok in tokens(r) if sid == 2] == [6, 5] * 4
 
 
 def test_must_finish_first_names_each_reason():
@@ -232,8 +236,9 @@ def test_must_finish_first_names_each_reason():
     one_token_words = SamplingParams(bad_words_token_ids=((7,), (9,)))  # Banned always: no history read.
     assert not must_finish_first(in_flight, StepPlan(1, new_requests=[
         NewRequestData(5, [1], 1, one_token_words, [2], 0, 1)]), states)
-    two_token_word = SamplingParams(bad_words_token_ids=((7,), (8, 9)))  # Matches the output's last token.
-    assert must_finish_first(in_flight, StepPlan(1, new_requests=[
+    # Matches the output's last token: read on the device where it is in flight.
+    two_token_word = SamplingParams(bad_words_token_ids=((7,), (8, 9)))
+    assert not must_finish_first(in_flight, StepPlan(1, new_requests=[
         NewRequestData(5, [1], 1, two_token_word, [2], 0, 1)]), states)
     plain.draft_token_ids = [4]  # The step in flight verifies drafts: its accepted count moves the next inputs.
     assert must_finish_first(in_flight, decode, states)

@@ -157,6 +157,39 @@ def test_an_id_in_flight_is_penalized_as_the_same_id_read_back():
     assert differs[penalized].all() and not differs[[0, 1, 5, 6]].any()
 
 
+def test_a_bad_word_hanging_on_an_id_in_flight_bans_as_the_id_read_back():
+    # Each row's last id is a placeholder of the step in flight. Row 0: (3, 4, 9) bans 9
+    # after ... 3, 4 (the 4 in flight); row 1: (4, 9) after ... 4 (in flight) and (8, 9, 2)
+    # whose known 8 does not match; row 2: (4, 9) where the id in flight is not 4; row 3:
+    # the placeholder lies before the word's window ((7, 3) after ... 7: banned on the
+    # host), row 4: a word longer than the output (never the prompt); row 5: no placeholder.
+    words = [((3, 4, 9),), ((4, 9), (8, 9, 2)), ((4, 9),), ((7, 3), (5,)), ((1, 2, 3, 4, 9),), ((4, 9),)]
+    histories = [[1, 3, 4], [2, 5, 4], [2, 5, 6], [2, 7, 7], [1, 2, 3, 4], [2, 4]]
+    prompt_lens = [1, 1, 1, 1, 2, 1]
+    holes_at = {0: 2, 1: 2, 2: 2, 3: 1, 4: 3}  # row -> the placeholder's position
+    params = [P(temperature=0.0, bad_words_token_ids=w) for w in words]
+    output_index = [len(h) - n for h, n in zip(histories, prompt_lens)]
+    lg = _logits(rows=len(params), vocab=12, seed=7)
+    known = adjusted_logits(lg.clone(), _rows(params, output_index, histories, prompt_lens))
+    assert known[0, 9] == known[1, 9] == known[3, 3] == known[3, 5] == known[5, 9] == float("-inf")
+    assert torch.isfinite(known[[2, 4]]).all()
+    index = {0: 3, 1: 0, 2: 1, 3: 4, 4: 2}  # row -> its id's index among the ids in flight
+    ids_in_flight = torch.zeros(5, dtype=torch.long)
+    for r, i in index.items():
+        ids_in_flight[i] = histories[r][holes_at[r]]
+    with_holes = [[-1 if k == holes_at.get(r) else t for k, t in enumerate(h)] for r, h in enumerate(histories)]
+    holes = {r: (holes_at[r], index[r]) for r in holes_at}
+    rows = replace(_rows(params, output_index, with_holes, prompt_lens), in_flight=InFlightIds(ids_in_flight, holes))
+    torch.testing.assert_close(adjusted_logits(lg.clone(), rows), known, rtol=0, atol=0)
+    # The ids in flight are read: others there lift the bans that hung on them (rows 0, 1)
+    # and add one where the word's id is now in flight (row 2 with 4), nothing else.
+    other = ids_in_flight.clone()
+    other[index[0]], other[index[1]], other[index[2]] = 5, 5, 4
+    got = adjusted_logits(lg.clone(), replace(rows, in_flight=InFlightIds(other, holes)))
+    assert got[0, 9] == lg[0, 9] and got[1, 9] == lg[1, 9] and got[2, 9] == float("-inf")
+    assert torch.equal(got[3:], known[3:])
+
+
 def test_no_row_using_them_costs_nothing():
     lg = _logits(rows=3)
     before = lg.clone()

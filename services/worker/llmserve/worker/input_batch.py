@@ -50,15 +50,17 @@ class RequestState:
     # Its placeholder sampled by the last step launched, while that step is not read back
     # (a row the next step schedules takes the id from that step's device tensor).
     placeholder: Placeholder | None = field(default=None, repr=False, compare=False)
-    # Its sampling needs the row's last token on the host (a multi-token bad word matches
-    # the output's last ids, a grammar advances by it): decided once at arrival, not per
-    # step (sampling and grammar never change). A penalty does not: it reads a placeholder's
-    # id on the device (InFlightIds).
+    # Its sampling needs the row's last token on the host (a grammar advances by it):
+    # decided once at arrival, not per step (sampling and grammar never change). Penalties
+    # and multi-token bad words do not: they read a placeholder's id on the device
+    # (InFlightIds).
     needs_last_id_on_host: bool = field(init=False, repr=False, compare=False)
-    # Its sampler reads its history (SamplingParams.needs_history), and whether for a
-    # penalty: decided once at arrival too (read for every row of every step).
+    # Its sampler reads its history (SamplingParams.needs_history), and whether it reads
+    # an id in flight there (a penalty, a multi-token bad word): decided once at arrival
+    # too (read for every row of every step).
     reads_history: bool = field(init=False, repr=False, compare=False)
     penalized: bool = field(init=False, repr=False, compare=False)
+    reads_in_flight: bool = field(init=False, repr=False, compare=False)
 
     # host_ids' int64 copy of token_ids (capacity grown by doubling) and how many leading
     # ids of it are final (a placeholder's position and after are copied again).
@@ -66,9 +68,10 @@ class RequestState:
     _ids_final: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.needs_last_id_on_host = self.sampling.matches_bad_word_prefixes or self.grammar is not None
+        self.needs_last_id_on_host = self.grammar is not None
         self.reads_history = self.sampling.needs_history
         self.penalized = self.sampling.penalized
+        self.reads_in_flight = self.penalized or self.sampling.matches_bad_word_prefixes
         self._ids = np.empty(0, dtype=np.int64)
 
     def host_ids(self) -> np.ndarray:
@@ -362,12 +365,13 @@ def _history(st: RequestState, drafts: int = 0) -> Sequence[int]:
 
 
 def _in_flight_ids(states: list[RequestState], prev_sampled: torch.Tensor | None) -> InFlightIds | None:
-    """Where the penalized rows' histories end in a placeholder of the step in flight
-    (prev_sampled: its ids [S'] on the device), or None when no row's does."""
+    """Where the histories of the rows with a penalty or a multi-token bad word end in a
+    placeholder of the step in flight (prev_sampled: its ids [S'] on the device), or None
+    when no row's does."""
     if prev_sampled is None:
         return None
     holes = {i: (ph.position, ph.index) for i, st in enumerate(states)
-             if st.penalized and (ph := st.placeholder) is not None}
+             if st.reads_in_flight and (ph := st.placeholder) is not None}
     return InFlightIds(prev_sampled, holes) if holes else None
 
 

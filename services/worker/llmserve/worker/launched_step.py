@@ -148,8 +148,6 @@ def must_finish_first(in_flight: LaunchedStep, plan: StepPlan, states: dict[int,
                                    (ModelRunner._launch_steps)
       a row carries drafts         a draft row's input is built from token_ids on the host
                                    and its acceptance compares host ids
-      a multi-token bad word       its prefix is matched against the row's last token ids
-                                   on the host (one-token bad words read no history)
       a constrained row            its grammar's bitmask needs the matcher advanced by the
                                    token in flight
 
@@ -157,14 +155,15 @@ def must_finish_first(in_flight: LaunchedStep, plan: StepPlan, states: dict[int,
     beside the ids, read with them); nor are
     prompt logprobs (this step's logits at prompt tokens, never placeholders), seeds and
     min_tokens (which read counts of tokens, placeholders counted, only), nor penalties
-    (a placeholder in a penalized row's history is read on the device: sampler.InFlightIds).
+    and multi-token bad words (a placeholder in such a row's history is read on the device:
+    sampler.InFlightIds; a bad word's ban then holds where the id in flight is the word's).
     """
     if in_flight.result is not None:
         return False  # Read back already.
     if in_flight.verifies_drafts or plan.num_steps > 1:
         return True
     for r in plan.new_requests:
-        if r.draft_token_ids or r.sampling.matches_bad_word_prefixes or r.sampling.structured_output is not None:
+        if r.draft_token_ids or r.sampling.structured_output is not None:
             return True
     for c in plan.cached_requests:
         st = states.get(c.seq_id)

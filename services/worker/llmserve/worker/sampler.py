@@ -65,9 +65,10 @@ class TokenBitmask:
 
 @dataclass(frozen=True)
 class InFlightIds:
-    """The ids a pipelined loop's step in flight sampled, where a penalized row's history
-    ends in one of them (its placeholder: the id is on the device, not yet on the host).
-    The penalties read it there, so such a row need not wait for the step's read back."""
+    """The ids a pipelined loop's step in flight sampled, where the history of a row with a
+    penalty or a multi-token bad word ends in one of them (its placeholder: the id is on
+    the device, not yet on the host). The penalties and the bad words read it there, so
+    such a row need not wait for the step's read back."""
 
     ids: torch.Tensor  # [S'] long on the device: the step in flight's sampled ids
     # row (its index in the step's S sampled rows) -> (the placeholder's position in the
@@ -367,6 +368,8 @@ def adjusted_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
         flat_logits.index_add_(0, _flat_index(flat, V), values)
     if masked is not None:
         flat_logits.index_fill_(0, _flat_index(to_device_async(masked, logits.device), V), float("-inf"))
+    if (pending := _bad_words_in_flight(rows)) is not None:
+        _ban_where_in_flight(flat_logits, V, rows.in_flight, *pending)
     if penalized:
         _apply_penalties(flat_logits, V, rows, penalized)
     return logits
@@ -428,18 +431,63 @@ def _min_tokens_bans(rows: SamplingRows) -> dict[int, tuple[int, ...]]:
 
 def _bad_words_bans(rows: SamplingRows) -> dict[int, tuple[int, ...]]:
     """row -> the ids its bad words ban at this step: a one-token sequence's id always, a
-    longer one's last id where the row's output (never the prompt) ends with the rest."""
+    longer one's last id where the row's output (never the prompt) ends with the rest.
+    Where the match hangs on an id in flight (a placeholder among those last ids), the
+    ban is _bad_words_in_flight's."""
     bans = {}
     for i, sequences in enumerate(rows.bad_words_token_ids):
         if not sequences:
             continue
         history, num_prompt = rows.token_ids[i], rows.num_prompt_tokens[i]
-        ids = tuple(seq[-1] for seq in sequences
-                    if len(seq) == 1 or (len(history) - num_prompt >= len(seq) - 1
-                                         and tuple(history[len(history) - len(seq) + 1:]) == seq[:-1]))
+        hole = _hole_position(rows, i)
+        ids = []
+        for seq in sequences:
+            start = len(history) - len(seq) + 1  # The output's last len(seq) - 1 ids: history[start:].
+            if len(seq) == 1 or (num_prompt <= start and hole < start and tuple(history[start:]) == seq[:-1]):
+                ids.append(seq[-1])
         if ids:
-            bans[i] = ids
+            bans[i] = tuple(ids)
     return bans
+
+
+def _hole_position(rows: SamplingRows, i: int) -> int:
+    """Where row i's history holds a placeholder of the step in flight (-1: nowhere)."""
+    hole = rows.in_flight.holes.get(i) if rows.in_flight is not None else None
+    return hole[0] if hole is not None else -1
+
+
+def _bad_words_in_flight(rows: SamplingRows) -> tuple[list[int], list[int], list[int], list[int]] | None:
+    """The bans that hang on an id in flight: a multi-token bad word whose known ids match
+    the output's last ones, the placeholder among them standing for the id the word has
+    there. As lists ([N] row, [N] id banned, [N] index in rows.in_flight.ids, [N] the id
+    in flight must be for the ban to hold), or None when there are none."""
+    if rows.in_flight is None:
+        return None
+    found: tuple[list[int], ...] = ([], [], [], [])
+    for i, (position, index) in rows.in_flight.holes.items():
+        history, num_prompt = rows.token_ids[i], rows.num_prompt_tokens[i]
+        for seq in rows.bad_words_token_ids[i]:
+            start = len(history) - len(seq) + 1  # The output's last len(seq) - 1 ids: history[start:].
+            if len(seq) == 1 or start < num_prompt or position < start:
+                continue  # Banned always, too short an output, or no placeholder in the window.
+            known = [k for k in range(start, len(history)) if k != position]
+            if all(history[k] == seq[k - start] for k in known):
+                for column, value in zip(found, (i, seq[-1], index, seq[position - start])):
+                    column.append(value)
+    return found if found[0] else None
+
+
+def _ban_where_in_flight(flat_logits: torch.Tensor, V: int, in_flight: InFlightIds, row: list[int],
+                         banned: list[int], index: list[int], must_be: list[int]) -> None:
+    """-inf at each (row, banned id) whose id in flight is must_be, in place on a [S, V]
+    tensor's flat view, with no host sync: -inf is added where the ban holds, 0 where it
+    does not (an entry named twice adds twice: -inf stays -inf)."""
+    dev = flat_logits.device
+    ids = in_flight.ids.index_select(0, to_device_async(torch.tensor(index, dtype=torch.long), in_flight.ids.device))
+    holds = ids.to(dev) == to_device_async(torch.tensor(must_be, dtype=torch.long), dev)
+    add = torch.where(holds, float("-inf"), 0.0).to(flat_logits.dtype)
+    flat = to_device_async(torch.tensor(row, dtype=torch.long) * V + torch.tensor(banned, dtype=torch.long), dev)
+    flat_logits.index_add_(0, flat, add)
 
 
 def _apply_penalties(flat_logits: torch.Tensor, V: int, rows: SamplingRows, penalized: list[int]) -> None:
