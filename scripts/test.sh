@@ -14,4 +14,7 @@ fi
 export COMPOSE_SPEC_SCHEMA="$PWD/.cache/compose-spec/compose_spec.json"
 # Convert the embedded model once, before tests in several processes need it.
 python -c "from llmserve.model_store import default_model_dir; print('model:', default_model_dir())"
+# Build the CPU kernels once too (~80 s on 2 cores, for this venv's torch and this CPU):
+# otherwise the first test that loads them builds them while the others wait on the lock.
+python -c "from llmserve.kernels import cpu; print('CPU kernels:', 'built' if cpu.load() else 'unavailable')"
 exec python -m pytest -q --durations=15 "$@"
