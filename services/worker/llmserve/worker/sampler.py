@@ -430,24 +430,36 @@ def _min_tokens_bans(rows: SamplingRows) -> dict[int, tuple[int, ...]]:
 
 
 def _bad_words_bans(rows: SamplingRows) -> dict[int, tuple[int, ...]]:
-    """row -> the ids its bad words ban at this step: a one-token sequence's id always, a
-    longer one's last id where the row's output (never the prompt) ends with the rest.
-    Where the match hangs on an id in flight (a placeholder among those last ids), the
-    ban is _bad_words_in_flight's."""
+    """row -> the ids its bad words ban at this step whatever is in flight (_ban_condition
+    _ALWAYS); the bans that hang on an id in flight are _bad_words_in_flight's."""
     bans = {}
     for i, sequences in enumerate(rows.bad_words_token_ids):
         if not sequences:
             continue
-        history, num_prompt = rows.token_ids[i], rows.num_prompt_tokens[i]
-        hole = _hole_position(rows, i)
-        ids = []
-        for seq in sequences:
-            start = len(history) - len(seq) + 1  # The output's last len(seq) - 1 ids: history[start:].
-            if len(seq) == 1 or (num_prompt <= start and hole < start and tuple(history[start:]) == seq[:-1]):
-                ids.append(seq[-1])
+        history, num_prompt, hole = rows.token_ids[i], rows.num_prompt_tokens[i], _hole_position(rows, i)
+        ids = tuple(seq[-1] for seq in sequences if _ban_condition(seq, history, num_prompt, hole) == _ALWAYS)
         if ids:
-            bans[i] = tuple(ids)
+            bans[i] = ids
     return bans
+
+
+_ALWAYS = -1  # _ban_condition: the ban holds whatever is in flight (no token id is negative).
+
+
+def _ban_condition(seq: tuple[int, ...], history: Sequence[int], num_prompt: int, hole: int) -> int | None:
+    """Whether bad word `seq` bans its last id at this step: a one-token word always, a
+    longer one where the output (never the prompt) ends with the rest of it. _ALWAYS, None
+    (no ban), or, where the placeholder at `hole` (-1: none) lies among those last ids,
+    the id the token in flight must be for the ban to hold."""
+    if len(seq) == 1:
+        return _ALWAYS
+    start = len(history) - len(seq) + 1  # The output's last len(seq) - 1 ids: history[start:].
+    if start < num_prompt:
+        return None
+    if hole < start:
+        return _ALWAYS if tuple(history[start:]) == seq[:-1] else None
+    known = (k for k in range(start, len(history)) if k != hole)
+    return seq[hole - start] if all(history[k] == seq[k - start] for k in known) else None
 
 
 def _hole_position(rows: SamplingRows, i: int) -> int:
@@ -457,22 +469,18 @@ def _hole_position(rows: SamplingRows, i: int) -> int:
 
 
 def _bad_words_in_flight(rows: SamplingRows) -> tuple[list[int], list[int], list[int], list[int]] | None:
-    """The bans that hang on an id in flight: a multi-token bad word whose known ids match
-    the output's last ones, the placeholder among them standing for the id the word has
-    there. As lists ([N] row, [N] id banned, [N] index in rows.in_flight.ids, [N] the id
-    in flight must be for the ban to hold), or None when there are none."""
+    """The bans that hang on an id in flight (_ban_condition's id to be), as lists ([N]
+    row, [N] id banned, [N] index in rows.in_flight.ids, [N] the id in flight must be for
+    the ban to hold), or None when there are none."""
     if rows.in_flight is None:
         return None
     found: tuple[list[int], ...] = ([], [], [], [])
     for i, (position, index) in rows.in_flight.holes.items():
         history, num_prompt = rows.token_ids[i], rows.num_prompt_tokens[i]
         for seq in rows.bad_words_token_ids[i]:
-            start = len(history) - len(seq) + 1  # The output's last len(seq) - 1 ids: history[start:].
-            if len(seq) == 1 or start < num_prompt or position < start:
-                continue  # Banned always, too short an output, or no placeholder in the window.
-            known = [k for k in range(start, len(history)) if k != position]
-            if all(history[k] == seq[k - start] for k in known):
-                for column, value in zip(found, (i, seq[-1], index, seq[position - start])):
+            must_be = _ban_condition(seq, history, num_prompt, position)
+            if must_be is not None and must_be != _ALWAYS:
+                for column, value in zip(found, (i, seq[-1], index, must_be)):
                     column.append(value)
     return found if found[0] else None
 
