@@ -18,6 +18,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "rotary_math.h"
 #include "vec_math.h"
 
 namespace {
@@ -31,6 +32,62 @@ inline float round_to(float v) {
 // than the work.
 inline int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)); }
 
+// One row's norm 16 lanes at a time, with the scalar loop's roundings (float32 and
+// bfloat16 on AVX-512; returns false where it does not apply). The sum of squares goes
+// by 16 lanes, then across them: another order than the scalar loop's (float32 sums,
+// so a last-bit difference at most, inside what torch's own reduction order differs by).
+// `s` [H] holds the row's values (x, or x + residual as rounded) between the passes.
+template <typename T>
+inline bool rms_norm_row16(const T* xr, T* o, T* rr, const T* w, float* s, int64_t H, float eps) {
+#if defined(__AVX512F__)
+  using namespace llmserve_vec;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+    constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
+    const auto load = [](const T* p) { return kBf16 ? load_bf16(p) : _mm512_loadu_ps(reinterpret_cast<const float*>(p)); };
+    const auto store = [](T* p, __m512 v) {  // (bfloat16: rounded as stored)
+      if constexpr (kBf16) {
+        store_bf16(p, v);
+      } else {
+        _mm512_storeu_ps(reinterpret_cast<float*>(p), v);
+      }
+    };
+    const auto rounded = [](__m512 v) { return kBf16 ? round_bf16(v) : v; };
+    const int64_t n = H - H % 16;
+    __m512 sq16 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+      __m512 v = load(xr + i);
+      if (rr != nullptr) {  // s = x + residual, stored back as the new residual
+        v = rounded(_mm512_add_ps(v, load(rr + i)));
+        store(rr + i, v);
+      }
+      _mm512_storeu_ps(s + i, v);
+      sq16 = _mm512_fmadd_ps(v, v, sq16);
+    }
+    float sq = _mm512_reduce_add_ps(sq16);
+    for (int64_t i = n; i < H; ++i) {
+      float v = static_cast<float>(xr[i]);
+      if (rr != nullptr) {
+        v = round_to<T>(v + static_cast<float>(rr[i]));
+        rr[i] = static_cast<T>(v);
+      }
+      s[i] = v;
+      sq += v * v;
+    }
+    const float inv = 1.f / std::sqrt(sq / static_cast<float>(H) + eps);
+    const __m512 inv16 = _mm512_set1_ps(inv);
+    for (int64_t i = 0; i < n; i += 16)
+      store(o + i, _mm512_mul_ps(load(w + i), rounded(_mm512_mul_ps(_mm512_loadu_ps(s + i), inv16))));
+    for (int64_t i = n; i < H; ++i) o[i] = static_cast<T>(static_cast<float>(w[i]) * round_to<T>(s[i] * inv));
+    return true;
+  }
+#endif
+  return false;
+}
+
+// NOTE: the vector path was measured against GCC's own vectorisation of the scalar loop
+// (-ffast-math): on the 2-core Xeon (AMX host), [512, 576] bfloat16 with the residual
+// add, 90 / 124 / 124 -> 103 / 71 / 79 us (alternating, the host's spread); the float
+// roundings, not the arithmetic, cost most (see vec_math.h's narrow_bf16).
 template <typename T>
 void rms_norm_rows(const T* x, T* out, T* residual, const T* w, int64_t rows, int64_t H, int64_t x_stride,
                    float eps) {
@@ -38,9 +95,10 @@ void rms_norm_rows(const T* x, T* out, T* residual, const T* w, int64_t rows, in
     std::vector<float> s(H);
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * x_stride;
+      T* rr = residual != nullptr ? residual + r * H : nullptr;
+      if (rms_norm_row16<T>(xr, out + r * H, rr, w, s.data(), H, eps)) continue;
       float sq = 0.f;
-      if (residual != nullptr) {  // s = x + residual, stored back as the new residual
-        T* rr = residual + r * H;
+      if (rr != nullptr) {  // s = x + residual, stored back as the new residual
         for (int64_t i = 0; i < H; ++i) {
           const float v = round_to<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
           rr[i] = static_cast<T>(v);
@@ -92,22 +150,20 @@ void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& 
 // loop's roundings (float32 and bfloat16 on AVX-512; returns how many it did). Against the
 // scalar loop on the 2-core Xeon (AMX host), [512, 2 x 1536], three alternating pairs:
 // bfloat16 417 / 455 / 364 -> 317 / 379 / 310 us, float32 342 / 324 / 310 -> 216 / 318 /
-// 197 us; at 64 rows within noise. exp() saturates below -87: silu(-100) is -6e-37 where
-// torch gives -0, and silu(-inf) is -inf where torch gives NaN.
+// 197 us; at 64 rows within noise. (vec_math.h's silu: where it differs from torch's.)
 template <typename T>
 inline int64_t silu_and_mul_row16(const T* gate, const T* up, T* out, int64_t d) {
 #if defined(__AVX512F__)
   using namespace llmserve_vec;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
     constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
-    const __m512 one = _mm512_set1_ps(1.f);
     int64_t i = 0;
     for (; i + 16 <= d; i += 16) {
       const __m512 g = kBf16 ? load_bf16(gate + i) : _mm512_loadu_ps(reinterpret_cast<const float*>(gate + i));
       const __m512 u = kBf16 ? load_bf16(up + i) : _mm512_loadu_ps(reinterpret_cast<const float*>(up + i));
-      __m512 act = _mm512_div_ps(g, _mm512_add_ps(one, exp(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+      const __m512 act = silu(g);
       if constexpr (kBf16) {
-        store_bf16(out + i, round_bf16(_mm512_mul_ps(round_bf16(act), u)));
+        store_bf16(out + i, _mm512_mul_ps(round_bf16(act), u));  // (stores round)
       } else {
         _mm512_storeu_ps(reinterpret_cast<float*>(out + i), _mm512_mul_ps(act, u));
       }
@@ -152,25 +208,12 @@ void rotary_neox_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, i
   TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
               "rotary: cos/sin dtype must match x");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rotary_neox", [&] {
-    using R = scalar_t;
     scalar_t* base = x.data_ptr<scalar_t>();
     const scalar_t* cp = cos.data_ptr<scalar_t>();
     const scalar_t* sp = sin.data_ptr<scalar_t>();
     at::parallel_for(0, T, row_grain(heads * head_dim), [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const scalar_t* c = cp + t * half;
-        const scalar_t* s = sp + t * half;
-        for (int64_t h = 0; h < heads; ++h) {
-          scalar_t* x1 = base + t * stride + h * head_dim;
-          scalar_t* x2 = x1 + half;
-          for (int64_t i = 0; i < half; ++i) {
-            const float a = static_cast<float>(x1[i]), b = static_cast<float>(x2[i]);
-            const float ci = static_cast<float>(c[i]), si = static_cast<float>(s[i]);
-            x1[i] = static_cast<scalar_t>(round_to<R>(a * ci) - round_to<R>(b * si));
-            x2[i] = static_cast<scalar_t>(round_to<R>(b * ci) + round_to<R>(a * si));
-          }
-        }
-      }
+      for (int64_t t = begin; t < end; ++t)
+        llmserve_rotary::rotate_heads(base + t * stride, cp + t * half, sp + t * half, heads, half, head_dim);
     });
   });
 }
