@@ -96,3 +96,31 @@ def test_w8a8_on_amx_gives_the_vnni_engines_bits(rows, shape, dtype):
     assert amx.dtype == dtype and amx.shape == (rows, shape[0])
     assert torch.equal(amx, cpu_kernels.w8a8_linear(x, packed, scale, "vnni"))
     assert torch.equal(cpu_kernels.w8a8_linear(x, packed, scale), amx)  # auto: AMX
+
+
+@needs_amx
+# 16-row tiles and their edges; 2 x 32 channels = one gate/up pair of blocks, 2 x 96 =
+# 6 pairs (3 column pairs of the product per thread's share); depths of 1 and 18 k steps.
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 33, 64, 100])
+@pytest.mark.parametrize("d,in_features", [(32, 32), (96, 576)])
+def test_silu_mul_in_the_product_gives_the_unfused_bits(rows, d, in_features):
+    x, w, plain = _case(rows, 2 * d, in_features, seed=7 * rows + d)
+    x = 4 * x  # gates from about -16 to 16: both of silu's tails
+    interleaved = cpu_kernels.interleave_gate_up_blocks(plain)
+    got = cpu_kernels.bf16_linear_silu_mul(x, interleaved)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, d)
+    assert torch.equal(got, cpu_kernels.silu_and_mul(cpu_kernels.bf16_linear(x, plain, "amx")))
+    # The interleaved blocks are the plain ones reordered: gate block j, then up block j.
+    assert torch.equal(interleaved[0::2], plain[: d // 16]) and torch.equal(interleaved[1::2], plain[d // 16:])
+
+
+@needs_amx
+def test_silu_mul_in_the_product_refuses_what_it_cannot_take():
+    x, _, plain = _case(4, 48, 64, seed=3)  # 3 blocks: no gate/up halves
+    with pytest.raises(RuntimeError, match="even number of blocks"):
+        cpu_kernels.bf16_linear_silu_mul(x, plain)
+    with pytest.raises(ValueError, match="3 blocks"):
+        cpu_kernels.interleave_gate_up_blocks(plain)
+    x, _, plain = _case(4, 64, 48, seed=4)  # depth 48: not AMX's multiple of 32
+    with pytest.raises(RuntimeError, match="not a multiple of 32"):
+        cpu_kernels.bf16_linear_silu_mul(x, cpu_kernels.interleave_gate_up_blocks(plain))

@@ -5,6 +5,7 @@ each chosen by a timing per machine."""
 import pytest
 import torch
 
+from llmserve.kernels import cpu as cpu_kernels
 from llmserve.worker.layers.linear import ReplicatedLinear
 from llmserve.worker.layers.packed_weight import (BFLOAT16_GEMM_ENV, FLOAT32_GEMM_ENV, PackedWeight, bfloat16_gemm,
                                                    float32_gemm, mkl_packed_rows_agree, mkl_packing_available,
@@ -201,3 +202,40 @@ def test_float32_layout_follows_the_measurement_unless_overridden(float32_gemm_s
     float32_gemm_set("cublas")
     with pytest.raises(ValueError, match="LLMSERVE_CPU_FP32_GEMM"):
         float32_gemm()
+
+
+def _gated_mlp(gen: torch.Generator, fuse: bool, monkeypatch) -> torch.nn.Module:
+    """A bfloat16 SiLU-gated MLP (hidden 128, intermediate 256) loaded from `gen`'s weights;
+    `fuse` False keeps the plain gate/up blocks."""
+    from types import SimpleNamespace
+
+    from llmserve.worker.distributed import SINGLE
+    from llmserve.worker.models.decoder import GatedMLP
+
+    config = SimpleNamespace(hidden_size=128, intermediate_size=256, hidden_act="silu")
+    mlp = GatedMLP(config, SINGLE).to(torch.bfloat16)
+    mlp.gate_up_proj.weight.data.copy_(torch.randn(512, 128, generator=gen) / 8)
+    mlp.down_proj.weight.data.copy_(torch.randn(128, 256, generator=gen) / 16)
+    with monkeypatch.context() as patch:
+        if not fuse:
+            patch.setattr(PackedWeight, "silu_mul_fits", lambda self: False)
+        for module in mlp.modules():  # (as the loader walks them: the MLP before its projections)
+            hook = getattr(module, "process_weights_after_loading", None)
+            if hook is not None:
+                hook()
+    return mlp
+
+
+@pytest.mark.skipif(not (tiles_available() and cpu_kernels.amx_supported()), reason="needs AMX-BF16")
+def test_a_gated_mlp_on_amx_applies_silu_in_its_gate_up_product_with_the_same_bits(bfloat16_gemm_set, monkeypatch):
+    bfloat16_gemm_set("tiles")
+    fused = _gated_mlp(torch.Generator().manual_seed(5), True, monkeypatch)
+    plain = _gated_mlp(torch.Generator().manual_seed(5), False, monkeypatch)
+    assert fused.gate_up_proj.packed.gate_up_interleaved and not plain.gate_up_proj.packed.gate_up_interleaved
+    assert fused.gate_up_proj.weight.numel() == 0  # still held once: the reordered packing is the weight
+    gen = torch.Generator().manual_seed(6)
+    for rows in (1, 17, 64):
+        x = torch.randn(rows, 128, generator=gen).bfloat16()
+        assert torch.equal(fused(x), plain(x)), rows
+        # The projection alone still returns [gate | up], as every other caller expects.
+        assert torch.equal(fused.gate_up_proj(x), plain.gate_up_proj(x)), rows

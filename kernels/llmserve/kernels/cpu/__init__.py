@@ -226,6 +226,23 @@ def bf16_linear(x: torch.Tensor, packed: torch.Tensor, engine: str = "auto") -> 
     return torch.ops.llmserve_cpu.bf16_linear(x, packed, BF16_ENGINES[engine])
 
 
+def interleave_gate_up_blocks(packed: torch.Tensor) -> torch.Tensor:
+    """A gated MLP's merged [gate; up] weight packed by bf16_pack_weight, [2d/16, K/2, 16, 2]
+    -> the same blocks in the order bf16_linear_silu_mul reads them: gate block j, then up
+    block j, for j = 0 .. d/16 - 1 (a new tensor; d % 16 == 0)."""
+    blocks = packed.shape[0]
+    if blocks % 2:
+        raise ValueError(f"interleave_gate_up_blocks: {blocks} blocks do not split into gate and up halves")
+    return packed.view(2, blocks // 2, *packed.shape[1:]).transpose(0, 1).reshape(packed.shape).contiguous()
+
+
+def bf16_linear_silu_mul(x: torch.Tensor, interleaved: torch.Tensor) -> torch.Tensor:
+    """x [M, K] bfloat16 -> silu(x @ G.T) * (x @ U.T) [M, d] bfloat16 on AMX tiles, for the
+    merged [G; U] weight packed and then interleave_gate_up_blocks'd; bit for bit
+    silu_and_mul(bf16_linear(x, plain packing)). Needs amx_supported() and K % 32 == 0."""
+    return torch.ops.llmserve_cpu.bf16_linear_silu_mul(x, interleaved)
+
+
 def f32_tiles_supported() -> bool:
     """True when the kernels were built with AVX-512 F, which f32_linear needs."""
     return load() and bool(torch.ops.llmserve_cpu.f32_tiles_supported())

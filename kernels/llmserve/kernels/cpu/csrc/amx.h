@@ -55,8 +55,10 @@ inline int64_t tiled_rows(int64_t M) { return M < kRows ? M : (M + kRows - 1) / 
 
 // bfloat16: y [M, N] = x [M, K] @ W.T, W packed [N/16, K/2, 16, 2]; x rows at stride ldx
 // elements, K % 32 == 0, float32 sums rounded to bfloat16 (nearest even). Only when usable().
+// silu_mul: W's blocks alternate a gated MLP's gate and up channels (N % 32 == 0), and y
+// [M, N/2] takes silu(gate) * up (bf16_linear.cpp's bf16_linear_silu_mul).
 void bf16_product(const uint16_t* x, int64_t ldx, const uint16_t* w, c10::BFloat16* y, int64_t M, int64_t N,
-                  int64_t K);
+                  int64_t K, bool silu_mul = false);
 
 // W8A8 int8: int8_linear.cpp's product from its quantized activations: xq [Mp, K] int8
 // (Mp = M, or M rounded up to 16 with zero rows, when M > 16), x_scale and comp [M, K/64],

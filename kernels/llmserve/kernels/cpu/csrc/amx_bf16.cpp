@@ -8,6 +8,7 @@
 
 #if LLMSERVE_AMX
 #include "gemm_tiles.h"
+#include "vec_math.h"
 #endif
 
 namespace llmserve_amx {
@@ -21,8 +22,11 @@ struct Product {
   const uint16_t* x;  // [Mp, K] at stride ldx, Mp = M rounded up to 16
   int64_t ldx;
   const uint16_t* w;  // [N/16, K/2, 16, 2]
-  c10::BFloat16* y;   // [M, N]
+  c10::BFloat16* y;   // [M, N], or [M, N/2] with silu_mul
   int64_t M, N, K;
+  // The blocks pair gate and up channels (block 2j: gate j, 2j + 1: up j) and y takes
+  // silu(gate) * up, each pair's two C tiles combined as they leave the tiles.
+  bool silu_mul = false;
 
   const uint16_t* a(int64_t m0, int64_t k0) const { return x + m0 * ldx + k0; }
   const uint16_t* b(int64_t block, int64_t k0) const { return w + block * K * kBlockN + k0 * kBlockN; }
@@ -51,6 +55,19 @@ struct Product {
       }
     }
     // (_tile_stored names its tile in the instruction's text: a literal, not a parameter.)
+    if constexpr (NB > 1) {
+      if (silu_mul) {
+        _tile_stored(0, sums, kBlockN * 4);
+        _tile_stored(1, sums + kRows * kBlockN, kBlockN * 4);
+        store_silu_mul(m0, b0 / 2, sums);
+        if constexpr (MT > 1) {
+          _tile_stored(2, sums, kBlockN * 4);
+          _tile_stored(3, sums + kRows * kBlockN, kBlockN * 4);
+          store_silu_mul(m0 + kRows, b0 / 2, sums);
+        }
+        return;
+      }
+    }
     _tile_stored(0, sums, kBlockN * 4);
     store(m0, b0, sums);
     if constexpr (NB > 1) {
@@ -74,6 +91,19 @@ struct Product {
       llmserve_tiles::store_row(y + (m0 + r) * N + block * kBlockN, _mm512_load_ps(sums + r * kBlockN));
   }
 
+  // silu(gate) * up of a row tile's output block j from the pair's sums (`sums` [2, 16,
+  // 16]: gate's, then up's), with the unfused path's roundings: each product rounded to
+  // bfloat16 as bf16_linear stores it, silu's result rounded as silu_and_mul rounds it.
+  void store_silu_mul(int64_t m0, int64_t j, const float* sums) const {
+    using namespace llmserve_vec;
+    const int64_t rows = std::min<int64_t>(kRows, M - m0), d = N / 2;
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 gate = round_bf16(_mm512_load_ps(sums + r * kBlockN));
+      const __m512 up = round_bf16(_mm512_load_ps(sums + (kRows + r) * kBlockN));
+      store_bf16(y + (m0 + r) * d + j * kBlockN, _mm512_mul_ps(round_bf16(silu(gate)), up));
+    }
+  }
+
   // Blocks [2 p, 2 p + 2) of every row tile. The first row tiles prefetch the blocks of
   // pair `ahead` (this thread's next; -1: none) into L2 as they go (K x 32 bytes a block:
   // 16 lines of each a k step). NOTE: without, tile loads waited on memory: products from
@@ -90,7 +120,7 @@ struct Product {
 }  // namespace
 
 void bf16_product(const uint16_t* x, int64_t ldx, const uint16_t* w, c10::BFloat16* y, int64_t M, int64_t N,
-                  int64_t K) {
+                  int64_t K, bool silu_mul) {
   // Under 16 rows the A and C tiles have M rows; above, a row count that is not a multiple
   // of 16 reads a zero-padded copy. NOTE: not M-row tiles for the remainder, and not a
   // padded copy under 16: either way a row's sums come out the same (TDPBF16PS sums each
@@ -103,7 +133,7 @@ void bf16_product(const uint16_t* x, int64_t ldx, const uint16_t* w, c10::BFloat
     x = padded.data();
     ldx = K;
   }
-  const Product product{x, ldx, w, y, M, N, K};
+  const Product product{x, ldx, w, y, M, N, K, silu_mul};
   const int64_t pairs = (N / kBlockN + 1) / 2;
   // A fork costs ~10 us: small products stay on one thread (as gemm_tiles.h's driver does).
   const int64_t macs_per_pair = std::max<int64_t>(M, kRows) * K * 2 * kBlockN;
@@ -112,7 +142,7 @@ void bf16_product(const uint16_t* x, int64_t ldx, const uint16_t* w, c10::BFloat
     // Tile configuration is per thread; release it after, so the OS need not save 8 KiB of
     // tile state at every switch away from this thread.
     const TileConfig config(std::min(M, kRows));
-    alignas(64) float sums[kRows * kBlockN];
+    alignas(64) float sums[2 * kRows * kBlockN];  // one C tile's, or a gate/up pair's
     _tile_loadconfig(&config);
     llmserve_pieces::Walk walk(pieces);
     for (int64_t p, ahead; walk.next(p, ahead);) product.column_pair(p, ahead, sums);
@@ -122,7 +152,7 @@ void bf16_product(const uint16_t* x, int64_t ldx, const uint16_t* w, c10::BFloat
 
 #else
 
-void bf16_product(const uint16_t*, int64_t, const uint16_t*, c10::BFloat16*, int64_t, int64_t, int64_t) {}
+void bf16_product(const uint16_t*, int64_t, const uint16_t*, c10::BFloat16*, int64_t, int64_t, int64_t, bool) {}
 
 #endif
 

@@ -135,6 +135,30 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t en
   return y;
 }
 
+// A gated MLP's first half on AMX: y [M, d] = silu(x @ G.T) * (x @ U.T), with the
+// merged [G; U] weight [2d, K] packed by bf16_pack_weight and its blocks then interleaved
+// (block 2j: G's block j, 2j + 1: U's; kernels/cpu's interleave_gate_up_blocks), so that
+// each column pair's two C tiles are one gate block and its up block. Bit for bit
+// silu_and_mul(bf16_linear(x, the plain packing)): the same sums, the same roundings,
+// without the [M, 2d] intermediate and the pass over it.
+at::Tensor bf16_linear_silu_mul(const at::Tensor& x, const at::Tensor& packed) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "bf16 silu_mul: x must be [rows, in] bfloat16");
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 && packed.size(0) % 2 == 0 &&
+                  packed.size(2) == kBlockN && packed.size(3) == 2 && packed.is_contiguous(),
+              "bf16 silu_mul: weight must be a bf16_pack_weight layout of an even number of blocks");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * kBlockN;
+  TORCH_CHECK(packed.size(1) * 2 == K, "bf16 silu_mul: x has ", K, " features, the weight ", packed.size(1) * 2);
+  TORCH_CHECK(llmserve_amx::usable() && K % 32 == 0, "bf16 silu_mul: AMX is not usable here, or ", K,
+              " features are not a multiple of 32");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty({M, N / 2}, x.options());
+  if (M == 0) return y;
+  llmserve_amx::bf16_product(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()), K,
+                             reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
+                             y.data_ptr<at::BFloat16>(), M, N, K, /*silu_mul=*/true);
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(llmserve_cpu, m) {
@@ -142,9 +166,11 @@ TORCH_LIBRARY_FRAGMENT(llmserve_cpu, m) {
   m.def("bf16_pack_weight(Tensor w) -> Tensor");
   m.def("amx_supported() -> bool", &amx_supported);  // (both engines' AMX: this file and int8_linear.cpp)
   m.def("bf16_linear(Tensor x, Tensor packed, int engine=0) -> Tensor");
+  m.def("bf16_linear_silu_mul(Tensor x, Tensor packed) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(llmserve_cpu, CPU, m) {
   m.impl("bf16_pack_weight", &bf16_pack_weight);
   m.impl("bf16_linear", &bf16_linear);
+  m.impl("bf16_linear_silu_mul", &bf16_linear_silu_mul);
 }

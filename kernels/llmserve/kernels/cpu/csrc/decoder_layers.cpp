@@ -21,7 +21,9 @@
 //   0 W8A8 int8 (weights: w8a8_pack_weight's, extras: w_scale), 1 our tiles
 //   (bf16_pack_weight's or f32_pack_weight's, by the activations' dtype), 2 oneDNN's
 //   packed layout, 3 MKL's packed sgemm (extras: the [out, in] stand-in _mkl_linear
-//   takes), 4 dense [out, in] (aten::linear). biases: empty for none; added as linear.py
+//   takes), 4 dense [out, in] (aten::linear), 5 (gate_up only) our bfloat16 tiles with
+//   the gate and up blocks interleaved: bf16_linear_silu_mul gives silu_and_mul's result
+//   in the product (the same bits). biases: empty for none; added as linear.py
 //   does (inside the product for the column-parallel qkv and gate_up, after it for o and
 //   down).
 //
@@ -40,7 +42,7 @@
 
 namespace {
 
-enum ProjectionKind : int64_t { kW8A8 = 0, kTiles = 1, kOneDnn = 2, kMkl = 3, kDense = 4 };
+enum ProjectionKind : int64_t { kW8A8 = 0, kTiles = 1, kOneDnn = 2, kMkl = 3, kDense = 4, kTilesSiluMul = 5 };
 
 // Our ops, found once by name (their files register them; their functions are private to
 // those files).
@@ -72,6 +74,8 @@ struct Ops {
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>();
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)> bf16_linear =
       find("llmserve_cpu::bf16_linear").typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>();
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&)> bf16_linear_silu_mul =
+      find("llmserve_cpu::bf16_linear_silu_mul").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&)> f32_linear =
       find("llmserve_cpu::f32_linear").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
 
@@ -198,8 +202,11 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     const at::Tensor o = attention(qkv, cache, windows[l]);
     hidden = project(o.view({T, H * D}), kinds[p + 1], weights[p + 1], extras[p + 1], biases[p + 1], true);
     op.add_rms_norm.call(hidden, residual, norms[2 * l + 1], eps);
-    const at::Tensor gate_up = project(hidden, kinds[p + 2], weights[p + 2], extras[p + 2], biases[p + 2], false);
-    hidden = project(op.silu_and_mul.call(gate_up), kinds[p + 3], weights[p + 3], extras[p + 3], biases[p + 3], true);
+    const at::Tensor act =
+        kinds[p + 2] == kTilesSiluMul
+            ? op.bf16_linear_silu_mul.call(hidden, weights[p + 2])
+            : op.silu_and_mul.call(project(hidden, kinds[p + 2], weights[p + 2], extras[p + 2], biases[p + 2], false));
+    hidden = project(act, kinds[p + 3], weights[p + 3], extras[p + 3], biases[p + 3], true);
   }
   return {hidden, residual};
 }

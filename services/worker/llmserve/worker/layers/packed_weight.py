@@ -20,7 +20,9 @@ them fastest, then held only in that layout (the dense copy is released).
             AMX's own B-tile layout), whichever multiplies decode-sized products faster:
             timed and remembered the same way. LLMSERVE_CPU_BF16_GEMM = tiles | onednn |
             dense overrides it. A shape our kernel cannot take (out % 16, odd in) keeps
-            oneDNN's layout.
+            oneDNN's layout. On AMX a SiLU-gated MLP's merged gate/up weight has its
+            blocks interleaved at load (GatedMLP), so that one product also applies
+            silu(gate) * up as its tiles are stored (bf16_linear_silu_mul).
 
 The figures behind these choices: docs/benchmarks.md, "Design measurements quoted from
 the code".
@@ -279,6 +281,9 @@ class PackedWeight:
         self.kind = kind  # "mkl" | "onednn" | "tiles"
         # opaque (mkldnn layout) tensor, or for "tiles" [out/16, in/2, 16, 2] bfloat16 / [out/16, in, 16] float32
         self.packed = packed
+        # bfloat16 "tiles" of a gated MLP's merged [gate; up] weight only: blocks reordered
+        # gate 0, up 0, gate 1, up 1, ... for bf16_linear_silu_mul (interleave_gate_up).
+        self.gate_up_interleaved = False
         self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
         # [out, in] at stride 0 (no storage): the shape _mkl_linear is given beside the packed weight
         self.shape_standin = torch.zeros(1, dtype=dtype).expand(out_features, in_features)
@@ -322,11 +327,30 @@ class PackedWeight:
         # (oneDNN's and MKL's are opaque tensors: huge_pages.moved leaves them where they are)
         return cls(kind, huge_pages.moved(packed), w.shape[0], w.shape[1], w.dtype)
 
+    def silu_mul_fits(self) -> bool:
+        """Whether bf16_linear_silu_mul can take this weight as a gated MLP's merged [gate;
+        up]: bfloat16 tiles on AMX, K % 32 == 0, whole blocks in each half."""
+        return (self.kind == "tiles" and self.dtype == torch.bfloat16 and cpu_kernels.amx_supported()
+                and self.in_features % 32 == 0 and self.out_features % (2 * TILE_BLOCK) == 0)
+
+    def interleave_gate_up(self) -> None:
+        """Reorder the blocks for silu_mul (in place of the plain order: the weight stays
+        held once); matmul still returns [gate | up]."""
+        assert self.silu_mul_fits() and not self.gate_up_interleaved
+        self.packed = huge_pages.moved(cpu_kernels.interleave_gate_up_blocks(self.packed))
+        self.gate_up_interleaved = True
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, in] -> silu(gate) * up [rows, out/2], in one pass (interleave_gate_up first)."""
+        return cpu_kernels.bf16_linear_silu_mul(x, self.packed)
+
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # x: [rows, in_features] -> [rows, out_features]
         if self.kind == "tiles":  # (the kernels make x contiguous themselves)
             linear = cpu_kernels.f32_linear if self.dtype == torch.float32 else cpu_kernels.bf16_linear
             y = linear(x, self.packed)
+            if self.gate_up_interleaved:  # [rows, d/16, (gate, up), 16] -> [rows, gate | up]
+                y = y.view(y.shape[0], -1, 2, TILE_BLOCK).transpose(1, 2).reshape(y.shape)
             return y if bias is None else y + bias
         x = x.contiguous()
         if self.kind == "mkl":

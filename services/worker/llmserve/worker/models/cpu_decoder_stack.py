@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 ENV = "LLMSERVE_CPU_DECODER_STACK"
 
 # Projection kinds, as decoder_layers.cpp numbers them.
-W8A8, TILES, ONEDNN, MKL, DENSE = range(5)  # TILES: our bfloat16 or float32 layout, by the dtype
+# TILES: our bfloat16 or float32 layout, by the dtype; TILES_SILU_MUL: a gate_up weight
+# whose product also applies silu(gate) * up (PackedWeight.silu_mul).
+W8A8, TILES, ONEDNN, MKL, DENSE, TILES_SILU_MUL = range(6)
 _PACKED_KINDS = {"tiles": TILES, "onednn": ONEDNN, "mkl": MKL}
 _EMPTY = torch.empty(0)
 
@@ -55,7 +57,8 @@ def _projection(linear: nn.Module, dtype: torch.dtype) -> Projection | str:
             return "weight-only int8 projections"
         return W8A8, linear.int8.w8a8_packed, linear.int8.scale, bias
     if linear.packed is not None:
-        return _PACKED_KINDS[linear.packed.kind], linear.packed.packed, linear.packed.shape_standin, bias
+        kind = TILES_SILU_MUL if linear.packed.gate_up_interleaved else _PACKED_KINDS[linear.packed.kind]
+        return kind, linear.packed.packed, linear.packed.shape_standin, bias
     if linear.weight.dtype != dtype:
         return f"a {linear.weight.dtype} weight under {dtype} activations"
     return DENSE, linear.weight, _EMPTY, bias
@@ -124,7 +127,8 @@ class CpuDecoderStack:
             tiles = "float32 tiles (AVX-512)"
         else:
             tiles = "bfloat16 tiles (AMX)" if cpu_kernels.amx_supported() else "bfloat16 tiles (AVX-512)"
-        names = sorted({["W8A8 int8", tiles, "oneDNN", "MKL", "dense"][k] for k in stack.kinds})
+        names = sorted({["W8A8 int8", tiles, "oneDNN", "MKL", "dense", f"{tiles} with SiLU·mul"][k]
+                        for k in stack.kinds})
         log.info("CPU steps: %d layers in one C++ call (%s products)", len(layers), ", ".join(names))
         return stack
 

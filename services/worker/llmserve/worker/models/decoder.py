@@ -22,7 +22,7 @@ from torch import nn
 
 from llmserve.worker.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from llmserve.worker.distributed import GroupHandle, ParallelState
-from llmserve.worker.layers.activation import gated_activation
+from llmserve.worker.layers.activation import SiluAndMul, gated_activation
 from llmserve.worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from llmserve.worker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from llmserve.worker.layers.norm import RMSNorm
@@ -178,7 +178,23 @@ class GatedMLP(nn.Module):
         self.act = gated_activation(getattr(config, "hidden_act", None) or config.hidden_activation)
         self.down_proj = RowParallelLinear(I, config.hidden_size, bias, tp, quantization)
 
+    def process_weights_after_loading(self) -> None:
+        """On AMX, a SiLU gate's merged gate/up weight in bfloat16 tiles is reordered so
+        that one product gives silu(gate) * up (PackedWeight.silu_mul): the [T, 2I]
+        intermediate and silu_and_mul's pass over it are gone, the result bit for bit
+        the same. (The loader calls this before the projections' own hooks: it packs
+        gate_up first.)"""
+        gate_up = self.gate_up_proj
+        gate_up.process_weights_after_loading()
+        packed = gate_up.packed
+        if (packed is not None and type(self.act) is SiluAndMul and gate_up.bias is None
+                and not packed.gate_up_interleaved and packed.silu_mul_fits()):
+            packed.interleave_gate_up()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        packed = self.gate_up_proj.packed
+        if packed is not None and packed.gate_up_interleaved:
+            return self.down_proj.forward(packed.silu_mul(x))
         return self.down_proj.forward(self.act.forward(self.gate_up_proj.forward(x)))  # all-reduce #2 of the layer
 
 
