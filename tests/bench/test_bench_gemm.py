@@ -39,9 +39,10 @@ def test_each_product_computes_x_times_w_transposed():
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(64, 128, generator=gen) / 128**0.5  # [out, in]
     x = torch.randn(5, 128, generator=gen)  # [rows, in]
-    made = products(w, copies=2)
+    made = products(w)
     assert set(made) == expected_products()
-    for name, (calls, nbytes, dtype) in made.items():
+    for name, (make, nbytes, dtype) in made.items():
+        calls = make(2)
         assert len(calls) == 2 and nbytes == weight_bytes(name, 64, 128)
         assert dtype == (torch.float32 if name.startswith("float32") else torch.bfloat16)
         want = x.to(dtype).float() @ w.t()
@@ -57,3 +58,37 @@ def test_the_table_has_every_product_at_every_row_count():
         nbytes = weight_bytes(r["product"], 576, 576)
         assert r["weight_bytes_per_s"] == pytest.approx(nbytes / (r["us"] / 1e6))
         assert r["gflop_per_s"] == pytest.approx(2 * r["rows"] * 576 * 576 / (r["us"] / 1e6) / 1e9)
+
+
+def test_only_one_products_copies_are_held_at_a_time(monkeypatch):
+    # Each product's copies together exceed 4x the last-level cache: all products' at once
+    # outgrew a 24 GiB host's memory where that cache is 300 MiB.
+    import llmserve.bench.decode_gemm as decode_gemm
+
+    monkeypatch.setattr(decode_gemm, "last_level_cache_bytes", lambda: 2**20)  # cold_bytes: 4 MiB
+    made, live, most = products(torch.randn(64, 128)), [0], [0]
+
+    def counted(make):
+        def counting(n):
+            calls = make(n)
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+            return [_Released(c, live) for c in calls][:1] * n
+        return counting
+
+    monkeypatch.setattr(decode_gemm, "products", lambda w: {k: (counted(m), b, d) for k, (m, b, d) in made.items()})
+    table = measure({"o": (64, 128)}, (1,), passes=1)
+    assert len(table) == len(made) and most[0] == 1
+
+
+class _Released:
+    """A call that counts its product as released when the bench drops it."""
+
+    def __init__(self, call, live):
+        self.call, self.live = call, live
+
+    def __call__(self, x):
+        return self.call(x)
+
+    def __del__(self):
+        self.live[0] -= 1

@@ -51,12 +51,18 @@ ROWS = (1, 4, 16, 64)
 TARGET_SHARE = 0.8  # issue #34: decode-sized products at >= 80% of the host's bandwidth
 
 
-Product = tuple[list[Callable[[torch.Tensor], torch.Tensor]], int, torch.dtype]
+# (makes one x -> x @ W.T per copy of the weight, given how many; bytes one call streams;
+# the dtype of the x it takes)
+Product = tuple[Callable[[int], list[Callable[[torch.Tensor], torch.Tensor]]], int, torch.dtype]
 
 
-def products(w: torch.Tensor, copies: int) -> dict[str, Product]:
-    """name -> (one x -> x @ W.T per copy of the weight, bytes one call streams, the
-    dtype of the x it takes)."""
+def products(w: torch.Tensor) -> dict[str, Product]:
+    """name -> the product's maker, its weight bytes per call and its x's dtype.
+
+    NOTE: makers, not the copies: each product's copies are made, timed and dropped in
+    turn. Made all at once they held ~4x the last-level cache per product (on a Xeon
+    with 300 MiB of it, the LM head's float32 and bfloat16 layouts together: over 11
+    GB), and the bench was killed for memory on a 24 GiB host."""
     from llmserve.worker.layers.packed_weight import (PackedWeight, mkl_packing_available, onednn_packing_available,
                                                       tiles_available, tiles_fit)
 
@@ -64,31 +70,29 @@ def products(w: torch.Tensor, copies: int) -> dict[str, Product]:
     made: dict[str, Product] = {}
     wb = w.bfloat16()
     if cpu_kernels.bf16_tiles_supported():
-        tiles = [cpu_kernels.bf16_pack_weight(wb) for _ in range(copies)]
-        made["bfloat16 tiles"] = ([lambda x, t=t: cpu_kernels.bf16_linear(x, t, "avx512") for t in tiles],
-                                  2 * w.numel(), torch.bfloat16)
-        if cpu_kernels.amx_supported() and in_features % 32 == 0:
-            made["bfloat16 AMX"] = ([lambda x, t=t: cpu_kernels.bf16_linear(x, t, "amx") for t in tiles],
-                                    2 * w.numel(), torch.bfloat16)
+        for name, engine in (("bfloat16 tiles", "avx512"), ("bfloat16 AMX", "amx")):
+            if engine == "amx" and not (cpu_kernels.amx_supported() and in_features % 32 == 0):
+                continue
+            made[name] = (lambda n, e=engine: [lambda x, t=cpu_kernels.bf16_pack_weight(wb): cpu_kernels.bf16_linear(
+                x, t, e) for _ in range(n)], 2 * w.numel(), torch.bfloat16)
     if torch.backends.mkldnn.is_available():
         linear = torch.ops.mkldnn._linear_pointwise
-        blocked = [torch.ops.mkldnn._reorder_linear_weight(wb, 64) for _ in range(copies)]
-        made["bfloat16 oneDNN"] = ([lambda x, b=b: linear(x, b, None, "none", [], "") for b in blocked],
-                                   2 * w.numel(), torch.bfloat16)
+        made["bfloat16 oneDNN"] = (lambda n: [lambda x, b=torch.ops.mkldnn._reorder_linear_weight(wb, 64): linear(
+            x, b, None, "none", [], "") for _ in range(n)], 2 * w.numel(), torch.bfloat16)
     if cpu_kernels.w8a8_supported():
         q, scale = quantize_rows(w)
-        int8 = [Int8Weight(q, scale, quantize_activations=True) for _ in range(copies)]
         for name, engine in (("int8 W8A8", "vnni"), ("int8 W8A8 AMX", "amx")):
             if engine == "amx" and not cpu_kernels.amx_supported():
                 continue
-            made[name] = ([lambda x, i=i, e=engine: cpu_kernels.w8a8_linear(x, i.w8a8_packed, i.scale, e)
-                           for i in int8], w.numel() + 4 * out_features, torch.bfloat16)
+            made[name] = (lambda n, e=engine: [
+                lambda x, i=Int8Weight(q, scale, quantize_activations=True): cpu_kernels.w8a8_linear(
+                    x, i.w8a8_packed, i.scale, e) for _ in range(n)], w.numel() + 4 * out_features, torch.bfloat16)
     layouts = [("tiles", tiles_available(torch.float32) and tiles_fit(out_features, in_features, torch.float32)),
                ("MKL", mkl_packing_available()), ("oneDNN", onednn_packing_available())]
     for name, available in layouts:
         if available:
-            packed = [PackedWeight.packed_as(name.lower(), w.contiguous()) for _ in range(copies)]
-            made[f"float32 {name}"] = ([p.matmul for p in packed], 4 * w.numel(), torch.float32)
+            made[f"float32 {name}"] = (lambda n, k=name.lower(): [PackedWeight.packed_as(k, w.contiguous()).matmul
+                                                                  for _ in range(n)], 4 * w.numel(), torch.float32)
     return made
 
 
@@ -113,16 +117,15 @@ def measure(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], passes: i
     table = []
     for name, (out_features, in_features) in shapes.items():
         w = torch.randn(out_features, in_features, generator=gen) / in_features**0.5  # [out, in]
-        copies = max(2, -(-cold_bytes // (2 * w.numel())))
-        made = products(w, copies)
-        for m in rows:
-            x = torch.randn(m, in_features, generator=gen)  # [m, in]
-            for product, (calls, nbytes, dtype) in made.items():
+        xs = {m: torch.randn(m, in_features, generator=gen) for m in rows}  # [m, in]
+        for product, (make, nbytes, dtype) in products(w).items():
+            calls = make(max(2, -(-cold_bytes // nbytes)))  # together over cold_bytes: none cached
+            for m, x in xs.items():
                 seconds = fastest_call_seconds(calls, x.to(dtype), passes)
                 table.append({"shape": name, "out": out_features, "in": in_features, "rows": m, "product": product,
                               "us": 1e6 * seconds, "weight_bytes_per_s": nbytes / seconds,
                               "gflop_per_s": 2 * m * w.numel() / seconds / 1e9})
-        del made
+            del calls
     return table
 
 
