@@ -34,15 +34,14 @@ struct Product {
   // y[m0 : m0 + 16 MT, 16 b0 : 16 (b0 + NB)]; tile numbers must be constants, hence the
   // template and `if constexpr`.
   template <int MT, int NB>
-  void tile(int64_t m0, int64_t b0, float* sums, const char* next, int64_t next_lines) const {
+  void tile(int64_t m0, int64_t b0, float* sums, llmserve_tiles::NextTile next) const {
     _tile_zero(0);
     if constexpr (NB > 1) _tile_zero(1);
     if constexpr (MT > 1) _tile_zero(2);
     if constexpr (MT > 1 && NB > 1) _tile_zero(3);
     const int64_t a_stride = ldx * 2, b_stride = kBlockN * 4;
     for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
-      for (int64_t line = 0; line < next_lines; ++line) _mm_prefetch(next + 64 * line, _MM_HINT_T1);
-      next += 64 * next_lines;
+      next.issue();
       _tile_loadd(6, b(b0, k0), b_stride);
       if constexpr (NB > 1) _tile_loadd(7, b(b0 + 1, k0), b_stride);
       _tile_loadd(4, a(m0, k0), a_stride);
@@ -104,15 +103,24 @@ struct Product {
     }
   }
 
-  // Blocks [2 p, 2 p + 2) of every row tile. The first row tiles prefetch the blocks of
-  // pair `ahead` (this thread's next; -1: none) into L2 as they go (K x 32 bytes a block:
-  // 16 lines of each a k step). NOTE: without, tile loads waited on memory: products from
-  // memory at 1-16 rows ran 1.1-1.3x slower (SmolLM2-135M's and a 1B's shapes).
+  // Blocks [2 p, 2 p + 2) of every row tile. The row tiles prefetch the blocks of pair
+  // `ahead` (this thread's next; -1: none) into L2 as they go (K x 32 bytes a block,
+  // contiguous), each pass over a pair of row tiles its share, spread over its k steps.
+  // NOTE: without, tile loads waited on memory: products from memory at 1-16 rows ran
+  // 1.1-1.3x slower (SmolLM2-135M's and a 1B's shapes). And shared by the passes, not
+  // all in the first: 32 lines a k step there and none in the second pass, 64-row
+  // products from memory streamed ~17-19 GB/s where 1-16 rows stream ~26-31 (2-core
+  // Xeon, AMX host; SmolLM2-135M's shapes); shared, ~19.5-21.5 GB/s.
   void column_pair(int64_t p, int64_t ahead, float* sums) const {
     const int64_t b0 = 2 * p, blocks = N / kBlockN;
     const char* next = ahead < 0 ? nullptr : reinterpret_cast<const char*>(b(2 * ahead, 0));
-    const int64_t next_lines = ahead < 0 ? 0 : 16 * std::min<int64_t>(blocks - 2 * ahead, 2);
-    const auto run = [&]<int MT, int NB>(int64_t m0) { tile<MT, NB>(m0, b0, sums, next, m0 == 0 ? next_lines : 0); };
+    const int64_t lines = ahead < 0 ? 0 : std::min<int64_t>(blocks - 2 * ahead, 2) * K / 2;
+    const int64_t passes = (tiled_rows(M) + 2 * kRows - 1) / (2 * kRows);
+    const int64_t share = (lines + passes - 1) / passes;
+    const auto run = [&]<int MT, int NB>(int64_t m0) {
+      const int64_t first = std::min(m0 / (2 * kRows) * share, lines);
+      tile<MT, NB>(m0, b0, sums, llmserve_tiles::NextTile(next + 64 * first, std::min(share, lines - first), K / kDepth));
+    };
     for_each_row_tile(run, M, b0 + 1 < blocks);
   }
 };
