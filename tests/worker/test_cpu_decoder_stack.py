@@ -15,8 +15,7 @@ from llmserve.worker.layers.int8_weight import W8A8_BLOCK
 from llmserve.worker.layers.packed_weight import (BFLOAT16_GEMM_ENV, FLOAT32_GEMM_ENV, bfloat16_gemm, float32_gemm,
                                                   mkl_packing_available, onednn_packing_available, tiles_available)
 from llmserve.worker.model_runner import ModelRunner
-from llmserve.worker.models.cpu_decoder_stack import (DENSE, ENV, MKL, ONEDNN, TILES, TILES_SILU_MUL,
-                                                       CpuDecoderStack)
+from llmserve.worker.models.cpu_decoder_stack import DENSE, ENV, MKL, ONEDNN, TILES, TILES_SILU_MUL
 
 from tests.tiny_models import make_tiny_model, make_tiny_moe_model, make_tiny_window_model
 
