@@ -103,3 +103,16 @@ def test_pipelined_engine_gives_every_sample_the_serial_loops_output(tiny_llama_
     assert overlapped > 0, "the pipelined loop launched plans behind one in flight"
     if case == "preempting":
         assert preempted > 0, "the small pool preempted (those steps run serially)"
+
+
+def test_the_in_process_engine_shares_cached_blocks_only_within_a_cache_salt(tiny_llama_dir):
+    engine = InProcessEngine.from_model_dir(tiny_llama_dir, dtype="float32", num_kv_blocks=64, block_size=4)
+    prompt = list(range(3, 20))  # 17 tokens: four whole blocks to cache
+    greedy = SamplingParams(temperature=0.0, max_tokens=2)
+    cached = {}
+    for rid, salt in (("plain", ""), ("a", "tenant-a"), ("a-again", "tenant-a"), ("b", "tenant-b")):
+        engine.add_request(rid, prompt, greedy, cache_salt=salt)
+        while engine.has_unfinished():
+            for out in engine.step():
+                cached[out.request_id] = out.num_cached_tokens
+    assert cached == {"plain": 0, "a": 0, "a-again": 16, "b": 0}

@@ -80,8 +80,11 @@ class InProcessEngine:
         return cls(runner, SchedulerConfig(**{k: v for k, v in settings.items() if k in scheduler_fields}))
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                    n: int = 1, priority: int = 0) -> None:
-        self.scheduler.add_request(request_id, prompt_token_ids, sampling, n=n, priority=priority)
+                    n: int = 1, priority: int = 0, cache_salt: str = "") -> None:
+        """Queue a request (Scheduler.add_request: a `cache_salt` shares cached prefix
+        blocks only with requests of the same salt, as the gRPC and OpenAI APIs' field)."""
+        self.scheduler.add_request(request_id, prompt_token_ids, sampling, n=n, priority=priority,
+                                   cache_salt=cache_salt)
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, execute, apply (pipelined: launch the next plan, then
