@@ -12,7 +12,6 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-import pytest
 from google.protobuf import descriptor_pb2
 
 import llmserve.v1

@@ -3,8 +3,6 @@ built from KV events, --scheduler's parsing and resolution, and ReplicaSet.choos
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from llmserve.contract.block_hash import prompt_block_hashes

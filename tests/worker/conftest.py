@@ -6,7 +6,6 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
 import torch
 
 from llmserve.contract.plan import CachedRequestData, NewRequestData, StepPlan
