@@ -23,10 +23,7 @@
 
 namespace {
 
-template <typename T>
-inline float round_to(float v) {
-  return static_cast<float>(static_cast<T>(v));
-}
+using llmserve_vec::round_to;
 
 // Rows per task: keep small (decode) batches on one thread, where a fork costs more
 // than the work.

@@ -18,10 +18,7 @@
 
 namespace llmserve_rotary {
 
-template <typename T>
-inline float round_to(float v) {
-  return static_cast<float>(static_cast<T>(v));
-}
+using llmserve_vec::round_to;
 
 // Lanes [from, to) of one head's halves x1, x2, rotated in place.
 template <typename T>

@@ -1,5 +1,16 @@
-// Vector math on 16 float32 lanes (AVX-512) for our CPU kernels.
+// Vector math on 16 float32 lanes (AVX-512) for our CPU kernels, and the one scalar
+// rounding their tails and fallbacks share.
 #pragma once
+
+namespace llmserve_vec {
+
+// v rounded to T and back, as torch materialises an intermediate of dtype T (identity for float).
+template <typename T>
+inline float round_to(float v) {
+  return static_cast<float>(static_cast<T>(v));
+}
+
+}  // namespace llmserve_vec
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
