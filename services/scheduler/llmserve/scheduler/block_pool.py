@@ -2,7 +2,7 @@
 
 Blocks are plain ints 0..num_blocks-1; the tensors behind them live on the workers. The
 pool only decides which ids are free. Free blocks wait in a queue with O(1) removal
-(an insertion-ordered dict).
+from the front, the middle and the back (an OrderedDict: its linked list).
 
 Prefix cache: a full block may carry a hash (see `llmserve.contract.block_hash`). The
 pool maps hash -> block. A cached block keeps its hash after its last holder frees it:
@@ -23,7 +23,7 @@ removed, `reset_cache` -> cleared. Replaying them gives exactly the keys of `_ca
 from __future__ import annotations
 
 import operator
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Mapping
 
 from llmserve.scheduler.block_events import AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored
@@ -49,7 +49,11 @@ class BlockPool:
         self._num_blocks = num_blocks
         self._ref_counts = [0] * num_blocks
         # NOTE: a block is in the free queue if and only if its ref count is 0.
-        self._free_queue: dict[int, None] = dict.fromkeys(range(num_blocks))
+        # NOTE: not a plain dict: taking its first key walks past every entry deleted since
+        # it last resized, so with 200,000 blocks one allocation took 13 us after 10,000
+        # had been taken and 82 us after 100,000 (CPython 3.11): milliseconds a step at
+        # the block counts of a GPU. popitem(last=False) takes the linked list's head.
+        self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         # NOTE: _cached[h] == b  if and only if  _block_hash[b] == h.
         self._block_hash: list[Hashable | None] = [None] * num_blocks
         self._cached: dict[Hashable, int] = {}
@@ -91,8 +95,7 @@ class BlockPool:
             )
         block_ids = []
         for _ in range(n):
-            block_id = next(iter(self._free_queue))
-            del self._free_queue[block_id]
+            block_id = self._free_queue.popitem(last=False)[0]
             self._evict(block_id)
             self._ref_counts[block_id] = 1
             block_ids.append(block_id)
