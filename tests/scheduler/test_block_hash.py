@@ -40,6 +40,23 @@ def test_the_prefix_cache_keys_blocks_with_the_shared_hash():
     assert set(prompt_block_hashes(prompt, 4)) <= cached
 
 
+def test_a_decoded_block_is_keyed_by_the_prompt_and_output_tokens_it_holds():
+    # Blocks 0-1 prompt only, block 2 straddles the prompt's end, 3-4 outputs only: the
+    # cache's keys are the chain over all_token_ids, read a block at a time.
+    scheduler = make_scheduler(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    scheduler.add_request("a", prompt, params(max_tokens=12))
+    sample = next(iter(scheduler.live.samples()))
+    run_until_done(scheduler, FakeWorker(4))
+    tokens = sample.all_token_ids
+    assert len(tokens) == 22
+    for start in range(len(tokens)):
+        for end in range(start, len(tokens) + 1):
+            assert sample.token_ids_between(start, end) == tokens[start:end]
+    # (the last token's KV is never computed: five full blocks)
+    assert set(prompt_block_hashes(tokens[:20], 4)) <= set(scheduler.kv.pool._cached)
+
+
 def test_a_cache_salt_chains_the_first_block_from_the_salts_own_key():
     tokens = list(range(8))
     salted_root = hashlib.sha256(b"llmserve cache salt\x00tenant-a").digest()

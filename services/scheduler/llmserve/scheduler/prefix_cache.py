@@ -70,8 +70,8 @@ class PrefixCache:
         hashes = sample.block_hashes
         num_full = sample.num_tokens // self.block_size
         if len(hashes) < num_full:
-            tokens, bs = sample.all_token_ids, self.block_size
+            bs = self.block_size
             for index in range(len(hashes), num_full):
                 parent = hashes[-1] if hashes else sample.request.salt_key
-                hashes.append(hash_block(parent, tokens[index * bs : (index + 1) * bs]))
+                hashes.append(hash_block(parent, sample.token_ids_between(index * bs, (index + 1) * bs)))
         return hashes

@@ -193,6 +193,17 @@ class Sample:
         """Prompt then outputs (a new list)."""
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """all_token_ids[start:end] without building all_token_ids: a block's tokens, read
+        each time a block fills (a 1,024-token prompt would be copied for every block)."""
+        prompt = self.request.prompt_token_ids
+        split = len(prompt)
+        if end <= split:
+            return prompt[start:end]
+        if start >= split:
+            return self.output_token_ids[start - split : end - split]
+        return prompt[start:] + self.output_token_ids[: end - split]
+
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
