@@ -161,11 +161,9 @@ struct FloatMath {
     }
   }
 
-  // p rounded to T: bfloat16 products P . V, as Bf16Math's and torch's SDPA's.
-  static float rounded(float p) { return static_cast<float>(static_cast<T>(p)); }
-
   // o[d][r] = alpha[r] * o[d][r] + sum_k p[k][r] * v_k[d], 4 values of d at a time (p is
-  // zero for k >= nk: those rows are not read).
+  // zero for k >= nk: those rows are not read), p rounded to T: bfloat16 products P . V,
+  // as Bf16Math's and torch's SDPA's.
   void accumulate(const T* const* values, int64_t nk, int64_t D, const float* p, const float* alpha,
                   float* o) const {
     for (int64_t d0 = 0; d0 < D; d0 += 4) {
@@ -176,7 +174,7 @@ struct FloatMath {
       for (int64_t k = 0; k < nk; ++k)
         for (int64_t j = 0; j < 4; ++j) {
           const float vd = j < nd ? static_cast<float>(values[k][d0 + j]) : 0.f;
-          for (int64_t r = 0; r < kRows; ++r) acc[j][r] += vd * rounded(p[k * kRows + r]);
+          for (int64_t r = 0; r < kRows; ++r) acc[j][r] += vd * llmserve_vec::round_to<T>(p[k * kRows + r]);
         }
       for (int64_t j = 0; j < nd; ++j)
         for (int64_t r = 0; r < kRows; ++r) o[(d0 + j) * kRows + r] = acc[j][r];
