@@ -82,7 +82,8 @@ struct F32Tile {
     };
     int64_t k = 0;
     for (; k + 4 <= Kc; k += 4) {
-      // (cadence: every 4th depth is the first of each group of 4)
+      // (cadence: every 4th depth is the first of each group of 4; spelled out, as a loop over
+      // i with issues_at<C>(i) the products ran 0.86-0.95x, same bits)
       if constexpr (C == llmserve_tiles::kEveryStep) {
         next.issue(); depth(0); next.issue(); depth(1); next.issue(); depth(2); next.issue(); depth(3);
       } else {
