@@ -3,7 +3,7 @@
     python scripts/gpu_summary.py RESULTS_DIR
 
 Reads what scripts/gpu_check.sh left in RESULTS_DIR: steps.tsv (each step's exit code
-and seconds, or why it did not run), gpu-tests.xml (pytest's JUnit report),
+and seconds, or why it did not run), gpu-tests.xml and host-cpu.xml (pytest's JUnit reports),
 random-model*.json and the bench reports under offline-1b/, decode-floor-1b/, loops/,
 offline-8b/, decode-floor-8b/, kv-sizing/, decode/, throughput/ and profile/. Prints the
 table, writes it to summary.md (and summary.json), exits 1 when any row FAILs.
@@ -106,17 +106,19 @@ def junit_counts(path: Path) -> dict[str, int] | None:
     return counts
 
 
-def tests_row(results: Path, steps: dict, on_cuda: bool) -> Row:
-    counts = junit_counts(results / "gpu-tests.xml")
-    check = "GPU tests (pytest -m gpu)"
+def tests_row(results: Path, steps: dict, on_cuda: bool, step: str = "gpu-tests",
+              check: str = "GPU tests (pytest -m gpu)") -> Row:
+    """A pytest step's row from its JUnit report, RESULTS/STEP.xml: gpu-tests, or host-cpu
+    (the CPU kernels' tests on the GPU host's CPU)."""
+    counts = junit_counts(results / f"{step}.xml")
     if counts is None:
-        return _missing(check, "gpu-tests", steps)
+        return _missing(check, step, steps)
     figure = f"{counts['passed']} passed, {counts['failures'] + counts['errors']} failed, {counts['skipped']} skipped"
     if counts["failed_ids"]:
         figure += ": " + ", ".join(counts["failed_ids"])
-    bad = counts["failures"] + counts["errors"] > 0 or steps.get("gpu-tests", (0, 0))[0] not in (0, 1, 5)
+    bad = counts["failures"] + counts["errors"] > 0 or steps.get(step, (0, 0))[0] not in (0, 1, 5)
     # On a GPU, a run where every GPU test skipped proves nothing.
-    empty = on_cuda and counts["passed"] == 0
+    empty = on_cuda and step == "gpu-tests" and counts["passed"] == 0
     return Row(check, "FAIL" if bad or empty else "PASS", figure + (" (none ran on the GPU)" if empty else ""))
 
 
@@ -195,8 +197,9 @@ def throughput_rows(results: Path, steps: dict) -> list[Row]:
 
 
 def profile_rows(results: Path, steps: dict) -> list[Row]:
-    """INFO: where a decode step's time goes, per profiled batch size (its three costliest
-    kernel families' shares)."""
+    """INFO: where a decode step's time goes, per profiled batch size: the kernels' time
+    against the unprofiled step's (well under it: the step waits on the host), and the
+    three costliest kernel families' shares."""
     report = latest_report(results / "profile")
     if report is None:
         return [_missing("decode step profile", "profile", steps)]
@@ -206,7 +209,7 @@ def profile_rows(results: Path, steps: dict) -> list[Row]:
         top = sorted(r["families_s"].items(), key=lambda kv: -kv[1])[:3]
         rows.append(Row(f"decode step profile, batch {r['batch']}", "INFO",
                         f"{1000 * r['step_s']:.2f} ms a step ({'CUDA graphs' if r['uses_graphs'] else 'eager'}, "
-                        f"context {r['context']}); kernel time: "
+                        f"context {r['context']}); kernel time {1000 * busy:.2f} ms: "
                         + ", ".join(f"{name} {100 * t / busy:.0f}%" for name, t in top)))
     return rows
 
@@ -320,14 +323,15 @@ def summarize(results: Path) -> list[Row]:
         *offline_rows(results, steps, "offline-1b"),
         *decode_floor_rows(results, steps, "decode-floor-1b"),
         *loops_rows(results, steps),
+        *profile_rows(results, steps),
+        tests_row(results, steps, device.startswith("cuda")),
         model_row(results, steps, "random-model-8b.json", "make-model-8b"),
         *offline_rows(results, steps, "offline-8b"),
-        tests_row(results, steps, device.startswith("cuda")),
         *decode_floor_rows(results, steps, "decode-floor-8b"),
+        tests_row(results, steps, device.startswith("cuda"), "host-cpu", "CPU kernel tests on the host's CPU"),
         kv_row(results, steps),
         *decode_rows(results, steps),
         *throughput_rows(results, steps),
-        *profile_rows(results, steps),
         time_row(steps),
     ]
 

@@ -174,8 +174,8 @@ def test_decode_comparison_captures_graphs_on_cuda(tiny_random_model):
 
 # --- The summary's judgement, on reports shaped like the benches' own. ---------------------
 
-STEPS = ("install", "verify", "make-model", "offline-1b", "decode-floor-1b", "loops", "make-model-8b", "offline-8b",
-         "gpu-tests", "decode-floor-8b", "kv-sizing", "decode", "throughput", "profile")
+STEPS = ("install", "verify", "make-model", "offline-1b", "decode-floor-1b", "loops", "profile", "gpu-tests",
+         "make-model-8b", "offline-8b", "decode-floor-8b", "host-cpu", "kv-sizing", "decode", "throughput")
 
 
 def _offline_report(device: str, model: str, share: float) -> dict:
@@ -213,6 +213,8 @@ def _write_results(tmp_path, device: str, graphs_over_eager: float, engine_over_
         f'<testsuites><testsuite tests="10" failures="{failures}" errors="0" skipped="1">'
         + "".join(f'<testcase classname="tests.t" name="f{i}"><failure/></testcase>' for i in range(failures))
         + "</testsuite></testsuites>")
+    (tmp_path / "host-cpu.xml").write_text('<testsuites><testsuite tests="216" failures="0" errors="0" skipped="0">'
+                                           '</testsuite></testsuites>')
     (tmp_path / "random-model.json").write_text(json.dumps({
         "preset": "llama-1b", "dtype": "bfloat16", "parameters": 1_235_814_400, "bytes": 2_471_628_800,
         "shape": {"hidden_size": 2048, "num_hidden_layers": 16, "vocab_size": 128256}}))
@@ -262,13 +264,14 @@ def test_summary_passes_a_run_that_meets_every_target(tmp_path, capsys):
     assert results["decode llama-1b, context 1024, batch 1 >= 60% of the floor"] == "PASS"
     assert results["pipelined loop >= 1.3x serial, batch 64"] == "PASS"
     assert results["piecewise graphs faster than eager, mixed step"] == "PASS"
-    assert set(results.values()) == {"PASS", "INFO"} and len(results) == 27
+    assert results["CPU kernel tests on the host's CPU"] == "PASS"
+    assert set(results.values()) == {"PASS", "INFO"} and len(results) == 28
     out = capsys.readouterr().out
-    assert out.startswith("GPU self-check on NVIDIA H100") and "PASSED: 0 of 27 rows failed" in out
+    assert out.startswith("GPU self-check on NVIDIA H100") and "PASSED: 0 of 28 rows failed" in out
     profile = {row.check: row.figure for row in gpu_summary.summarize(tmp_path)}["decode step profile, batch 64"]
     # 64 x 0.5 ms of attention against 1 ms of matmul and 0.1 ms of copies: shares of 33.1 ms.
-    assert profile == ("128.00 ms a step (CUDA graphs, context 256); kernel time: attention (paged decode) 97%, "
-                       "matmul 3%, copies 0%")
+    assert profile == ("128.00 ms a step (CUDA graphs, context 256); kernel time 33.10 ms: attention (paged decode) "
+                       "97%, matmul 3%, copies 0%")
     assert (tmp_path / "summary.md").read_text().strip() == out.strip()
 
 
@@ -301,6 +304,19 @@ def test_summary_fails_each_missed_gpu_target_of_issue_31(tmp_path):
         "185.95 req/s, 23,794 output / 214,144 total tok/s = 45.0% (5.4 s, 200 steps, 0 preemptions)")
     # The other batch sizes are figures, not targets.
     assert rows["decode llama-1b, context 1024, batch 8 / 64 / 256: share of the floor"].result == "INFO"
+
+
+def test_summary_fails_a_crashed_host_cpu_step_and_keeps_the_gpu_tests_row(tmp_path):
+    # The CPU kernels' tests run apart from the GPU tests: a crash there (no JUnit report,
+    # SIGSEGV's exit code) fails its own row only.
+    _write_results(tmp_path, "cuda:0", graphs_over_eager=2.0, engine_over_hf=4.0, kv_over_fits=1.0)
+    (tmp_path / "host-cpu.xml").unlink()
+    (tmp_path / "steps.tsv").write_text((tmp_path / "steps.tsv").read_text().replace("host-cpu\t0", "host-cpu\t139"))
+    rows = {row.check: row for row in gpu_summary.summarize(tmp_path)}
+    assert rows["CPU kernel tests on the host's CPU"] == gpu_summary.Row(
+        "CPU kernel tests on the host's CPU", "FAIL", "exited 139: see logs/host-cpu.log")
+    assert rows["GPU tests (pytest -m gpu)"].result == "PASS"
+    assert [r.check for r in rows.values() if r.result == "FAIL"] == ["CPU kernel tests on the host's CPU"]
 
 
 def test_summary_skips_what_only_or_the_budget_left_out(tmp_path):

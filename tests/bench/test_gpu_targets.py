@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,25 @@ def test_gpu_check_dry_run_of_the_issue_31_steps(tmp_path):
     assert rows["decode tiny-untied, context 24, batch 1 >= 60% of the floor"] == "SKIP"
     assert rows["pipelined loop over serial, batch 4"] == "INFO"
     assert "FAIL" not in rows.values()
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_the_cpu_kernel_tests_apart_and_packs_its_results(tmp_path):
+    """host-cpu: the CPU kernels' tests in a pytest of their own, judged from their JUnit
+    report; --pack: a device call brings back at most 8 files, so everything but the
+    summary leaves in one archive."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "LLMSERVE_GPU_CHECK_SCRATCH": str(tmp_path / "scratch")}
+    r = subprocess.run(["bash", str(REPO / "scripts/gpu_check.sh"), "--device", "cpu", "--install", "none",
+                        "--python", sys.executable, "--only", "host-cpu", "--pack"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-check.tar.gz", "summary.json", "summary.md"]
+    with tarfile.open(out / "gpu-check.tar.gz") as tar:
+        names = {name.removeprefix("./") for name in tar.getnames()}
+        steps = tar.extractfile("./steps.tsv").read().decode()
+    assert {"steps.tsv", "environment.txt", "host-cpu.xml", "logs/host-cpu.log"} <= names
+    assert "host-cpu\t0\t" in steps and "gpu-tests\tonly\t0" in steps
+    rows = {row["check"]: row for row in json.loads((out / "summary.json").read_text())}
+    host = rows["CPU kernel tests on the host's CPU"]
+    assert host["result"] == "PASS" and int(host["figure"].split()[0]) > 100, host

@@ -4,7 +4,10 @@ set here, the kernels imported, and the variable restored at once, so other test
 (and the processes they spawn) never see it; an autouse fixture sets it again around each
 test of this folder. With CUDA, kernels compile for the GPU and tests run there: every test
 of this folder is then marked `gpu` (`pytest -m gpu` runs them all), and the kernels'
-dtype parametrizations add bfloat16 (helpers.DTYPES)."""
+dtype parametrizations add bfloat16 (helpers.DTYPES). Except the CPU kernels' tests
+(test_cpu_*.py): CPU tests wherever they run. The GPU self-check runs them apart on the
+GPU host's CPU (its host-cpu step), so that a fault in the host's CPU path cannot end the
+GPU tests' run (a segfault in test_cpu_amx did, on an H200 host, 2026-11-28)."""
 
 from __future__ import annotations
 
@@ -38,12 +41,12 @@ _HERE = Path(__file__).parent
 
 @pytest.hookimpl(tryfirst=True)  # before `-m gpu` deselects what is not marked yet
 def pytest_collection_modifyitems(config, items):
-    """With CUDA, this folder's tests are the GPU kernel checks: mark them `gpu`. (A
-    conftest's hook sees every collected item: only this folder's are marked.)"""
+    """With CUDA, this folder's tests but the CPU kernels' are the GPU kernel checks: mark
+    them `gpu`. (A conftest's hook sees every collected item: only this folder's are marked.)"""
     if INTERPRET:
         return
     for item in items:
-        if _HERE in item.path.parents:
+        if _HERE in item.path.parents and not item.path.name.startswith("test_cpu_"):
             item.add_marker(pytest.mark.gpu)
 
 

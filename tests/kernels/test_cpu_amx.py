@@ -60,6 +60,36 @@ def test_auto_takes_amx_wherever_the_depth_allows():
         cpu_kernels.bf16_linear(x, packed, "amx")
 
 
+_REFUSAL = """
+import torch
+from llmserve.kernels import cpu
+assert cpu.load()
+gen = torch.Generator().manual_seed(0)
+packed = cpu.bf16_pack_weight(torch.randn(80, 64, generator=gen).bfloat16())
+x = torch.randn(7, 64, generator=gen).bfloat16()
+for engine in {engines!r}:
+    cpu.bf16_linear(x, packed, engine)
+try:
+    cpu.bf16_linear(x, packed[:, :16].contiguous(), "auto")
+except RuntimeError as err:
+    print("refused:", str(err).splitlines()[0])
+"""
+
+
+@needs_amx
+@pytest.mark.parametrize("engines", [(), ("avx512",), ("amx",), ("amx", "avx512")])
+def test_a_refused_input_raises_in_a_fresh_process_after_any_product(engines):
+    # On an H200 host (a sandboxed Xeon with AMX, torch 2.11, 2026-11-28) the first
+    # refusal in test_auto_takes_amx_wherever_the_depth_allows ended its process with
+    # SIGSEGV instead of raising. Each case here is a process of its own, the refusal its
+    # first C++ exception, after products on neither, either or both engines: where the
+    # fault recurs, which case fails says whether AMX use is what leads to it.
+    out = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _REFUSAL.format(engines=engines)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-2000:]}"
+    assert out.stdout.strip() == "refused: bf16 tiles: x has 64 features, the weight 32"
+
+
 @needs_amx
 def test_the_two_engines_agree_to_bfloat16_rounding():
     x, _, packed = _case(24, 96, 576, seed=3)
