@@ -166,3 +166,14 @@ def test_gpu_check_runs_the_cpu_kernel_tests_apart_and_packs_its_results(tmp_pat
     rows = {row["check"]: row for row in json.loads((out / "summary.json").read_text())}
     host = rows["CPU kernel tests on the host's CPU"]
     assert host["result"] == "PASS" and int(host["figure"].split()[0]) > 100, host
+
+
+def test_decode_floor_refuses_a_context_the_model_cannot_hold(tiny_model):
+    # The tiny model holds 1,024 tokens: a 1,024-token context leaves no room to decode,
+    # which divided by zero running sequences before.
+    from llmserve.bench.decode_floor import measure_decode_floor
+
+    with pytest.raises(ValueError, match="a context of 1024 tokens and .* more to generate exceed the model's "
+                                         "1024-token length"):
+        measure_decode_floor(tiny_model["dir"], RunnerConfig(device="cpu", dtype="float32"), [1], context=1024,
+                             steps=2, calibrate_s=0.05)

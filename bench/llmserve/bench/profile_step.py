@@ -83,7 +83,13 @@ def prefilled_engine(runner, batch: int, context: int, max_new_tokens: int, seed
     tokens (ids within the model's vocabulary), all past their prefill: every further
     step is a pure decode step at that batch size, for `max_new_tokens` steps. The prefill
     runs in one step unless `max_num_batched_tokens` caps it (chunks). `pipelined`: the
-    engine loop (None: by device, as served)."""
+    engine loop (None: by device, as served). Raises ValueError where a sequence of
+    `context` + `max_new_tokens` tokens exceeds the model's length."""
+    max_model_len = runner.info.max_model_len
+    if context + max_new_tokens > max_model_len:
+        # (Else the scheduler refuses every prompt and the bench divides by no sequence.)
+        raise ValueError(f"a context of {context} tokens and {max_new_tokens} more to generate exceed the model's "
+                         f"{max_model_len}-token length: a smaller --context, or fewer steps")
     budget = max_num_batched_tokens or max(4096, batch * (context + 16))
     engine = InProcessEngine(runner, SchedulerConfig(max_num_batched_tokens=budget, async_scheduling=pipelined))
     vocab = runner.config.vocab_size
