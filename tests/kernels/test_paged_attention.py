@@ -88,6 +88,22 @@ def test_varlen_prefill_mixed(kvh, g, block_size, head_dim, dtype, device):
     assert rel_err(out.cpu(), ref) <= TOL[dtype]
 
 
+@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (128, 32)])
+def test_varlen_long_prompts_span_many_key_tiles(head_dim, block_size, device):
+    # Key tiles of 64 (head dim 64) or 32 (128) keys gathered across blocks: a 300-token
+    # prompt is 5-10 tiles, a 77-token chunk over 123 cached keys starts mid-tile, and
+    # the q tiles' causal diagonals fall inside key tiles.
+    seq_lens, query_lens = [300, 200, 129], [300, 77, 1]
+    case = make_case(seq_lens, query_lens, 2, 4, head_dim, block_size, torch.float32, device, seed=head_dim)
+    out = torch.full_like(case.q, float("nan"))
+    paged_attention_varlen(case.q, case.kv_cache, case.block_tables, case.seq_lens, case.cu_seqlens_q,
+                           max(query_lens), case.scale, out=out)
+    ref = paged_attention_varlen_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_tables.cpu(),
+                                           case.seq_lens.cpu(), case.cu_seqlens_q.cpu(), case.scale)
+    assert not out.isnan().any()
+    assert rel_err(out.cpu(), ref) <= TOL[torch.float32]
+
+
 def test_varlen_sub_batch_leaves_other_rows(device):
     """Rows before the first sequence (the decode rows in the backend) stay untouched."""
     case = make_case([5, 30], [1, 12], 1, 2, 64, 16, torch.float32, device)
@@ -123,13 +139,13 @@ def test_wrappers_reject_bad_arguments(device):
                                case.cu_seqlens_q.cpu(), 1, 1.0)
 
 
-def test_decode_tile_keeps_a_tile_s_keys_within_the_register_budget():
-    from llmserve.kernels.triton.paged_attention import decode_tile
+def test_key_tile_keeps_a_tile_s_keys_within_the_register_budget():
+    from llmserve.kernels.triton.paged_attention import key_tile
 
-    assert decode_tile(64, 16) == 64  # the case measured on the H200: 4 blocks a tile
-    assert decode_tile(128, 16) == 32 and decode_tile(256, 16) == 16  # 4096 elements of K a tile
-    assert decode_tile(256, 32) == 32 and decode_tile(64, 128) == 128  # never less than one block
-    assert decode_tile(512, 8) == 16  # tl.dot's least
+    assert key_tile(64, 16) == 64  # the case measured on the H200: 4 blocks a tile
+    assert key_tile(128, 16) == 32 and key_tile(256, 16) == 16  # 4096 elements of K a tile
+    assert key_tile(256, 32) == 32 and key_tile(64, 128) == 128  # never less than one block
+    assert key_tile(512, 8) == 16  # tl.dot's least
 
 
 def _poison_before_windows(case, window: int) -> torch.Tensor:
@@ -165,8 +181,10 @@ def test_decode_window_softcap(window, softcap, num_splits, device):
 
 @pytest.mark.parametrize("window,softcap", WINDOW_SOFTCAP)
 def test_varlen_window_softcap(window, softcap, device):
-    # a decode-like row, a fresh prefill longer than the window, chunks over cached context
-    seq_lens, query_lens = [50, 70, 90, 45], [1, 70, 23, 6]
+    # a decode-like row, fresh prefills longer than the window (one of several key
+    # tiles, whose first tiles lie wholly before later queries' windows), chunks over
+    # cached context
+    seq_lens, query_lens = [50, 70, 90, 45, 200], [1, 70, 23, 6, 200]
     case = make_case(seq_lens, query_lens, 2, 2, 64, 16, torch.float32, device, seed=11)
     ref = paged_attention_varlen_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_tables.cpu(),
                                            case.seq_lens.cpu(), case.cu_seqlens_q.cpu(), case.scale, window, softcap)

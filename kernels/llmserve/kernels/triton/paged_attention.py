@@ -9,15 +9,15 @@ p % block_size. Query head h reads kv head h // G, G = num_heads // num_kv_heads
   decode program (seq, kv_head, split):            prefill program (seq, q_tile, kv_head):
     q [16+, D]: the G heads sharing one kv head,       rows r = (query r // G, head r % G)
       zero rows up to tl.dot's 16                       q [BLOCK_M, D] (Q_PER_TILE queries x G)
-    for each tile of keys (64 at head dim 64,          for each block up to the tile's last
-    fewer for wider heads) in this split's share of    position: K, V loaded once, 2 dots
-    the sequence: K, V [tile, D] gathered from their
-    blocks, loaded ONCE for G heads, 2 dots, online
-    softmax (m, l, acc) in fp32
+    for each tile of keys (64 at head dim 64,          for each tile of keys (the same size)
+    fewer for wider heads) in this split's share of    up to the q tile's last position:
+    the sequence: K, V [tile, D] gathered from their   K, V [tile, D] gathered, loaded once
+    blocks, loaded ONCE for G heads, 2 dots, online    for BLOCK_M rows, 2 dots, causal mask,
+    softmax (m, l, acc) in fp32                        online softmax in fp32
 
 Sliding window W (0 = none): a query at position p sees keys in (p - W, p]. Decode starts
-at the tile holding key len - W and masks the loads before it; prefill starts at the block
-holding the tile's first query's first key. No block wholly before a window is read (the
+at the tile holding key len - W and masks the loads before it; prefill at the tile holding the q
+tile's first query's first key, and masks the loads before that key. No block wholly before a window is read (the
 scheduler may have freed it). Soft-cap c (0 = none): scores -> c * tanh(scores / c).
 """
 
@@ -44,16 +44,21 @@ def _softcap(s, cap):
 # ----------------------------------------------------------------------------------------
 # Decode
 # ----------------------------------------------------------------------------------------
-# Keys per decode iteration (several blocks gathered at once; a larger block is one tile):
-# 64 at head dim 64, fewer for wider heads so that a tile's K (and V) stays at 4096
-# elements, the register budget the measured case had (no spills at head dim 128, 256).
-DECODE_TILE = 64
-_DECODE_TILE_ELEMENTS = 4096
+# Keys per iteration of either kernel (several blocks gathered at once; a larger block is
+# one tile): 64 at head dim 64, fewer for wider heads so that a tile's K (and V) stays at
+# 4096 elements, the register budget the measured decode case had (no spills at head dim
+# 128, 256). NOTE: the prefill kernel iterated one 16-key block at a time (tl.dot of 16
+# columns, a softmax rescale per block) until 2026-11-28; the H200's 1B offline run had
+# its prompt-carrying steps at about half the matmul peak. The tile's speed there is not
+# measured yet (gpu_check's offline-1b and profile steps will).
+KEY_TILE = 64
+_KEY_TILE_ELEMENTS = 4096
 
 
-def decode_tile(head_dim_pad: int, block_size: int) -> int:
-    """Keys per iteration of the decode kernel: a power of two >= 16 and >= one block."""
-    return max(16, block_size, min(DECODE_TILE, _DECODE_TILE_ELEMENTS // head_dim_pad))
+def key_tile(head_dim_pad: int, block_size: int) -> int:
+    """Keys per iteration of the decode and prefill kernels: a power of two >= 16 and >=
+    one block."""
+    return max(16, block_size, min(KEY_TILE, _KEY_TILE_ELEMENTS // head_dim_pad))
 
 
 @triton.jit
@@ -190,7 +195,7 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     """q: [B, H, D] (one token per sequence, already in the cache); block_tables
     [B, max_blocks]; seq_lens [B] (>= 1, context including this token) -> out [B, H, D].
-    num_splits > 1: flash-decoding, each sequence's tiles of keys (decode_tile) shared evenly
+    num_splits > 1: flash-decoding, each sequence's tiles of keys (key_tile) shared evenly
     by the splits (so one split count serves any context length), partial (acc, max, sum)
     in fp32, then one reduction launch. window / softcap: see the module docstring (None = off)."""
     _check_window_softcap(window, softcap)
@@ -220,7 +225,7 @@ def paged_attention_decode(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), block_tables.stride(0),
         NUM_HEADS=H, G=G, M_PAD=max(16, next_pow2(G)), D=D, D_PAD=max(16, next_pow2(D)), BLOCK_SIZE=bs,
-        TILE=decode_tile(max(16, next_pow2(D)), bs), NUM_SPLITS=num_splits, SPLIT=split,
+        TILE=key_tile(max(16, next_pow2(D)), bs), NUM_SPLITS=num_splits, SPLIT=split,
         # NOTE: fp32 inputs would default to tf32 on GPU (~1e-3 error): ask for ieee.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, num_warps=4,
@@ -243,7 +248,7 @@ def _varlen_kernel(
     scale, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
-    G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, Q_PER_TILE: tl.constexpr, PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):
@@ -258,7 +263,7 @@ def _varlen_kernel(
 
     r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, D_PAD)
-    t = tl.arange(0, BLOCK_SIZE)
+    t = tl.arange(0, TILE)
     d_mask = d < D
     q_idx = tile_q0 + r // G  # query index inside the chunk
     head = kvh * G + r % G
@@ -269,26 +274,32 @@ def _varlen_kernel(
                 mask=io_mask, other=0.0)  # [BLOCK_M, D_PAD]
 
     last_q = tl.minimum(tile_q0 + Q_PER_TILE, q_len) - 1
-    n_blocks = tl.where(tile_q0 < q_len, (ctx + last_q) // BLOCK_SIZE + 1, 0)  # causal: no block past the tile
-    first_blk = 0
-    if HAS_WINDOW:  # the block of the tile's first query's first key (ctx + tile_q0 - W + 1)
-        first_blk = tl.maximum(ctx + tile_q0 - window + 1, 0) // BLOCK_SIZE
+    # Keys first_key .. ctx + last_q: causal, no key past the tile's last query; with a
+    # window, none before its first query's first visible key (no load before it either:
+    # a block wholly before it may have been freed).
+    end_key = tl.where(tile_q0 < q_len, ctx + last_q + 1, 0)
+    first_key = 0
+    if HAS_WINDOW:
+        first_key = tl.maximum(ctx + tile_q0 - window + 1, 0)
     m = tl.full([BLOCK_M], _NEG, tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    for blk in range(first_blk, n_blocks):
-        block_id = tl.load(block_tables_ptr + seq * stride_bt + blk).to(tl.int64)
-        k_pos = blk * BLOCK_SIZE + t
-        kv_off = block_id * stride_cb + t[:, None] * stride_cs + kvh * stride_ch + d[None, :]
-        kv_mask = (k_pos < seq_len)[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # [BS, D_PAD]
+    for kt in range(first_key // TILE, tl.cdiv(end_key, TILE)):
+        # TILE keys gathered from their blocks at once (as the decode kernel does): dots
+        # of TILE columns and one softmax rescale per TILE keys, not per block.
+        pos = kt * TILE + t  # [TILE]
+        t_mask = (pos < end_key) & (pos >= first_key)
+        block_id = tl.load(block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        kv_off = block_id[:, None] * stride_cb + (pos % BLOCK_SIZE)[:, None] * stride_cs + kvh * stride_ch + d[None, :]
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # [TILE, D_PAD]
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_M, BS] fp32
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_M, TILE] fp32
         if HAS_SOFTCAP:
             s = _softcap(s, softcap)
-        visible = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < seq_len)
+        visible = (pos[None, :] <= q_pos[:, None]) & t_mask[None, :]
         if HAS_WINDOW:
-            visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
@@ -335,7 +346,8 @@ def paged_attention_varlen(
         out, q, kc, vc, block_tables, seq_lens, cu_seqlens_q, float(scale), int(window or 0), float(softcap or 0.0),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), block_tables.stride(0),
-        G=G, D=D, D_PAD=max(16, next_pow2(D)), BLOCK_SIZE=bs, BLOCK_M=block_m, Q_PER_TILE=q_per_tile,
+        G=G, D=D, D_PAD=max(16, next_pow2(D)), BLOCK_SIZE=bs, TILE=key_tile(max(16, next_pow2(D)), bs),
+        BLOCK_M=block_m, Q_PER_TILE=q_per_tile,
         # NOTE: fp32 inputs would default to tf32 on GPU (~1e-3 error): ask for ieee.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, num_warps=4,
