@@ -12,8 +12,9 @@
 #     bandwidth floor (target at batch 1: >= 60%),
 #   - loops: the serial vs the pipelined engine loop through a local cluster, batch 64
 #     (target: pipelined >= 1.3x),
-#   - where a 1B decode step's GPU time goes at batch 1 and 64, context 1,024 (bench
-#     profile, by kernel family, beside the unprofiled step),
+#   - where a 1B decode step's GPU time goes at batch 1 and 64, context 1,024, and a
+#     prompt-carrying step's, 16 prompts of 1,024 (bench profile, by kernel family, beside
+#     the unprofiled step),
 #   - the GPU tests (pytest -m gpu),
 #   - a random Llama-3.1-8B-shaped model (16 GB in bf16), offline-8b (target: >= 50%) and
 #     decode-floor-8b (both met on an H200, 2026-11-28: after the 1B's open targets),
@@ -70,7 +71,7 @@ while [ $# -gt 0 ]; do
     --budget) BUDGET=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     --pack) PACK=1; shift ;;
-    -h|--help) sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -261,7 +262,8 @@ if [ "$DEVICE" = cuda ]; then
   # under 1 GiB) leaves HF's generate the other half in the same process.
   TPUT=(--workload reference --gpu-memory-utilization 0.5 --repeat "$(q 1 3)")
   KV=()
-  PROFILE=(--batch 1 64 --context 1024)
+  # Decode at batch 1 and 64, and prompt-carrying steps as offline-1b's first ones (16 x 1,024).
+  PROFILE=(--batch 1 64 --context 1024 --prefill-len 1024)
 else
   # tiny-untied stands in for the 8B model: its untied head, llama3 rope and shards.
   PRESET=tiny PRESET_8B=tiny-untied DTYPE=float32 SHARDS=(--shard-bytes 65536)
@@ -273,7 +275,7 @@ else
   DECODE=(--batch 1 2 --context 32 --steps 8 --mixed 16 3)
   TPUT=(--workload random --num-requests 8 --input-len 8 40 --output-len 4 16 --hf-batch-size 4)
   KV=(--kv-cache-memory 64MiB)
-  PROFILE=(--batch 2 --context 32)
+  PROFILE=(--batch 2 --context 32 --prefill-len 16 --prefill-step-tokens 64)
 fi
 MODEL=$SCRATCH/model-$PRESET
 MODEL_8B=$SCRATCH/model-$PRESET_8B

@@ -197,7 +197,8 @@ def throughput_rows(results: Path, steps: dict) -> list[Row]:
 
 
 def profile_rows(results: Path, steps: dict) -> list[Row]:
-    """INFO: where a decode step's time goes, per profiled batch size: the kernels' time
+    """INFO: where a decode step's time goes, per profiled batch size (and a prompt-carrying
+    step's, where profiled): the kernels' time
     against the unprofiled step's (well under it: the step waits on the host), and the
     three costliest kernel families' shares."""
     report = latest_report(results / "profile")
@@ -207,9 +208,13 @@ def profile_rows(results: Path, steps: dict) -> list[Row]:
     for r in report["reports"]:
         busy = sum(r["families_s"].values()) or 1.0
         top = sorted(r["families_s"].items(), key=lambda kv: -kv[1])[:3]
-        rows.append(Row(f"decode step profile, batch {r['batch']}", "INFO",
+        if "prompt_len" in r:  # Prompt-carrying steps (bench profile --prefill-len).
+            check, shape = f"prefill step profile, {r['prompts']} x {r['prompt_len']} tokens", "whole prompts"
+        else:
+            check, shape = f"decode step profile, batch {r['batch']}", f"context {r['context']}"
+        rows.append(Row(check, "INFO",
                         f"{1000 * r['step_s']:.2f} ms a step ({'CUDA graphs' if r['uses_graphs'] else 'eager'}, "
-                        f"context {r['context']}); kernel time {1000 * busy:.2f} ms: "
+                        f"{shape}); kernel time {1000 * busy:.2f} ms: "
                         + ", ".join(f"{name} {100 * t / busy:.0f}%" for name, t in top)))
     return rows
 

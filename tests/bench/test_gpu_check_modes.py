@@ -243,7 +243,9 @@ def _write_results(tmp_path, device: str, graphs_over_eager: float, engine_over_
     reports["profile"] = {"reports": [
         {"batch": b, "context": 256, "step_s": 0.002 * b, "uses_graphs": device != "cpu",
          "families_s": {"matmul": 0.001, "attention (paged decode)": 0.0005 * b, "copies": 0.0001}}
-        for b in (8, 64)]}
+        for b in (8, 64)] + [
+        {"prompt_len": 1024, "prompts": 16, "step_s": 0.08, "uses_graphs": False,
+         "families_s": {"matmul": 0.05, "attention (prefill)": 0.02, "copies": 0.001}}]}
     for folder, report in reports.items():
         (tmp_path / folder).mkdir()
         (tmp_path / folder / f"{folder}-20261125.json").write_text(json.dumps({**report, "machine": machine}))
@@ -265,13 +267,16 @@ def test_summary_passes_a_run_that_meets_every_target(tmp_path, capsys):
     assert results["pipelined loop >= 1.3x serial, batch 64"] == "PASS"
     assert results["piecewise graphs faster than eager, mixed step"] == "PASS"
     assert results["CPU kernel tests on the host's CPU"] == "PASS"
-    assert set(results.values()) == {"PASS", "INFO"} and len(results) == 28
+    assert set(results.values()) == {"PASS", "INFO"} and len(results) == 29
     out = capsys.readouterr().out
-    assert out.startswith("GPU self-check on NVIDIA H100") and "PASSED: 0 of 28 rows failed" in out
+    assert out.startswith("GPU self-check on NVIDIA H100") and "PASSED: 0 of 29 rows failed" in out
     profile = {row.check: row.figure for row in gpu_summary.summarize(tmp_path)}["decode step profile, batch 64"]
     # 64 x 0.5 ms of attention against 1 ms of matmul and 0.1 ms of copies: shares of 33.1 ms.
     assert profile == ("128.00 ms a step (CUDA graphs, context 256); kernel time 33.10 ms: attention (paged decode) "
                        "97%, matmul 3%, copies 0%")
+    prefill = {row.check: row.figure for row in gpu_summary.summarize(tmp_path)}["prefill step profile, 16 x 1024 tokens"]
+    assert prefill == ("80.00 ms a step (eager, whole prompts); kernel time 71.00 ms: matmul 70%, "
+                       "attention (prefill) 28%, copies 1%")
     assert (tmp_path / "summary.md").read_text().strip() == out.strip()
 
 
@@ -386,6 +391,26 @@ def test_whole_step_profile_sums_each_family_per_step(tiny_random_model):
     assert sum(families.values()) < 5 * report["step_s"]
 
 
+def test_a_prefill_profile_runs_whole_prompts_that_end_in_their_step(tiny_random_model):
+    """`bench profile --prefill-len`: each profiled step carries step_tokens // L whole
+    prompts of L tokens, and every prompt ends in the step that prefills it."""
+    from llmserve.bench.profile_step import prefilling_engine, profile_whole_steps
+
+    engine = prefilling_engine(tiny_random_model["dir"], "float32", 24, 100, steps=3 + 2 * 2, device="cpu")
+    plans = []
+    schedule = engine.scheduler.schedule
+    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
+    report = profile_whole_steps(engine, steps=2)
+    assert len(plans) == 7  # 3 warm-up, 2 timed, 2 profiled
+    for plan in plans:  # 4 prompts of 24 tokens a step (100 // 24), each in full
+        assert [r.num_scheduled_tokens for r in plan.new_requests] == [24] * 4 and not plan.cached_requests
+    families = report["families_s"]
+    assert families["matmul"] > 0 and families["attention (prefill)"] > 0
+    assert len({r.seq_id for plan in plans for r in plan.new_requests}) == 7 * 4  # each prefilled once
+    assert not engine.scheduler.running  # each ended in its step (one token)
+    assert engine.scheduler.has_unfinished_requests()  # 2 steps' prompts left: the engine never ran dry
+
+
 def test_profile_families_name_every_kernel_of_ours():
     from llmserve.bench.profile_step import CUDA_FAMILIES, _family
 
@@ -393,6 +418,8 @@ def test_profile_families_name_every_kernel_of_ours():
         assert _family(op) == "matmul", op
     assert _family("llmserve_cpu::silu_and_mul") == "fused element-wise (C++)"
     assert _family("llmserve_cpu::decoder_layers") == "the C++ layer loop (between its ops)"
+    assert _family("llmserve_cpu::paged_attention_prefill") == "attention (prefill)"
+    assert _family("llmserve_cpu::paged_attention_decode") == "attention (paged decode)"
     cuda = {"_decode_kernel": "attention (paged decode)", "_decode_reduce_kernel": "attention (paged decode)",
             "_varlen_kernel": "attention (prefill)", "nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT": "matmul",
             "_reshape_and_cache_kernel": "KV cache write", "_rms_norm_kernel": "norms, rotary, activation"}

@@ -125,8 +125,13 @@ def _overload_flags(over: argparse.ArgumentParser) -> None:
 def _profile_flags(prof: argparse.ArgumentParser) -> None:
     prof.add_argument("--model", default="default", help="local HF model directory, or 'default'")
     prof.add_argument("--dtype", default="float32", choices=DTYPES)
-    prof.add_argument("--batch", type=int, nargs="+", default=[64], help="decode batch sizes, one profile each")
+    prof.add_argument("--batch", type=int, nargs="*", default=[64],
+                      help="decode batch sizes, one profile each (none: --prefill-len alone)")
     prof.add_argument("--context", type=int, default=256, help="prompt tokens per sequence")
+    prof.add_argument("--prefill-len", type=int, default=0,
+                      help="also profile whole prompt-carrying steps: prompts of this many tokens (0: none)")
+    prof.add_argument("--prefill-step-tokens", type=int, default=16384,
+                      help="tokens each profiled prefill step carries (whole prompts; CUDA's step budget)")
     prof.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS))
     prof.add_argument("--device", default="auto", choices=DEVICES,
                       help="cpu: a step's pieces timed one by one; cuda: whole steps (graphs on), GPU time by "

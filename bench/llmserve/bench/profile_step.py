@@ -6,6 +6,10 @@ pieces of a step separately: plan building (scheduler), plan/result protobuf rou
 profiler), LM head, and sampling. On CUDA the forward replays a CUDA graph and kernels
 run asynchronously, so pieces timed on the host would mislead: there it times whole
 engine steps unprofiled, then sums each kernel family's GPU time over profiled steps.
+
+`--prefill-len L` profiles prompt-carrying steps the same whole-step way (on either
+device): steps of `--prefill-step-tokens` tokens, each whole L-token prompts that finish
+at their prefill (one token each), as an offline run's first steps are.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from llmserve.contract.sampling import SamplingParams
 
 # Operator name fragments -> family, first match wins.
 FAMILIES = [
+    ("paged_attention_prefill", "attention (prefill)"),
     ("paged_attention", "attention (paged decode)"),
     ("scaled_dot_product", "attention (SDPA)"),
     ("index_copy", "KV cache write"),
@@ -202,13 +207,38 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
             "plan_bytes": len(plan_bytes), "pieces_s": dict(times), "forward_ops_s": dict(ops)}
 
 
+def prefilling_engine(model_dir, dtype: str, prompt_len: int, step_tokens: int, steps: int,
+                      quantization: str = "none", device: str = "auto") -> InProcessEngine:
+    """An in-process engine whose next `steps` steps each prefill step_tokens // prompt_len
+    whole prompts of `prompt_len` random tokens (one token generated each, so every
+    prompt ends in the step that prefills it). Its KV cache holds three steps' prompts:
+    the pipelined loop plans a step before the one in flight has freed its blocks."""
+    from llmserve.worker.config import RunnerConfig
+    from llmserve.worker.model_runner import ModelRunner
+
+    per_step = max(1, step_tokens // prompt_len)
+    settings = RunnerConfig(device=device, dtype=dtype, swap_space=0, quantization=quantization,
+                            num_kv_blocks=decode_kv_blocks(3 * per_step, prompt_len, 1))
+    runner = ModelRunner(model_dir, settings)
+    engine = InProcessEngine(runner, SchedulerConfig(max_num_batched_tokens=per_step * prompt_len,
+                                                     max_num_seqs=max(per_step, 1)))
+    for i, r in enumerate(random_workload(per_step * (steps + 2), (prompt_len, prompt_len), (1, 1),
+                                          runner.config.vocab_size, seed=2)):
+        engine.add_request(f"p{i}", r.prompt_token_ids, SamplingParams(max_tokens=1, temperature=0.0,
+                                                                       ignore_eos=True))
+    return engine
+
+
 def _kernel_time(evt, on_cuda: bool) -> float:
     """Seconds of one profiler row: its GPU time on CUDA (kernels, copies), else its CPU
     self time."""
     return (evt.self_device_time_total if on_cuda else evt.self_cpu_time_total) / 1e6
 
 
-def profile_whole_steps(engine: InProcessEngine, steps: int = 10) -> dict:
+PROFILED_STEPS = 10  # Whole steps timed, then as many profiled (after 3 of warm-up).
+
+
+def profile_whole_steps(engine: InProcessEngine, steps: int = PROFILED_STEPS) -> dict:
     """Whole decode steps of `engine` (already decoding): the mean unprofiled step, then
     per step over `steps` profiled ones each family's time (GPU time on CUDA, CPU self
     time elsewhere) and the costliest rows."""
@@ -244,7 +274,9 @@ def profile_whole_steps(engine: InProcessEngine, steps: int = 10) -> dict:
 
 def _print_whole_steps(report: dict) -> None:
     busy = sum(report["families_s"].values())
-    print(f"decode step, batch {report['batch']}, context ~{report['context']}, {report['dtype']} on "
+    what = (f"prefill step, {report['prompts']} x {report['prompt_len']} tokens" if "prompt_len" in report
+            else f"decode step, batch {report['batch']}, context ~{report['context']}")
+    print(f"{what}, {report['dtype']} on "
           f"{report['device']} ({'CUDA graphs' if report['uses_graphs'] else 'eager'}): {_ms(report['step_s'])} "
           f"unprofiled; {_ms(busy)} of kernel time", flush=True)
     for key, dt in sorted(report["families_s"].items(), key=lambda kv: -kv[1]):
@@ -275,6 +307,15 @@ def bench_profile(args) -> int:
             report.update(device="cpu", uses_graphs=False, step_s=sum(report["pieces_s"].values()),
                           families_s=report["forward_ops_s"])
             _print_pieces(report)
+        reports.append(report)
+    if args.prefill_len:
+        engine = prefilling_engine(model_dir, args.dtype, args.prefill_len, args.prefill_step_tokens,
+                                   3 + 2 * PROFILED_STEPS, quantization=args.quantization, device=device.type)
+        report = {"prompt_len": args.prefill_len, "prompts": max(1, args.prefill_step_tokens // args.prefill_len),
+                  "dtype": args.dtype, "quantization": args.quantization,
+                  **profile_whole_steps(engine, PROFILED_STEPS)}
+        del engine
+        _print_whole_steps(report)
         reports.append(report)
     if args.output_dir:
         path = Path(args.output_dir) / f"profile-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}.json"
