@@ -274,7 +274,8 @@ def test_summary_passes_a_run_that_meets_every_target(tmp_path, capsys):
     # 64 x 0.5 ms of attention against 1 ms of matmul and 0.1 ms of copies: shares of 33.1 ms.
     assert profile == ("128.00 ms a step (CUDA graphs, context 256); kernel time 33.10 ms: attention (paged decode) "
                        "97%, matmul 3%, copies 0%")
-    prefill = {row.check: row.figure for row in gpu_summary.summarize(tmp_path)}["prefill step profile, 16 x 1024 tokens"]
+    figures = {row.check: row.figure for row in gpu_summary.summarize(tmp_path)}
+    prefill = figures["prefill step profile, 16 x 1024 tokens"]
     assert prefill == ("80.00 ms a step (eager, whole prompts); kernel time 71.00 ms: matmul 70%, "
                        "attention (prefill) 28%, copies 1%")
     assert (tmp_path / "summary.md").read_text().strip() == out.strip()
