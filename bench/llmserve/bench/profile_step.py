@@ -208,11 +208,14 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
 
 
 def prefilling_engine(model_dir, dtype: str, prompt_len: int, step_tokens: int, steps: int,
-                      quantization: str = "none", device: str = "auto") -> InProcessEngine:
+                      quantization: str = "none", device: str = "auto",
+                      pipelined: bool | None = None) -> InProcessEngine:
     """An in-process engine whose next `steps` steps each prefill step_tokens // prompt_len
     whole prompts of `prompt_len` random tokens (one token generated each, so every
-    prompt ends in the step that prefills it). Its KV cache holds three steps' prompts:
-    the pipelined loop plans a step before the one in flight has freed its blocks."""
+    prompt ends in the step that prefills it). Its KV cache holds three steps' prompts and
+    it seats two steps' (the pipelined loop plans a step before the one in flight has
+    freed its blocks and seats: with one step's seats, every other plan was empty).
+    `pipelined`: the engine loop (None: by device, as served)."""
     from llmserve.worker.config import RunnerConfig
     from llmserve.worker.model_runner import ModelRunner
 
@@ -221,7 +224,7 @@ def prefilling_engine(model_dir, dtype: str, prompt_len: int, step_tokens: int, 
                             num_kv_blocks=decode_kv_blocks(3 * per_step, prompt_len, 1))
     runner = ModelRunner(model_dir, settings)
     engine = InProcessEngine(runner, SchedulerConfig(max_num_batched_tokens=per_step * prompt_len,
-                                                     max_num_seqs=max(per_step, 1)))
+                                                     max_num_seqs=2 * per_step, async_scheduling=pipelined))
     for i, r in enumerate(random_workload(per_step * (steps + 2), (prompt_len, prompt_len), (1, 1),
                                           runner.config.vocab_size, seed=2)):
         engine.add_request(f"p{i}", r.prompt_token_ids, SamplingParams(max_tokens=1, temperature=0.0,
