@@ -290,9 +290,9 @@ class Sampler:
 def _greedy_as_is(rows: SamplingRows) -> bool:
     """True when every row samples the raw logits' argmax: greedy, no logprobs, no grammar,
     and nothing adjusted_logits would change."""
-    # NOTE: the settings are host tensors over the sampling table's numpy arrays: asked as
-    # numpy (~1 us an op, not a torch dispatch's ~5): 47 -> 16 us a step at batch 1 with
-    # _adjusts_logits (2-core Xeon, AMX host, 2026-11-28), on the host path of every step.
+    # NOTE: the settings are host tensors over the sampling table's numpy arrays, asked as
+    # numpy: a torch dispatch per comparison cost more than the checks (on every step's
+    # host path; docs/benchmarks.md, "Design measurements quoted from the code").
     return (rows.token_bitmask is None and bool((rows.temperature.numpy() <= _GREEDY_EPS).all())
             and all(k is None for k in rows.logprobs) and not _adjusts_logits(rows))
 
