@@ -181,3 +181,24 @@ def test_decode_floor_refuses_a_context_the_model_cannot_hold(tiny_model):
                                          "1024-token length"):
         measure_decode_floor(tiny_model["dir"], RunnerConfig(device="cpu", dtype="float32"), [1], context=1024,
                              steps=2, calibrate_s=0.05)
+
+
+def test_save_report_writes_into_its_folder_and_nothing_for_an_empty_one(tmp_path, monkeypatch, capsys):
+    from llmserve.bench.report import save_report
+
+    monkeypatch.chdir(tmp_path)
+    assert save_report({"a": 1}, "", "r.json") is None and save_report({"a": 1}, None, "r.json") is None
+    assert list(tmp_path.iterdir()) == []  # '' used to mean the working directory for most benches
+    path = save_report({"a": 1}, str(tmp_path / "out"), "r.json")
+    assert path == tmp_path / "out" / "r.json" and json.loads(path.read_text()) == {"a": 1}
+    assert capsys.readouterr().out == f"wrote {path}\n"
+
+
+def test_a_bench_given_an_empty_output_dir_writes_nothing(tiny_model, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "llmserve.cli", "--log-level", "WARNING", "bench", "decode-floor",
+                        "--model", tiny_model["dir"], "--device", "cpu", "--dtype", "float32", "--batch", "1",
+                        "--context", "16", "--steps", "2", "--calibrate-s", "0.05", "--output-dir", ""],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "of floor" in r.stdout and "wrote" not in r.stdout
+    assert list(tmp_path.iterdir()) == []

@@ -56,7 +56,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     reports go, and the transport of launched clusters."""
     add_flags(p, BenchSettings)
     add_workload_flags(p)
-    p.add_argument("--output-dir", default="bench-results", help="JSON + PNG go here")
+    p.add_argument("--output-dir", default="bench-results", help="JSON + PNG go here ('': none)")
     p.add_argument("--grpc-security", choices=list(GRPC_SECURITY), default="tls",
                    help="launched clusters run mutual TLS with an API key (tls, the default), plaintext "
                         "(insecure), or both, one after the other in every round, to measure what TLS costs "
@@ -147,7 +147,7 @@ def _decode_flags(decode: argparse.ArgumentParser) -> None:
     decode.add_argument("--mixed", type=int, nargs=2, metavar=("CHUNK", "DECODES"),
                         help="also time steps that prefill a new CHUNK-token prompt beside DECODES decode rows "
                              "(piecewise graphs vs eager)")
-    decode.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+    decode.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
 
 
 def _decode_floor_flags(floor: argparse.ArgumentParser) -> None:
@@ -157,7 +157,7 @@ def _decode_floor_flags(floor: argparse.ArgumentParser) -> None:
     floor.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size")
     floor.add_argument("--calibrate-s", type=float, default=1.0,
                        help="seconds measuring the memory bandwidth (the matmul peak: 1.5x that)")
-    floor.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+    floor.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
 
 
 def _loops_flags(loops: argparse.ArgumentParser) -> None:
@@ -174,7 +174,7 @@ def _variants_flags(variants: argparse.ArgumentParser) -> None:
     variants.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16], help="decode batch sizes")
     variants.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
     variants.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size and variant")
-    variants.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+    variants.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
 
 
 def _moe_flags(moe: argparse.ArgumentParser) -> None:
@@ -184,7 +184,7 @@ def _moe_flags(moe: argparse.ArgumentParser) -> None:
     moe.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
     moe.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size and model")
     moe.add_argument("--seed", type=int, default=0, help="the random weights' seed")
-    moe.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+    moe.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
 
 
 def _speculative_flags(spec: argparse.ArgumentParser) -> None:
@@ -193,7 +193,7 @@ def _speculative_flags(spec: argparse.ArgumentParser) -> None:
     spec.add_argument("--seed", type=int, default=0, help="the random workload's seed")
     spec.add_argument("--throughput-rounds", type=int, default=2,
                       help="rounds of the reference workload, plain and speculative in turns (0: skip)")
-    spec.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+    spec.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
 
 
 def _structured_flags(structured: argparse.ArgumentParser) -> None:
@@ -203,7 +203,7 @@ def _structured_flags(structured: argparse.ArgumentParser) -> None:
     structured.add_argument("--output-len", type=int, default=64, help="tokens each request generates")
     structured.add_argument("--rounds", type=int, default=3, help="rounds, each running both batches in turn")
     structured.add_argument("--seed", type=int, default=0, help="the random prompts' seed")
-    structured.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+    structured.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
 
 
 def _quality_flags(quality: argparse.ArgumentParser) -> None:
@@ -215,12 +215,12 @@ def _quality_flags(quality: argparse.ArgumentParser) -> None:
     quality.add_argument("--quantized-dtype", nargs="+", default=["bfloat16"], choices=DTYPES[1:],
                          help="activation dtypes the quantized models run in")
     quality.add_argument("--max-tokens", type=int, default=1536, help="tokens of the text evaluated")
-    quality.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+    quality.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
 
 
 def _kv_sizing_flags(kv: argparse.ArgumentParser) -> None:
     add_flags(kv, KvSizingSettings)
-    kv.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+    kv.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
 
 
 def _make_model_flags(make: argparse.ArgumentParser) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from llmserve.bench.ceiling import DECODE_FORMULA, decode_floor
 from llmserve.bench.clock import now
@@ -24,7 +23,7 @@ from llmserve.contract.arith import cdiv
 from llmserve.bench.decode_graphs import SPARE_TOKENS, WARMUP_STEPS
 from llmserve.bench.flops import measure_peak_and_bandwidth
 from llmserve.bench.profile_step import decode_kv_blocks, prefilled_engine
-from llmserve.bench.report import machine_info, model_label, write_json
+from llmserve.bench.report import machine_info, model_label, save_report
 
 PREFILL_CHUNK = 16384  # Tokens a prefill step carries: the H100 step budget, whatever the device.
 
@@ -111,7 +110,5 @@ def bench_decode_floor(args) -> int:
     print_table(result, model)
     report = {"kind": "decode-floor", "model": model, "machine": machine_info(),
               "command": " ".join(args.argv), **result}
-    path = Path(args.output_dir) / f"decode-floor-{model}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json(report, path)
-    print(f"wrote {path}", flush=True)
+    save_report(report, args.output_dir, f"decode-floor-{model}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return 0

@@ -30,12 +30,11 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from llmserve.bench.flops import measure_memory_bandwidth
-from llmserve.bench.report import host_line, machine_info, write_json
+from llmserve.bench.report import host_line, machine_info, save_report
 from llmserve.kernels import cpu as cpu_kernels
 from llmserve.kernels.cpu.host import last_level_cache_bytes
 from llmserve.worker.layers.int8_weight import Int8Weight, quantize_rows
@@ -160,10 +159,8 @@ def bench_gemm(args) -> int:
     shapes = {k: v for k, v in SHAPES.items() if not args.shapes or any(s in k for s in args.shapes)}
     table = measure(shapes, tuple(args.rows), args.passes)
     print_table(table, bandwidth)
-    if args.output_dir:
-        path = Path(args.output_dir) / f"gemm-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        write_json({"kind": "gemm", "machine": machine, "read_bandwidth": bandwidth, "table": table}, path)
-        print(f"wrote {path}", flush=True)
+    save_report({"kind": "gemm", "machine": machine, "read_bandwidth": bandwidth, "table": table}, args.output_dir,
+                f"gemm-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return 0
 
 

@@ -21,13 +21,12 @@ import itertools
 import statistics
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from llmserve.bench.clock import now
 from llmserve.bench.profile_step import decode_kv_blocks, prefilled_engine
-from llmserve.bench.report import machine_info, write_json
+from llmserve.bench.report import machine_info, save_report
 from llmserve.contract.arith import cdiv
 from llmserve.contract.sampling import SamplingParams
 
@@ -166,7 +165,5 @@ def bench_decode(args) -> int:
                             tuple(args.mixed) if args.mixed else None)
     print_table(result)
     report = {"kind": "decode", "machine": machine_info(), "command": " ".join(args.argv), **result}
-    path = Path(args.output_dir) / f"decode-{result['dtype']}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json(report, path)
-    print(f"wrote {path}", flush=True)
+    save_report(report, args.output_dir, f"decode-{result['dtype']}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return 0

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from llmserve.bench.decode_graphs import SPARE_TOKENS, time_modes
 from llmserve.bench.flops import ModelBytes
 from llmserve.bench.profile_step import decode_kv_blocks
-from llmserve.bench.report import machine_info, write_json
+from llmserve.bench.report import machine_info, save_report
 
 # name -> (dtype, quantization): int8 is W8A8 where the CPU has VNNI; int8-wo keeps
 # bfloat16 activations (weight-only); int8-fp32 runs int8 with float32 activations.
@@ -93,7 +92,5 @@ def bench_decode_variants(args) -> int:
     result = compare_variants(model_dir, args.engine.worker.runner, args.variants, sorted(set(args.batch)),
                               args.context, args.steps)
     report = {"kind": "decode-variants", "machine": machine_info(), "command": " ".join(args.argv), **result}
-    path = Path(args.output_dir) / f"decode-variants-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json(report, path)
-    print(f"wrote {path}", flush=True)
+    save_report(report, args.output_dir, f"decode-variants-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return 0

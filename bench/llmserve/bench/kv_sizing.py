@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 import torch
 
 from llmserve.bench.clock import synchronize
-from llmserve.bench.report import machine_info, write_json
+from llmserve.bench.report import machine_info, save_report
 
 
 class _Lines(logging.Handler):
@@ -126,7 +125,5 @@ def bench_kv_sizing(args) -> int:
           f"({100 * result['kv_over_fits']:.1f}%); a {result['smoke']['prompt_tokens']}-token request then ran",
           flush=True)
     report = {"kind": "kv-sizing", "machine": machine_info(), "command": " ".join(args.argv), **result}
-    path = Path(args.output_dir) / f"kv-sizing-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json(report, path)
-    print(f"wrote {path}", flush=True)
+    save_report(report, args.output_dir, f"kv-sizing-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return 0

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from llmserve.bench.overhead import Scenario, drive, prompts, steady_state
-from llmserve.bench.report import machine_info, model_label, write_json
+from llmserve.bench.report import machine_info, model_label, save_report
 from llmserve.contract.arith import cdiv
 
 LOOPS = {"serial": False, "pipelined": True}
@@ -104,9 +104,7 @@ def bench_loops(args) -> int:
         print(f"batch {batch}: pipelined / serial steady decode = {ratio:.2f}x", flush=True)
     model = model_label(model_dir)
     report = {"kind": "loops", "model": model, "machine": machine_info(), "command": " ".join(args.argv), **result}
-    path = Path(args.output_dir) / f"loops-{model}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json(report, path)
-    print(f"wrote {path}", flush=True)
+    save_report(report, args.output_dir, f"loops-{model}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return 0
 
 
@@ -116,4 +114,4 @@ def add_loops_flags(p) -> None:
     p.add_argument("--max-tokens", type=int, default=256, help="tokens each request generates (eos ignored)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default=None, help="the clusters' logs go here")
-    p.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+    p.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")

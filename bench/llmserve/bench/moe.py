@@ -19,7 +19,7 @@ from pathlib import Path
 
 from llmserve.bench.decode_graphs import SPARE_TOKENS, time_modes
 from llmserve.bench.profile_step import decode_kv_blocks
-from llmserve.bench.report import machine_info, write_json
+from llmserve.bench.report import machine_info, save_report
 
 PRESETS = {
     # ~13 M active parameters of MLP + attention; MLP weights of the MoE 4x the dense model's
@@ -98,7 +98,5 @@ def bench_moe(args) -> int:
     machine = machine_info()
     print_table(result, f"{machine['cpu']}, {machine['torch_threads']} threads")
     report = {"kind": "moe", "machine": machine, "command": " ".join(args.argv), "preset": args.preset, **result}
-    path = Path(args.output_dir) / f"moe-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json(report, path)
-    print(f"wrote {path}", flush=True)
+    save_report(report, args.output_dir, f"moe-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return 0

@@ -24,7 +24,7 @@ import torch
 from llmserve.bench.ceiling import offline_ceiling
 from llmserve.bench.clock import now
 from llmserve.bench.flops import measure_peak_and_bandwidth
-from llmserve.bench.report import machine_info, model_label, write_json
+from llmserve.bench.report import machine_info, model_label, report_dir, write_json
 from llmserve.bench.step_records import PlanTap
 from llmserve.bench.workloads import BenchRequest, random_workload
 from llmserve.contract.sampling import SamplingParams
@@ -165,12 +165,14 @@ def bench_offline(args) -> int:
     modes = list(dict.fromkeys(args.sampling))
     print(f"offline: {model}, {workload.num_prompts} prompts x {workload.input_len} in / {workload.output_len} out, "
           f"{', '.join(modes)}", flush=True)
-    path = Path(args.output_dir) / f"offline-{model}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    folder = report_dir(args.output_dir)
+    path = folder / f"offline-{model}-{time.strftime('%Y%m%d-%H%M%S')}.json" if folder else None
     head = {"kind": "offline", "model": model, "machine": machine_info(), "command": " ".join(args.argv)}
     measure_offline(model_dir, args.engine.worker.runner, args.engine.scheduling, workload, modes,
                     min(args.warmup_prompts, workload.num_prompts),
-                    save=lambda body: write_json({**head, **body}, path), calibrate_s=args.calibrate_s)
-    print(f"wrote {path}", flush=True)
+                    save=lambda body: path and write_json({**head, **body}, path), calibrate_s=args.calibrate_s)
+    if path:
+        print(f"wrote {path}", flush=True)
     return 0
 
 
@@ -187,4 +189,4 @@ def add_offline_flags(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calibrate-s", type=float, default=1.0,
                    help="seconds measuring the memory bandwidth (the matmul peak: 1.5x that)")
-    p.add_argument("--output-dir", default="bench-results", help="JSON goes here")
+    p.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")

@@ -203,7 +203,7 @@ def run_configuration(model_dir: Path, step_ms: float, pipelined: bool, todo: li
 
 
 def bench_overhead(args) -> int:
-    from llmserve.bench.report import machine_info, write_json
+    from llmserve.bench.report import machine_info, save_report
     from llmserve.model_store import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)
@@ -237,8 +237,7 @@ def bench_overhead(args) -> int:
                            "loops": ["pipelined" if p else "serial" for p in loops], "transport": "mutual TLS",
                            "stream_interval": args.stream_interval},
               "results": results, "in_process": in_process}
-    if args.output_dir:
-        write_json(report, Path(args.output_dir) / f"overhead-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    save_report(report, args.output_dir, f"overhead-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return 0 if all(r["tokens_ok"] for r in results + in_process) else 1
 
 
@@ -260,4 +259,4 @@ def add_overhead_flags(p) -> None:
                         "simulated device (0: skip that table)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default=None, help="the cluster's logs go here")
-    p.add_argument("--output-dir", default="bench-results", help="JSON goes here ('' = none)")
+    p.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")

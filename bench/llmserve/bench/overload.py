@@ -79,7 +79,7 @@ def add_overload_arguments(p) -> None:
     p.add_argument("--overload", type=float, default=2.0, help="phase 3: offered rate / sustainable rate")
     p.add_argument("--duration", type=float, default=60.0, help="phase 3: seconds of arrivals")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-dir", default="bench-results", help="the JSON report goes here")
+    p.add_argument("--output-dir", default="bench-results", help="the JSON report goes here ('': none)")
 
 
 def random_prompts(input_len: tuple[int, int], vocab_size: int, rng: random.Random) -> Iterator[list[int]]:
@@ -288,7 +288,7 @@ async def run_phases(args, endpoints: Endpoints, vocab_size: int, seats: int | N
 def bench_overload(args) -> int:
     import json
 
-    from llmserve.bench.report import machine_info, write_json
+    from llmserve.bench.report import machine_info, save_report
     from llmserve.bench.throughput import cluster_spec
     from llmserve.launcher.cluster import LocalCluster
     from llmserve.model_store import resolve_model_dir
@@ -308,9 +308,7 @@ def bench_overload(args) -> int:
                            "overload": args.overload},
               **report}
     print_report(report)
-    path = Path(args.output_dir) / f"overload-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json(report, path)
-    print(f"wrote {path}")
+    save_report(report, args.output_dir, f"overload-{time.strftime('%Y%m%d-%H%M%S')}.json")
     acceptance = report["acceptance"]
     # Timing figures are reported; a wrong answer or a leak fails the command.
     return 0 if acceptance["every_request_completed_or_refused"] and acceptance["no_leaked_blocks"] else 1

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
@@ -290,7 +289,7 @@ def _print_whole_steps(report: dict) -> None:
 
 
 def bench_profile(args) -> int:
-    from llmserve.bench.report import machine_info, write_json
+    from llmserve.bench.report import machine_info, save_report
     from llmserve.model_store import resolve_model_dir
     from llmserve.worker.device import resolve_device
 
@@ -320,11 +319,8 @@ def bench_profile(args) -> int:
         del engine
         _print_whole_steps(report)
         reports.append(report)
-    if args.output_dir:
-        path = Path(args.output_dir) / f"profile-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        write_json({"kind": "profile", "machine": machine_info(), "command": " ".join(args.argv),
-                    "reports": reports}, path)
-        print(f"wrote {path}", flush=True)
+    save_report({"kind": "profile", "machine": machine_info(), "command": " ".join(args.argv), "reports": reports},
+                args.output_dir, f"profile-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return 0
 
 

@@ -132,7 +132,7 @@ def print_table(rows: dict, num_tokens: int) -> None:
 
 
 def bench_quality(args) -> int:
-    from llmserve.bench.report import machine_info, write_json
+    from llmserve.bench.report import machine_info, save_report
     from llmserve.model_store import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)
@@ -143,8 +143,6 @@ def bench_quality(args) -> int:
     print_table(rows, len(token_ids))
     report = {"kind": "quality", "machine": machine_info(), "command": " ".join(args.argv),
               "text": f"docstrings of {', '.join(TEXT_MODULES)}", "num_tokens": len(token_ids), "variants": rows}
-    path = Path(args.output_dir) / f"quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json(report, path)
-    print(f"wrote {path}", flush=True)
+    save_report(report, args.output_dir, f"quality-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return 0
 

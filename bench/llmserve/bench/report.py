@@ -64,6 +64,23 @@ def write_json(report: dict, path: str | Path) -> None:
     path.write_text(json.dumps(report, indent=2))
 
 
+def report_dir(output_dir: str | None) -> Path | None:
+    """A bench's --output-dir: its folder, or None for '' (and None): no report written,
+    in every bench alike (an empty Path is the working directory, where '' used to write)."""
+    return Path(output_dir) if output_dir else None
+
+
+def save_report(report: dict, output_dir: str | None, name: str) -> Path | None:
+    """Writes a bench's JSON report to output_dir / name and says so; nothing for ''."""
+    folder = report_dir(output_dir)
+    if folder is None:
+        return None
+    path = folder / name
+    write_json(report, path)
+    print(f"wrote {path}", flush=True)
+    return path
+
+
 def model_label(model_dir: str | Path) -> str:
     """A random model's preset (its random-model.json, from `bench make-model`), else the
     directory's name: what reports call the model."""

@@ -14,14 +14,13 @@ every prefix everywhere, so each replica's cache churns through all of them.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from llmserve.bench.report import machine_info
+from llmserve.bench.report import machine_info, save_report
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 
 
@@ -110,9 +109,6 @@ def bench_routing(args) -> int:
     for policy, m in report["median"].items():
         print(f"  {policy:>12}: cached {m['cached_fraction']:.1%}, {m['output_tok_per_s']:.1f} output tok/s, "
               f"{m['seconds']:.1f} s")
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"routing-{args.workload}-dp{args.dp_size}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(report, indent=2))
-    print(f"wrote {path}")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    save_report(report, args.output_dir, f"routing-{args.workload}-dp{args.dp_size}-{stamp}.json")
     return 0

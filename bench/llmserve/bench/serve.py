@@ -20,7 +20,7 @@ from pathlib import Path
 from llmserve.bench.cli import GRPC_SECURITY
 from llmserve.bench.load import compute_metrics, measured_load
 from llmserve.bench.openai_backend import OpenAIClient
-from llmserve.bench.report import machine_info, median_round, plot_latency, write_json
+from llmserve.bench.report import machine_info, median_round, plot_latency, report_dir, write_json
 from llmserve.bench.step_compare import cluster_steps, compare_with_decode_step
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 
@@ -41,12 +41,13 @@ def bench_serve(args) -> int:
     # (insecure, backend) -> rounds; with two of either, each round runs both, in turns first.
     by_run = run_rounds(model_dir, requests, args, modes, backends)
     report = serve_report(args, requests, modes, backends, by_run)
-    out = Path(args.output_dir)
+    out = report_dir(args.output_dir)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    write_json(report, out / f"serve-{args.workload}-{stamp}.json")
-    if report["metrics"]["completed"]:
-        plot_latency(report, out / f"serve-{args.workload}-{stamp}.png")
-    print(f"wrote {out}/serve-{args.workload}-{stamp}.{{json,png}}")
+    if out is not None:
+        write_json(report, out / f"serve-{args.workload}-{stamp}.json")
+        if report["metrics"]["completed"]:
+            plot_latency(report, out / f"serve-{args.workload}-{stamp}.png")
+        print(f"wrote {out}/serve-{args.workload}-{stamp}.{{json,png}}")
     return 0 if all(r["failed"] == 0 for rounds in by_run.values() for r in rounds) else 1
 
 

@@ -129,7 +129,7 @@ def _print_latency(name: str, row: dict, k: int) -> None:
 def bench_speculative(args) -> int:
     import json
 
-    from llmserve.bench.report import machine_info, write_json
+    from llmserve.bench.report import machine_info, save_report
     from llmserve.model_store import resolve_model_dir
     from llmserve.worker.model_runner import ModelRunner
 
@@ -156,7 +156,5 @@ def bench_speculative(args) -> int:
               f"{row['speculative_over_plain_median']:.3f}x (rounds: "
               f"{', '.join(f'{r:.3f}' for r in row['speculative_over_plain'])}); acceptance "
               f"{', '.join(f'{100 * a:.0f}%' for a in row['acceptance_rate'])}", flush=True)
-    path = Path(args.output_dir) / f"speculative-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json(report, path)
-    print(f"wrote {path}", flush=True)
+    save_report(report, args.output_dir, f"speculative-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return 0

@@ -97,7 +97,7 @@ def compare(runner, scheduling, plain: list[BenchRequest], constrained: tuple[li
 def bench_structured(args) -> int:
     from transformers import AutoTokenizer
 
-    from llmserve.bench.report import machine_info, write_json
+    from llmserve.bench.report import machine_info, save_report
     from llmserve.model_store import resolve_model_dir
     from llmserve.worker.model_runner import ModelRunner
 
@@ -123,7 +123,5 @@ def bench_structured(args) -> int:
     report = {"kind": "structured", "machine": machine_info(), "command": " ".join(args.argv), "batch": args.batch,
               "context": args.context, "output_len": args.output_len, "rounds": args.rounds,
               "dtype": runner.info.dtype, "load": load, "constrained_output": story, **result}
-    path = Path(args.output_dir) / f"structured-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json(report, path)
-    print(f"wrote {path}", flush=True)
+    save_report(report, args.output_dir, f"structured-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return 0

@@ -19,7 +19,7 @@ from llmserve.bench import llama_cpp
 from llmserve.bench.cli import GRPC_SECURITY
 from llmserve.bench.clock import now
 from llmserve.bench.flops import ModelBytes, ModelFlops, measure_matmul_peak, measure_memory_bandwidth
-from llmserve.bench.report import host_line, machine_info, median_round, plot_throughput, write_json
+from llmserve.bench.report import host_line, machine_info, median_round, plot_throughput, report_dir, write_json
 from llmserve.bench.step_records import RecordingEngine
 from llmserve.bench.workloads import BenchRequest, summary, workload_from_args
 from llmserve.worker.config import RunnerConfig
@@ -332,7 +332,8 @@ def bench_throughput(args) -> int:
     _print_summary(run, report["results"], block_size)
     print(host_line(report["machine"]), flush=True)
     compare = tuple(json.loads(Path(p).read_text()) for p in args.compare)
-    _write_report(report, Path(args.output_dir), args.workload, run.dtype, compare)
+    if (out := report_dir(args.output_dir)) is not None:
+        _write_report(report, out, args.workload, run.dtype, compare)
     failed = [system for system, runs in rounds.items() if any("error" in r for r in runs)]
     if failed:  # The others' figures stand (written above); a script must still see the failure.
         print(f"bench throughput: {', '.join(failed)} failed (see above)", flush=True)
