@@ -113,13 +113,14 @@ def decode_kv_blocks(batch: int, context: int, max_new_tokens: int, block_size: 
 def decoding_engine(model_dir, dtype: str, batch: int, context: int, model=None,
                     max_new_tokens: int = 1000, quantization: str = "none", device: str = "auto") -> InProcessEngine:
     """An in-process engine with `batch` sequences of `context` prompt tokens, all past
-    their prefill (`prefilled_engine`). Its KV cache holds just those tokens. With `model`
-    (another engine's runner's model) the weights are shared, not loaded again."""
+    their prefill (`prefilled_engine`). Its KV cache holds just those tokens, and it seats
+    just them (on CUDA no decode graph is captured past `batch`). With `model` (another
+    engine's runner's model) the weights are shared, not loaded again."""
     from llmserve.worker.config import RunnerConfig
     from llmserve.worker.model_runner import ModelRunner
 
     settings = RunnerConfig(device=device, dtype=dtype, num_kv_blocks=decode_kv_blocks(batch, context, max_new_tokens),
-                            swap_space=0, quantization=quantization)
+                            swap_space=0, quantization=quantization, max_num_seqs=batch)
     return prefilled_engine(ModelRunner(model_dir, settings, model=model), batch, context, max_new_tokens)
 
 
@@ -208,20 +209,20 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
 
 def prefilling_engine(model_dir, dtype: str, prompt_len: int, step_tokens: int, steps: int,
                       quantization: str = "none", device: str = "auto",
-                      pipelined: bool | None = None) -> InProcessEngine:
+                      pipelined: bool | None = None, model=None) -> InProcessEngine:
     """An in-process engine whose next `steps` steps each prefill step_tokens // prompt_len
     whole prompts of `prompt_len` random tokens (one token generated each, so every
     prompt ends in the step that prefills it). Its KV cache holds three steps' prompts and
     it seats two steps' (the pipelined loop plans a step before the one in flight has
     freed its blocks and seats: with one step's seats, every other plan was empty).
-    `pipelined`: the engine loop (None: by device, as served)."""
+    `pipelined`: the engine loop (None: by device, as served); `model`: as decoding_engine's."""
     from llmserve.worker.config import RunnerConfig
     from llmserve.worker.model_runner import ModelRunner
 
     per_step = max(1, step_tokens // prompt_len)
     settings = RunnerConfig(device=device, dtype=dtype, swap_space=0, quantization=quantization,
-                            num_kv_blocks=decode_kv_blocks(3 * per_step, prompt_len, 1))
-    runner = ModelRunner(model_dir, settings)
+                            num_kv_blocks=decode_kv_blocks(3 * per_step, prompt_len, 1), max_num_seqs=2 * per_step)
+    runner = ModelRunner(model_dir, settings, model=model)
     engine = InProcessEngine(runner, SchedulerConfig(max_num_batched_tokens=per_step * prompt_len,
                                                      max_num_seqs=2 * per_step, async_scheduling=pipelined))
     for i, r in enumerate(random_workload(per_step * (steps + 2), (prompt_len, prompt_len), (1, 1),
@@ -295,10 +296,12 @@ def bench_profile(args) -> int:
 
     model_dir, device = resolve_model_dir(args.model), resolve_device(args.device)
     reports = []
+    model = None  # The first engine's weights, shared by the others (loaded once).
     for batch in args.batch:
         if device.type == "cuda":
             engine = decoding_engine(model_dir, args.dtype, batch, args.context, max_new_tokens=64,
-                                     quantization=args.quantization, device="cuda")
+                                     quantization=args.quantization, device="cuda", model=model)
+            model = engine.runner.model
             report = {"batch": batch, "context": args.context, "dtype": args.dtype,
                       "quantization": args.quantization, **profile_whole_steps(engine)}
             del engine
@@ -312,7 +315,8 @@ def bench_profile(args) -> int:
         reports.append(report)
     if args.prefill_len:
         engine = prefilling_engine(model_dir, args.dtype, args.prefill_len, args.prefill_step_tokens,
-                                   3 + 2 * PROFILED_STEPS, quantization=args.quantization, device=device.type)
+                                   3 + 2 * PROFILED_STEPS, quantization=args.quantization, device=device.type,
+                                   model=model)
         report = {"prompt_len": args.prefill_len, "prompts": max(1, args.prefill_step_tokens // args.prefill_len),
                   "dtype": args.dtype, "quantization": args.quantization,
                   **profile_whole_steps(engine, PROFILED_STEPS)}
