@@ -88,13 +88,13 @@ def test_varlen_prefill_mixed(kvh, g, block_size, head_dim, dtype, device):
     assert rel_err(out.cpu(), ref) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (128, 32)])
-def test_varlen_long_prompts_span_many_key_tiles(head_dim, block_size, device):
-    # Key tiles of 64 (head dim 64) or 32 (128) keys gathered across blocks: a 300-token
-    # prompt is 5-10 tiles, a 77-token chunk over 123 cached keys starts mid-tile, and
-    # the q tiles' causal diagonals fall inside key tiles.
+@pytest.mark.parametrize("head_dim,block_size,group", [(64, 16, 4), (128, 32, 4), (64, 16, 8)])
+def test_varlen_long_prompts_span_many_key_tiles(head_dim, block_size, group, device):
+    # Key tiles of 64 (head dim 64) or 32 (128; or 128-row q tiles, group 8) keys gathered
+    # across blocks: a 300-token prompt is 5-10 tiles, a 77-token chunk over 123 cached
+    # keys starts mid-tile, and the q tiles' causal diagonals fall inside key tiles.
     seq_lens, query_lens = [300, 200, 129], [300, 77, 1]
-    case = make_case(seq_lens, query_lens, 2, 4, head_dim, block_size, torch.float32, device, seed=head_dim)
+    case = make_case(seq_lens, query_lens, 2, group, head_dim, block_size, torch.float32, device, seed=head_dim)
     out = torch.full_like(case.q, float("nan"))
     paged_attention_varlen(case.q, case.kv_cache, case.block_tables, case.seq_lens, case.cu_seqlens_q,
                            max(query_lens), case.scale, out=out)
@@ -146,6 +146,14 @@ def test_key_tile_keeps_a_tile_s_keys_within_the_register_budget():
     assert key_tile(128, 16) == 32 and key_tile(256, 16) == 16  # 4096 elements of K a tile
     assert key_tile(256, 32) == 32 and key_tile(64, 128) == 128  # never less than one block
     assert key_tile(512, 8) == 16  # tl.dot's least
+
+
+def test_the_prefill_key_tile_keeps_its_score_tile_within_the_same_budget():
+    from llmserve.kernels.triton.paged_attention import varlen_key_tile, varlen_tile
+
+    assert varlen_tile(4) == (64, 16) and varlen_key_tile(64, 16, 64) == 64  # Llama 3's 4 heads a KV head
+    assert varlen_tile(8) == (128, 16) and varlen_key_tile(64, 16, 128) == 32  # 128 x 32 scores
+    assert varlen_key_tile(128, 16, 64) == 32 and varlen_key_tile(64, 16, 512) == 16  # never under tl.dot's 16
 
 
 def _poison_before_windows(case, window: int) -> torch.Tensor:

@@ -312,6 +312,13 @@ def _varlen_kernel(
              o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
+def varlen_key_tile(head_dim_pad: int, block_size: int, block_m: int) -> int:
+    """Keys per iteration of the prefill kernel: key_tile's, fewer where the score tile
+    [BLOCK_M, keys] would pass the same 4,096 elements (BLOCK_M 128, groups of 5-8 heads:
+    32 keys). NOTE: a guess from the decode kernel's register budget, not measured."""
+    return max(16, min(key_tile(head_dim_pad, block_size), _KEY_TILE_ELEMENTS // block_m))
+
+
 def varlen_tile(num_queries_per_kv: int) -> tuple[int, int]:
     """(BLOCK_M rows, queries per tile): a tile stacks Q_PER_TILE queries x G heads."""
     G = num_queries_per_kv
@@ -346,8 +353,8 @@ def paged_attention_varlen(
         out, q, kc, vc, block_tables, seq_lens, cu_seqlens_q, float(scale), int(window or 0), float(softcap or 0.0),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), block_tables.stride(0),
-        G=G, D=D, D_PAD=max(16, next_pow2(D)), BLOCK_SIZE=bs, TILE=key_tile(max(16, next_pow2(D)), bs),
-        BLOCK_M=block_m, Q_PER_TILE=q_per_tile,
+        G=G, D=D, D_PAD=max(16, next_pow2(D)), BLOCK_SIZE=bs,
+        TILE=varlen_key_tile(max(16, next_pow2(D)), bs, block_m), BLOCK_M=block_m, Q_PER_TILE=q_per_tile,
         # NOTE: fp32 inputs would default to tf32 on GPU (~1e-3 error): ask for ieee.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, num_warps=4,
