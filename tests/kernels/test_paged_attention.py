@@ -78,14 +78,19 @@ def test_decode_split_k(num_splits, dtype, device):
 def test_varlen_prefill_mixed(kvh, g, block_size, head_dim, dtype, device):
     # a decode-like row, a fresh odd prefill, two chunks on top of cached context
     seq_lens, query_lens = [9, 37, 70, 45], [1, 37, 23, 6]
-    case = make_case(seq_lens, query_lens, kvh, g, head_dim, block_size, dtype, device, seed=head_dim + g)
+    _check_varlen(make_case(seq_lens, query_lens, kvh, g, head_dim, block_size, dtype, device, seed=head_dim + g),
+                  TOL[dtype])
+
+
+def _check_varlen(case, tol: float) -> None:
+    """The kernel over every row of the case (none left NaN) against the reference."""
     out = torch.full_like(case.q, float("nan"))
     paged_attention_varlen(case.q, case.kv_cache, case.block_tables, case.seq_lens, case.cu_seqlens_q,
-                           max(query_lens), case.scale, out=out)
+                           max(case.query_lens), case.scale, out=out)
     ref = paged_attention_varlen_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_tables.cpu(),
                                            case.seq_lens.cpu(), case.cu_seqlens_q.cpu(), case.scale)
     assert not out.isnan().any()
-    assert rel_err(out.cpu(), ref) <= TOL[dtype]
+    assert rel_err(out.cpu(), ref) <= tol
 
 
 @pytest.mark.parametrize("head_dim,block_size,group", [(64, 16, 4), (128, 32, 4), (64, 16, 8)])
@@ -94,14 +99,8 @@ def test_varlen_long_prompts_span_many_key_tiles(head_dim, block_size, group, de
     # across blocks: a 300-token prompt is 5-10 tiles, a 77-token chunk over 123 cached
     # keys starts mid-tile, and the q tiles' causal diagonals fall inside key tiles.
     seq_lens, query_lens = [300, 200, 129], [300, 77, 1]
-    case = make_case(seq_lens, query_lens, 2, group, head_dim, block_size, torch.float32, device, seed=head_dim)
-    out = torch.full_like(case.q, float("nan"))
-    paged_attention_varlen(case.q, case.kv_cache, case.block_tables, case.seq_lens, case.cu_seqlens_q,
-                           max(query_lens), case.scale, out=out)
-    ref = paged_attention_varlen_reference(case.q.cpu(), case.kv_cache.cpu(), case.block_tables.cpu(),
-                                           case.seq_lens.cpu(), case.cu_seqlens_q.cpu(), case.scale)
-    assert not out.isnan().any()
-    assert rel_err(out.cpu(), ref) <= TOL[torch.float32]
+    _check_varlen(make_case(seq_lens, query_lens, 2, group, head_dim, block_size, torch.float32, device,
+                            seed=head_dim), TOL[torch.float32])
 
 
 def test_varlen_sub_batch_leaves_other_rows(device):
