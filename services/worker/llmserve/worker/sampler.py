@@ -291,8 +291,9 @@ def _greedy_as_is(rows: SamplingRows) -> bool:
     """True when every row samples the raw logits' argmax: greedy, no logprobs, no grammar,
     and nothing adjusted_logits would change."""
     # NOTE: the settings are host tensors over the sampling table's numpy arrays, asked as
-    # numpy: a torch dispatch per comparison cost more than the checks (on every step's
-    # host path; docs/benchmarks.md, "Design measurements quoted from the code").
+    # numpy (here, _penalized, _min_tokens_bans): a torch dispatch per comparison cost more
+    # than the checks (on every step's host path; docs/benchmarks.md, "Design measurements
+    # quoted from the code").
     return (rows.token_bitmask is None and bool((rows.temperature.numpy() <= _GREEDY_EPS).all())
             and all(k is None for k in rows.logprobs) and not _adjusts_logits(rows))
 
@@ -363,7 +364,7 @@ def adjusted_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     rows' (row, id) entries: O(entries), never a [S, V] pass."""
     bias = _bias_entries(rows)
     masked = _masked_entries(rows)
-    penalized = _penalized(rows).nonzero()[:, 0].tolist()
+    penalized = np.flatnonzero(_penalized(rows)).tolist()
     V = logits.shape[1]
     flat_logits = logits.view(-1)
     if bias is not None:
@@ -382,13 +383,14 @@ def _adjusts_logits(rows: SamplingRows) -> bool:
     """Whether adjusted_logits changes any row: the same four adjustments, each asked
     without building its entries."""
     return (any(rows.logit_bias) or any(rows.bad_words_token_ids) or bool(_min_tokens_bans(rows))
-            or bool((rows.repetition_penalty.numpy() != 1).any() or (rows.frequency_penalty.numpy() != 0).any()
-                    or (rows.presence_penalty.numpy() != 0).any()))
+            or bool(_penalized(rows).any()))
 
 
-def _penalized(rows: SamplingRows) -> torch.Tensor:
-    """[S] bool: the rows with a repetition, frequency or presence penalty."""
-    return (rows.repetition_penalty != 1) | (rows.frequency_penalty != 0) | (rows.presence_penalty != 0)
+def _penalized(rows: SamplingRows) -> np.ndarray:
+    """[S] bool: the rows with a repetition, frequency or presence penalty (numpy, over the
+    settings' host arrays: see _greedy_as_is)."""
+    return ((rows.repetition_penalty.numpy() != 1) | (rows.frequency_penalty.numpy() != 0)
+            | (rows.presence_penalty.numpy() != 0))
 
 
 def _flat_index(pairs: torch.Tensor, V: int) -> torch.Tensor:
