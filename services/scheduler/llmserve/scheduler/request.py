@@ -196,7 +196,7 @@ class Sample:
     def token_ids_between(self, start: int, end: int) -> list[int]:
         """all_token_ids[start:end] without building all_token_ids: a block's tokens, read
         each time a block fills (a 1,024-token prompt would be copied for every block)."""
-        prompt = self.request.prompt_token_ids
+        prompt = self.prompt_token_ids
         split = len(prompt)
         if end <= split:
             return prompt[start:end]
