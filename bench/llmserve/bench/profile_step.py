@@ -207,6 +207,11 @@ def profile_decode_step(model_dir, dtype: str, batch: int, context: int, reps: i
             "plan_bytes": len(plan_bytes), "pieces_s": dict(times), "forward_ops_s": dict(ops)}
 
 
+def prompts_per_prefill_step(prompt_len: int, step_tokens: int) -> int:
+    """Whole prompts of prompt_len tokens a profiled prefill step of step_tokens carries."""
+    return max(1, step_tokens // prompt_len)
+
+
 def prefilling_engine(model_dir, dtype: str, prompt_len: int, step_tokens: int, steps: int,
                       quantization: str = "none", device: str = "auto",
                       pipelined: bool | None = None, model=None) -> InProcessEngine:
@@ -219,7 +224,7 @@ def prefilling_engine(model_dir, dtype: str, prompt_len: int, step_tokens: int, 
     from llmserve.worker.config import RunnerConfig
     from llmserve.worker.model_runner import ModelRunner
 
-    per_step = max(1, step_tokens // prompt_len)
+    per_step = prompts_per_prefill_step(prompt_len, step_tokens)
     settings = RunnerConfig(device=device, dtype=dtype, swap_space=0, quantization=quantization,
                             num_kv_blocks=decode_kv_blocks(3 * per_step, prompt_len, 1), max_num_seqs=2 * per_step)
     runner = ModelRunner(model_dir, settings, model=model)
@@ -317,7 +322,8 @@ def bench_profile(args) -> int:
         engine = prefilling_engine(model_dir, args.dtype, args.prefill_len, args.prefill_step_tokens,
                                    3 + 2 * PROFILED_STEPS, quantization=args.quantization, device=device.type,
                                    model=model)
-        report = {"prompt_len": args.prefill_len, "prompts": max(1, args.prefill_step_tokens // args.prefill_len),
+        report = {"prompt_len": args.prefill_len,
+                  "prompts": prompts_per_prefill_step(args.prefill_len, args.prefill_step_tokens),
                   "dtype": args.dtype, "quantization": args.quantization,
                   **profile_whole_steps(engine, PROFILED_STEPS)}
         del engine
