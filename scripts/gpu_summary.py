@@ -198,9 +198,8 @@ def throughput_rows(results: Path, steps: dict) -> list[Row]:
 
 def profile_rows(results: Path, steps: dict) -> list[Row]:
     """INFO: where a decode step's time goes, per profiled batch size (and a prompt-carrying
-    step's, where profiled): the kernels' time
-    against the unprofiled step's (well under it: the step waits on the host), and the
-    three costliest kernel families' shares."""
+    step's, where profiled): the kernels' time against the unprofiled step's (well under
+    it: the step waits on the host), and the three costliest kernel families' shares."""
     report = latest_report(results / "profile")
     if report is None:
         return [_missing("decode step profile", "profile", steps)]
