@@ -19,7 +19,9 @@ worker's input preparation, pipelined) 2.07-2.33 -> 1.92-2.03 ms, three runs eac
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
+from collections.abc import Iterator
 
 YOUNG_COLLECTION_THRESHOLD = 20_000  # net allocations between generation-0 collections (CPython: 700)
 
@@ -35,3 +37,25 @@ def freeze_startup_heap() -> None:
     gc.freeze()
     atexit.register(gc.unfreeze)
     gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
+
+
+@contextlib.contextmanager
+def collector_for_step_loop() -> Iterator[None]:
+    """The services' collector setting (module doc) for a loop of engine steps run inside a
+    caller's process (InProcessEngine.run: offline batch generation), the caller's own
+    setting back afterwards. The heap is frozen only where nothing is frozen yet: a service
+    or a bench froze its start-up heap for good, and unfreezing that would undo it.
+
+    NOTE: no collection before the freeze (freeze_startup_heap's): garbage frozen with the
+    caller's heap is only kept until the loop ends."""
+    threshold = gc.get_threshold()
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    gc.set_threshold(max(threshold[0], YOUNG_COLLECTION_THRESHOLD), *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        if freeze:
+            gc.unfreeze()
