@@ -46,7 +46,8 @@ engine = InProcessEngine(SimulatedRunner(Path(sys.argv[1]), RunnerConfig(num_kv_
 seen = []
 engine.run([(f"r{i}", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0.0)) for i in range(2)],
            on_output=lambda out: seen.append((gc.get_threshold(), gc.get_freeze_count())))
-print(json.dumps({"during": seen, "after": [gc.get_threshold(), gc.get_freeze_count()], "frozen_before": frozen_before}))
+after = [gc.get_threshold(), gc.get_freeze_count()]
+print(json.dumps({"during": seen, "after": after, "frozen_before": frozen_before}))
 """
 
 
