@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from llmserve.bench import llama_cpp
 from llmserve.bench.overload import add_overload_arguments
+from llmserve.bench.report import add_output_dir_flag
 from llmserve.contract.heap import freeze_startup_heap
 from llmserve.bench.loops import add_loops_flags
 from llmserve.bench.offline import OfflineSettings, add_offline_flags
@@ -56,7 +57,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     reports go, and the transport of launched clusters."""
     add_flags(p, BenchSettings)
     add_workload_flags(p)
-    p.add_argument("--output-dir", default="bench-results", help="JSON + PNG go here ('': none)")
+    add_output_dir_flag(p, "JSON + PNG go here")
     p.add_argument("--grpc-security", choices=list(GRPC_SECURITY), default="tls",
                    help="launched clusters run mutual TLS with an API key (tls, the default), plaintext "
                         "(insecure), or both, one after the other in every round, to measure what TLS costs "
@@ -147,7 +148,7 @@ def _decode_flags(decode: argparse.ArgumentParser) -> None:
     decode.add_argument("--mixed", type=int, nargs=2, metavar=("CHUNK", "DECODES"),
                         help="also time steps that prefill a new CHUNK-token prompt beside DECODES decode rows "
                              "(piecewise graphs vs eager)")
-    decode.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
+    add_output_dir_flag(decode)
 
 
 def _decode_floor_flags(floor: argparse.ArgumentParser) -> None:
@@ -157,7 +158,7 @@ def _decode_floor_flags(floor: argparse.ArgumentParser) -> None:
     floor.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size")
     floor.add_argument("--calibrate-s", type=float, default=1.0,
                        help="seconds measuring the memory bandwidth (the matmul peak: 1.5x that)")
-    floor.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
+    add_output_dir_flag(floor)
 
 
 def _loops_flags(loops: argparse.ArgumentParser) -> None:
@@ -174,7 +175,7 @@ def _variants_flags(variants: argparse.ArgumentParser) -> None:
     variants.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16], help="decode batch sizes")
     variants.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
     variants.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size and variant")
-    variants.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
+    add_output_dir_flag(variants)
 
 
 def _moe_flags(moe: argparse.ArgumentParser) -> None:
@@ -184,7 +185,7 @@ def _moe_flags(moe: argparse.ArgumentParser) -> None:
     moe.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
     moe.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size and model")
     moe.add_argument("--seed", type=int, default=0, help="the random weights' seed")
-    moe.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
+    add_output_dir_flag(moe)
 
 
 def _speculative_flags(spec: argparse.ArgumentParser) -> None:
@@ -193,7 +194,7 @@ def _speculative_flags(spec: argparse.ArgumentParser) -> None:
     spec.add_argument("--seed", type=int, default=0, help="the random workload's seed")
     spec.add_argument("--throughput-rounds", type=int, default=2,
                       help="rounds of the reference workload, plain and speculative in turns (0: skip)")
-    spec.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
+    add_output_dir_flag(spec)
 
 
 def _structured_flags(structured: argparse.ArgumentParser) -> None:
@@ -203,7 +204,7 @@ def _structured_flags(structured: argparse.ArgumentParser) -> None:
     structured.add_argument("--output-len", type=int, default=64, help="tokens each request generates")
     structured.add_argument("--rounds", type=int, default=3, help="rounds, each running both batches in turn")
     structured.add_argument("--seed", type=int, default=0, help="the random prompts' seed")
-    structured.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
+    add_output_dir_flag(structured)
 
 
 def _quality_flags(quality: argparse.ArgumentParser) -> None:
@@ -215,12 +216,12 @@ def _quality_flags(quality: argparse.ArgumentParser) -> None:
     quality.add_argument("--quantized-dtype", nargs="+", default=["bfloat16"], choices=DTYPES[1:],
                          help="activation dtypes the quantized models run in")
     quality.add_argument("--max-tokens", type=int, default=1536, help="tokens of the text evaluated")
-    quality.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
+    add_output_dir_flag(quality)
 
 
 def _kv_sizing_flags(kv: argparse.ArgumentParser) -> None:
     add_flags(kv, KvSizingSettings)
-    kv.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
+    add_output_dir_flag(kv)
 
 
 def _make_model_flags(make: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from llmserve.bench.overhead import Scenario, drive, prompts, steady_state
-from llmserve.bench.report import machine_info, model_label, save_report
+from llmserve.bench.report import add_output_dir_flag, machine_info, model_label, save_report
 from llmserve.contract.arith import cdiv
 
 LOOPS = {"serial": False, "pipelined": True}
@@ -114,4 +114,4 @@ def add_loops_flags(p) -> None:
     p.add_argument("--max-tokens", type=int, default=256, help="tokens each request generates (eos ignored)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default=None, help="the clusters' logs go here")
-    p.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
+    add_output_dir_flag(p)

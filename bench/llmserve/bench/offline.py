@@ -24,7 +24,7 @@ import torch
 from llmserve.bench.ceiling import offline_ceiling
 from llmserve.bench.clock import now
 from llmserve.bench.flops import measure_peak_and_bandwidth
-from llmserve.bench.report import machine_info, model_label, report_dir, write_json
+from llmserve.bench.report import add_output_dir_flag, machine_info, model_label, report_dir, write_json
 from llmserve.bench.step_records import PlanTap
 from llmserve.bench.workloads import BenchRequest, random_workload
 from llmserve.contract.sampling import SamplingParams
@@ -189,4 +189,4 @@ def add_offline_flags(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calibrate-s", type=float, default=1.0,
                    help="seconds measuring the memory bandwidth (the matmul peak: 1.5x that)")
-    p.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
+    add_output_dir_flag(p)

@@ -242,6 +242,8 @@ def bench_overhead(args) -> int:
 
 
 def add_overhead_flags(p) -> None:
+    from llmserve.bench.report import add_output_dir_flag
+
     p.add_argument("--model", default="default",
                    help="model directory whose config.json and tokenizer the cluster uses (no weights are loaded)")
     p.add_argument("--simulated-step-ms", type=float, nargs="+", default=[1.0, 3.0],
@@ -259,4 +261,4 @@ def add_overhead_flags(p) -> None:
                         "simulated device (0: skip that table)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default=None, help="the cluster's logs go here")
-    p.add_argument("--output-dir", default="bench-results", help="JSON goes here ('': none)")
+    add_output_dir_flag(p)

@@ -62,6 +62,8 @@ class Outcome:
 
 
 def add_overload_arguments(p) -> None:
+    from llmserve.bench.report import add_output_dir_flag
+
     p.add_argument("--target", default="localhost:50051",
                    help="router address (without --launch: a cluster started with --insecure)")
     p.add_argument("--scheduler-target", default="localhost:50052",
@@ -79,7 +81,7 @@ def add_overload_arguments(p) -> None:
     p.add_argument("--overload", type=float, default=2.0, help="phase 3: offered rate / sustainable rate")
     p.add_argument("--duration", type=float, default=60.0, help="phase 3: seconds of arrivals")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-dir", default="bench-results", help="the JSON report goes here ('': none)")
+    add_output_dir_flag(p, "the JSON report goes here")
 
 
 def random_prompts(input_len: tuple[int, int], vocab_size: int, rng: random.Random) -> Iterator[list[int]]:

@@ -70,6 +70,11 @@ def report_dir(output_dir: str | None) -> Path | None:
     return Path(output_dir) if output_dir else None
 
 
+def add_output_dir_flag(parser, what: str = "JSON goes here") -> None:
+    """A bench's --output-dir (default bench-results/), where '' writes no report (report_dir)."""
+    parser.add_argument("--output-dir", default="bench-results", help=f"{what} ('': none)")
+
+
 def save_report(report: dict, output_dir: str | None, name: str) -> Path | None:
     """Writes a bench's JSON report to output_dir / name and says so; nothing for ''."""
     folder = report_dir(output_dir)
