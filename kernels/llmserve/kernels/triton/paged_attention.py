@@ -18,7 +18,8 @@ p % block_size. Query head h reads kv head h // G, G = num_heads // num_kv_heads
 Sliding window W (0 = none): a query at position p sees keys in (p - W, p]. Decode starts
 at the tile holding key len - W and masks the loads before it; prefill at the tile
 holding the q tile's first query's first key, and masks the loads before that key. No
-block wholly before a window is read (the scheduler may have freed it). Soft-cap c (0 = none): scores -> c * tanh(scores / c).
+block wholly before a window is read (the scheduler may have freed it). Soft-cap c
+(0 = none): scores -> c * tanh(scores / c).
 """
 
 from __future__ import annotations
