@@ -126,6 +126,12 @@ class LaunchedStep:
     def verifies_drafts(self) -> bool:
         return any(st.draft_token_ids for st, _ in self.rows)
 
+    def device_done(self) -> bool:
+        """Whether the sampled ids are on the host already (finish would not wait), asked
+        without blocking: always on the CPU, where the launch computed them."""
+        pending = self.pending
+        return pending is None or pending.copied is None or pending.copied.query()
+
     def wait(self) -> None:
         """Blocks until the device has copied the sampled ids to the host. Any thread may
         call it (the worker service waits on a thread of its own)."""

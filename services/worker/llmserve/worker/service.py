@@ -79,6 +79,15 @@ class _Step:
     finished: tuple[StepResult | None, Exception | None] | None = None
 
 
+def _fail_behind(step: _Step, behind: _Step) -> None:
+    """`behind` was launched on `step`'s placeholders: it fails if `step` failed.
+    NOTE: as the scheduler, which fails N+1 when the worker fails N, but not N+2 when
+    N+1 failed only for that."""
+    if step.failed and behind.result is None:
+        behind.result = StepResult(step_id=behind.step_id, error=f"step {step.step_id} before it failed: "
+                                                                  f"{step.result.error}")
+
+
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     """The Worker gRPC service in front of one ModelRunner: `Execute` takes one scheduler's
     stream of step plans (and interrupts), launches and finishes each plan on the compute
@@ -137,6 +146,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
             plan N+1 queued:   launch N | launch N+1 | finish N, reply N | ...
             none yet:          launch N | (wait: N's device work or a plan) | finish N, reply N
+            N's ids on the host already when N+1 is taken: finish N, reply N | launch N+1
+
+        The last case is every step on the CPU, whose launch computes the forward: replying
+        after N+1's launch would hold N's result a whole forward, and the scheduler could
+        plan N+2 only once N+1 is done (the worker then waits a round trip every other step).
         """
         in_flight: _Step | None = None
         next_plan: asyncio.Task | None = None
@@ -155,7 +169,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 next_plan = None
                 if plan_pb is None:
                     break
+                replied = None
+                if in_flight is not None and in_flight.launched is not None and in_flight.launched.device_done():
+                    yield await self._finish(in_flight)
+                    replied, in_flight = in_flight, None
                 step = await self._launch(plan_pb, then_finish=in_flight)
+                if replied is not None:
+                    _fail_behind(replied, step)
                 if in_flight is not None:
                     yield await self._finish(in_flight, behind=step)
                 in_flight = step
@@ -228,11 +248,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if exc is not None:
                 result, step.failed = self._failed(step.step_id, exc), True
             step.result = step.result or result
-        if step.failed and behind is not None and behind.result is None:
-            # NOTE: as the scheduler, which fails N+1 when the worker fails N (N+1 was built
-            # on N's placeholders), but not N+2 when N+1 failed only for that.
-            behind.result = StepResult(step_id=behind.step_id, error=f"step {step.step_id} before it failed: "
-                                                                      f"{step.result.error}")
+        if behind is not None:
+            _fail_behind(step, behind)
         end = time.perf_counter()
         step_phases.add("execute", end - step.start)
         if self.metrics is not None:

@@ -151,6 +151,10 @@ class SimulatedLaunch:
     result: StepResult | None = None
     verifies_drafts: bool = False  # (refused here)
 
+    def device_done(self) -> bool:
+        pending = self.pending
+        return pending is None or pending.done.is_set()
+
     def wait(self) -> None:
         pending = self.pending  # (finish may clear it meanwhile, on the compute thread)
         if pending is not None:
