@@ -130,7 +130,10 @@ class LaunchedStep:
         """Whether the sampled ids are on the host already (finish would not wait), asked
         without blocking: always on the CPU, where the launch computed them."""
         pending = self.pending
-        return pending is None or pending.copied is None or pending.copied.query()
+        if pending is None or pending.copied is None:
+            return True
+        with torch.cuda.device(pending.ids.device):  # (as wait: no context opened on GPU 0 by this thread)
+            return pending.copied.query()
 
     def wait(self) -> None:
         """Blocks until the device has copied the sampled ids to the host. Any thread may
