@@ -3,6 +3,7 @@ device step), and its per-phase arithmetic."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import subprocess
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from llmserve.bench.overhead import LOOPS, expected_tokens, scenarios, steady_state
+from llmserve.bench.overhead import LOOPS, expected_tokens, scenarios, settled_snapshot, steady_state
 from llmserve.bench.overhead_phases import PHASES, format_table, phase_figures
 
 MAX_TOKENS = 16
@@ -75,6 +76,26 @@ def test_steady_state_counts_steps_while_every_decoder_runs():
     chunked = steady_state([[(0.0, 1), (4.0, 4), (8.0, 4)], [(0.0, 1), (4.0, 4), (8.0, 4), (9.0, 3)]], 1000.0)
     assert chunked["steady_steps"] == 8.0 and chunked["steady_busy"] == pytest.approx(1.0)
     assert steady_state([[(1.0, 1)], []], 1.0)["steady_window_s"] == 0.0
+
+
+def test_a_snapshot_waits_for_the_worker_to_write_every_plan_the_scheduler_sent(tmp_path):
+    """Two equal reads of a worker file that lags (its writer thread late on busy cores)
+    are not a settled snapshot: the scenario's steps would read 0."""
+    (tmp_path / "scheduler.json").write_text(json.dumps({"plans": 5.0, "schedule": 0.1}))
+    (tmp_path / "worker.json").write_text(json.dumps({"plans": 3.0, "steps": 3.0}))
+
+    async def snapshot_while_the_worker_catches_up():
+        async def catch_up():
+            await asyncio.sleep(0.6)
+            (tmp_path / "worker.json").write_text(json.dumps({"plans": 5.0, "steps": 5.0}))
+
+        writer = asyncio.create_task(catch_up())
+        scheduler, worker = await settled_snapshot(tmp_path)
+        await writer
+        return scheduler, worker
+
+    scheduler, worker = asyncio.run(snapshot_while_the_worker_catches_up())
+    assert scheduler["plans"] == worker["plans"] == 5.0 and worker["steps"] == 5.0
 
 
 def test_phases_come_from_the_two_services_snapshots():

@@ -31,14 +31,17 @@ SETTLE_LIMIT_S = 5.0
 
 
 async def settled_snapshot(phases_dir: Path) -> tuple[dict, dict]:
-    """(scheduler, worker) totals once two reads a write interval and a half apart agree:
-    both services have written what they did (a step still being written would differ)."""
+    """(scheduler, worker) totals once two reads a write interval and a half apart agree,
+    and the worker has written as many plans as the scheduler sent (between scenarios
+    every plan sent has been run): both services have written what they did. Agreeing
+    reads alone are not enough: a writer that falls behind by more than the interval
+    (2 busy cores) leaves a file unchanged that is not up to date."""
     read = lambda: (step_phases.read(phases_dir, "scheduler"), step_phases.read(phases_dir, "worker"))  # noqa: E731
     last, deadline = read(), time.monotonic() + SETTLE_LIMIT_S
     while time.monotonic() < deadline:
         await asyncio.sleep(1.5 * step_phases.WRITE_INTERVAL_S)
         now = read()
-        if now == last and all(now):
+        if now == last and all(now) and now[0].get("plans") == now[1].get("plans"):
             return now
         last = now
     return last
