@@ -15,14 +15,20 @@ from llmserve.worker.config import RunnerConfig
 from llmserve.worker.simulated_runner import SimulatedRunner, simulated_token
 
 
-async def run_stream(servicer, plans: list[StepPlan]) -> list:
+async def run_stream(servicer, plans: list[StepPlan], calls: list | None = None) -> list:
     """Every plan queued at once (a pipelined scheduler's), then the stream's end: the
-    results the Execute loop yields, in order."""
+    results the Execute loop yields, in order (each appended to `calls` as ("reply",
+    step id) when it is yielded, if given)."""
     queue: asyncio.Queue = asyncio.Queue()
     for plan in plans:
         queue.put_nowait(wire.step_plan_to_pb(plan))
     queue.put_nowait(None)
-    return [result async for result in servicer._overlapped(queue)]
+    results = []
+    async for result in servicer._overlapped(queue):
+        if calls is not None:
+            calls.append(("reply", result.step_id))
+        results.append(result)
+    return results
 
 
 def test_steps_run_on_the_thread_that_loaded_the_model(tiny_llama_dir, monkeypatch):
@@ -72,19 +78,6 @@ def recorded(runner, calls: list) -> None:
             return real(arg)
 
         setattr(runner, name, recording)
-
-
-async def replies_among(servicer, plans: list[StepPlan], calls: list) -> list:
-    """run_stream, appending ("reply", step id) to `calls` as each result is yielded."""
-    queue: asyncio.Queue = asyncio.Queue()
-    for plan in plans:
-        queue.put_nowait(wire.step_plan_to_pb(plan))
-    queue.put_nowait(None)
-    results = []
-    async for result in servicer._overlapped(queue):
-        calls.append(("reply", result.step_id))
-        results.append(result)
-    return results
 
 
 def simulated_servicer(tmp_path) -> service.WorkerServicer:
@@ -163,7 +156,7 @@ def test_a_step_whose_ids_are_on_the_host_at_launch_is_replied_before_the_next_l
         greedy = SamplingParams(temperature=0.0)
         plans = [StepPlan(0, new_requests=[NewRequestData(1, [5, 9, 2, 7, 3], 5, greedy, [3, 4], 0, 5)])]
         plans += [StepPlan(step, cached_requests=[CachedRequestData(1, [], 4 + step, 1)]) for step in range(1, 4)]
-        return await replies_among(servicer, plans, calls), calls
+        return await run_stream(servicer, plans, calls), calls
 
     results, calls = asyncio.run(run())
     assert [r.error for r in results] == [""] * 4 and [len(r.sampled) for r in results] == [1] * 4
@@ -188,7 +181,7 @@ def test_a_step_behind_a_failed_one_replied_first_fails_too(tmp_path):
 
     runner.launch, runner.finish = done_at_launch, failing_finish
     calls = []
-    results = asyncio.run(replies_among(servicer, decode_plans(4), calls))
+    results = asyncio.run(run_stream(servicer, decode_plans(4), calls))
     assert calls == [("reply", step) for step in range(4)]
     assert [bool(r.error) for r in results] == [False, True, True, False]
     assert "device fault" in results[1].error and "step 1 before it failed" in results[2].error
